@@ -1,0 +1,44 @@
+"""Build script: maps the top-level folders onto the `cairn.*` namespace and builds the Cython
+extensions.
+
+liburing is linked statically (`liburing.a`) and its symbols are not re-exported, so the built
+extension needs no liburing at run time (DESIGN.md, "io_uring").
+"""
+
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+TOP_LEVEL = ["common", "native", "osd", "mon", "client"]
+
+LIBURING_STATIC = "/usr/lib/x86_64-linux-gnu/liburing.a"
+
+
+def liburing_link_args():
+    candidates = [LIBURING_STATIC, "/usr/lib/liburing.a", "/usr/local/lib/liburing.a"]
+    for path in candidates:
+        if os.path.exists(path):
+            return [path, "-Wl,--exclude-libs,ALL"]
+    raise SystemExit(
+        "cairn: liburing.a not found (looked in %s); install it with "
+        "'apt-get install -y liburing-dev'" % ", ".join(candidates)
+    )
+
+
+extensions = [
+    Extension(
+        "cairn.native._uring",
+        ["native/_uring.pyx"],
+        extra_compile_args=["-O2"],
+        extra_link_args=liburing_link_args(),
+    ),
+]
+
+setup(
+    packages=["cairn." + name for name in TOP_LEVEL],
+    package_dir={"cairn." + name: name for name in TOP_LEVEL},
+    package_data={"cairn.native": ["*.pyi", "*.pyx"]},
+    ext_modules=cythonize(extensions, language_level=3),
+    zip_safe=False,
+)
