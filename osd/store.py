@@ -1,0 +1,886 @@
+"""The OSD's object store: objects on a raw block device, metadata in RocksDB.
+
+Theory of operation (BlueStore's shape, smaller):
+
+1. A transaction (`Transaction`) lists operations on collections and objects. `Store.apply()`
+   locks the objects it touches, validates every operation against the committed state plus the
+   transaction's own earlier operations, reserves fresh blocks for all new data (copy-on-write:
+   nothing committed is ever overwritten in place), and writes the data with its crc32c per
+   4 KiB block.
+2. Once its writes completed, the transaction joins the commit queue. The committer takes
+   everything queued, issues one device flush (so all those writes are durable), then writes one
+   synchronous RocksDB batch holding every record, deletion and allocator-bitmap segment of the
+   group. Only then are the transactions acknowledged. Many concurrent transactions therefore
+   share one flush and one metadata commit.
+3. Blocks a commit replaced or deleted are returned to the allocator only after the commit is
+   durable and every read that started before it has finished (see `allocator.py`, rule 3).
+
+Crash safety follows from the order: data writes, flush, metadata commit, acknowledgement. A crash
+before the commit leaves the old records pointing at untouched old blocks, and the new blocks free
+in the durable bitmap. RocksDB's write batch is atomic, so a transaction is visible whole or not at
+all. Reads check every block's crc32c and never return bytes that fail it.
+
+Rules:
+- Every store-wide mutation happens in `_commit_group` (one task) or under an object lock.
+- A failed flush or metadata write poisons the store (`StoreFailed`): the on-device state is
+  unknown, so the OSD must restart and remount rather than guess.
+"""
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import os
+import shutil
+import stat
+import struct
+import time
+
+import msgpack
+import numpy as np
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX,
+                                 DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX,
+                                 OBJECT_SIZE_BYTES_MAX)
+from cairn.native.bufpool import aligned_copy
+from cairn.native.checksum import block_crcs
+from cairn.osd import records
+from cairn.osd.allocator import Allocator
+from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpty,
+                              CollectionNotFound, InvalidArgument, NoSpace, ObjectNotFound,
+                              StoreError, StoreExists, StoreMismatch)
+from cairn.osd.records import ObjectRecord
+from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
+
+META_ROOT_DEFAULT = "/var/lib/cairn"
+
+
+class StoreFailed(StoreError):
+    """A device flush or metadata commit failed: the store refuses further work until it is
+    remounted."""
+
+
+# -- transactions ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class CreateCollection:
+    collection: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveCollection:
+    collection: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Put:
+    collection: str
+    name: str
+    data: object            # any buffer
+    attrs: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Write:
+    collection: str
+    name: str
+    offset: int
+    data: object
+
+
+@dataclasses.dataclass(frozen=True)
+class Delete:
+    collection: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SetAttrs:
+    collection: str
+    name: str
+    attrs: dict             # a value of None removes that attribute
+
+
+class Transaction:
+    """Operations applied atomically by `Store.apply()`, in order.
+
+    >>> txn = Transaction().put("pg.1", "a", b"hello").set_attrs("pg.1", "a", {"k": b"v"})
+    >>> await store.apply(txn)
+    """
+
+    def __init__(self):
+        self.ops = []
+
+    def create_collection(self, collection):
+        records.check_collection_name(collection)
+        self.ops.append(CreateCollection(collection))
+        return self
+
+    def remove_collection(self, collection):
+        records.check_collection_name(collection)
+        self.ops.append(RemoveCollection(collection))
+        return self
+
+    def put(self, collection, name, data, attrs=None):
+        """Create or replace a whole object."""
+        self._check_object(collection, name)
+        _check_data(data)
+        attrs = dict(attrs or {})
+        records.check_attrs(attrs)
+        self.ops.append(Put(collection, name, data, attrs))
+        return self
+
+    def write(self, collection, name, offset, data):
+        """Write `data` at `offset`, creating the object if needed and growing it past its end
+        (a gap reads as zeros)."""
+        self._check_object(collection, name)
+        _check_data(data)
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgument(f"write offset must be a non-negative integer (was {offset!r})")
+        if offset + len(data) > OBJECT_SIZE_BYTES_MAX:
+            raise InvalidArgument(f"write would grow {name!r} to {offset + len(data)} bytes; the "
+                                  f"limit is {OBJECT_SIZE_BYTES_MAX}")
+        self.ops.append(Write(collection, name, offset, data))
+        return self
+
+    def delete(self, collection, name):
+        self._check_object(collection, name)
+        self.ops.append(Delete(collection, name))
+        return self
+
+    def set_attrs(self, collection, name, attrs):
+        self._check_object(collection, name)
+        records.check_attrs(attrs)
+        self.ops.append(SetAttrs(collection, name, dict(attrs)))
+        return self
+
+    @staticmethod
+    def _check_object(collection, name):
+        records.check_collection_name(collection)
+        records.check_object_name(name)
+
+
+def _check_data(data):
+    try:
+        length = memoryview(data).nbytes
+    except TypeError:
+        raise InvalidArgument(f"object data must be a bytes-like buffer (was "
+                              f"{type(data).__name__})") from None
+    if length > OBJECT_SIZE_BYTES_MAX:
+        raise InvalidArgument(f"object data is {length} bytes; the limit is "
+                              f"{OBJECT_SIZE_BYTES_MAX} (clients stripe larger data)")
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What `_prepare` decided for one transaction; the committer turns it into one batch."""
+    records: dict                 # object key -> ObjectRecord, or None for a deletion
+    collections: dict             # collection key -> True (create) / False (remove)
+    allocated: list               # extents reserved and now referenced
+    dropped: list                 # extents reserved but superseded within the transaction
+    freed: list                   # committed extents no longer referenced
+    writes: list                  # (device offset, view) to write before the commit
+    buffers: list                 # pool buffers to return after the writes
+    future: object = None
+    sequence: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectStat:
+    name: str
+    size: int
+    version: int
+    mtime_ns: int
+    attrs: dict
+
+
+# -- mkfs / mount ---------------------------------------------------------------------------
+
+def default_meta_dir(device_path, uuid):
+    """Where a device's RocksDB lives unless told: beside a file device; under
+    /var/lib/cairn for a block device (its directory is /dev)."""
+    try:
+        is_block = stat.S_ISBLK(os.stat(device_path).st_mode)
+    except OSError:
+        is_block = False
+    if is_block:
+        root = os.environ.get("CAIRN_META_ROOT", META_ROOT_DEFAULT)
+        return os.path.join(root, f"osd-{uuid}.meta")
+    return os.fspath(device_path) + ".meta"
+
+
+def _open_db(meta_dir, create):
+    options = Options(raw_mode=True)
+    options.create_if_missing(create)
+    return Rdict(meta_dir, options=options)
+
+
+def _sync_write_options():
+    write_options = WriteOptions()
+    write_options.sync = True
+    return write_options
+
+
+async def read_superblock(device):
+    view = await device.read(0, SUPERBLOCK_BYTES)
+    try:
+        return Superblock.decode(view, device.path)
+    finally:
+        device.pool.put(view)
+
+
+async def mkfs(device, meta_dir=None, *, force=False):
+    """Make an empty store on `device`. Refuses a device that already holds one unless
+    `force`. Returns the new superblock."""
+    try:
+        old = await read_superblock(device)
+    except StoreError:
+        old = None
+    if old is not None and not force:
+        raise StoreExists(f"{device.path} already holds a cairn store (uuid {old.uuid}); "
+                          "pass --force to destroy it")
+    superblock = Superblock.new(device.size_bytes)
+    if superblock.block_count < 1:
+        raise InvalidArgument(f"{device.path} is too small ({device.size_bytes} bytes) for a "
+                              f"store: it needs more than {superblock.data_start_bytes} bytes")
+    meta_dir = meta_dir or default_meta_dir(device.path, superblock.uuid)
+    if old is not None:
+        old_meta = default_meta_dir(device.path, old.uuid)
+        if old_meta != meta_dir and os.path.isdir(old_meta):
+            shutil.rmtree(old_meta)
+    if os.path.exists(meta_dir):
+        shutil.rmtree(meta_dir)
+    os.makedirs(os.path.dirname(os.path.abspath(meta_dir)), exist_ok=True)
+    db = _open_db(meta_dir, create=True)
+    try:
+        batch = WriteBatch(raw_mode=True)
+        batch.put(records.KEY_IDENTITY, msgpack.packb(
+            {"uuid": superblock.uuid, "format_version": superblock.format_version}))
+        batch.put(records.KEY_SEQUENCE, struct.pack(">Q", 0))
+        db.write(batch, _sync_write_options())
+    finally:
+        db.close()
+    # The superblock goes last: a device whose mkfs was interrupted has no valid superblock.
+    view = device.pool.get(SUPERBLOCK_BYTES)
+    view[:] = superblock.encode()
+    await device.write(0, view)
+    await device.flush()
+    device.pool.put(view)
+    return superblock
+
+
+class Store:
+    """An open store. Make one with `await Store.open(device)`; close with `await close()`."""
+
+    def __init__(self, device, superblock, meta_dir, db):
+        self.device = device
+        self.superblock = superblock
+        self.meta_dir = meta_dir
+        self.block_size = superblock.block_size_bytes
+        assert self.block_size == BLOCK_SIZE_BYTES
+        self._data_start = superblock.data_start_bytes
+        self._db = db
+        self._sync = _sync_write_options()
+        self._db_thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="cairn-store-meta")
+        self.allocator = Allocator(superblock.block_count)
+        self.sequence = 0
+        self._object_locks = {}          # object key -> [lock, users]
+        self._collection_writers = collections.Counter()
+        self._commit_queue = []
+        self._commit_wanted = asyncio.Event()
+        self._committer = None
+        self._failure = None
+        self._read_pins = collections.Counter()     # sequence at read start -> reads running
+        self._deferred_frees = collections.deque()  # (sequence, extents)
+        self.commits_total = 0
+        self.transactions_total = 0
+
+    @classmethod
+    async def open(cls, device, meta_dir=None):
+        superblock = await read_superblock(device)
+        if superblock.device_size_bytes > device.size_bytes:
+            raise StoreMismatch(f"{device.path} is {device.size_bytes} bytes but its store was "
+                                f"made for {superblock.device_size_bytes}")
+        meta_dir = meta_dir or default_meta_dir(device.path, superblock.uuid)
+        if not os.path.isdir(meta_dir):
+            raise StoreMismatch(f"metadata directory {meta_dir} of {device.path} (uuid "
+                                f"{superblock.uuid}) is missing; pass --meta if it moved")
+        db = _open_db(meta_dir, create=False)
+        identity_raw = db.get(records.KEY_IDENTITY)
+        identity = msgpack.unpackb(identity_raw) if identity_raw is not None else {}
+        if identity.get("uuid") != superblock.uuid:
+            db.close()
+            raise StoreMismatch(f"metadata in {meta_dir} belongs to store "
+                                f"{identity.get('uuid')}, not to {device.path} "
+                                f"({superblock.uuid})")
+        store = cls(device, superblock, meta_dir, db)
+        store._load()
+        store._committer = asyncio.get_running_loop().create_task(store._commit_loop())
+        return store
+
+    def _load(self):
+        (self.sequence,) = struct.unpack(">Q", self._db.get(records.KEY_SEQUENCE))
+        for key, value in self._iterate(records.PREFIX_BITMAP):
+            (index,) = struct.unpack(">I", key[1:])
+            self.allocator.load_segment(index, value)
+        self.allocator.loaded()
+
+    async def close(self):
+        """Wait for queued commits, stop the committer and close the metadata store."""
+        if self._committer is not None:
+            while self._commit_queue and self._failure is None:
+                await asyncio.sleep(0.001)
+            self._committer.cancel()
+            try:
+                await self._committer
+            except asyncio.CancelledError:
+                pass
+            self._committer = None
+        self._db_thread.shutdown(wait=True)
+        self._db.close()
+
+    async def abandon(self):
+        """Stop at once without waiting (simulated crash): nothing more reaches RocksDB."""
+        self._failure = self._failure or StoreFailed("store abandoned")
+        if self._committer is not None:
+            self._committer.cancel()
+            try:
+                await self._committer
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._committer = None
+        self._db_thread.shutdown(wait=True)
+        self._db.close()
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def _iterate(self, prefix, start=None):
+        """(key, value) pairs whose key starts with `prefix`, from `start` on, in key order."""
+        iterator = self._db.iter()
+        iterator.seek(start if start is not None else prefix)
+        while iterator.valid():
+            key = iterator.key()
+            if not key.startswith(prefix):
+                break
+            yield key, iterator.value()
+            iterator.next()
+
+    def _record(self, collection, name):
+        raw = self._db.get(records.object_key(collection, name))
+        if raw is None:
+            return None
+        return ObjectRecord.decode(raw)
+
+    def _require_collection(self, collection):
+        if self._db.get(records.collection_key(collection)) is None:
+            raise CollectionNotFound(collection)
+
+    def _check_usable(self):
+        if self._failure is not None:
+            raise StoreFailed(f"the store failed earlier and must be remounted: "
+                              f"{self._failure}") from self._failure
+
+    async def read(self, collection, name, offset=0, length=None):
+        """Read an object whole or by range; returns a memoryview (of a pool buffer: hand it
+        back with `device.pool.put()` when done, or just drop it).
+
+        Raises ObjectNotFound, CollectionNotFound, InvalidArgument (bad range), ChecksumError
+        (the stored bytes fail their crc32c; they are never returned), and device errors."""
+        self._check_usable()
+        records.check_collection_name(collection)
+        records.check_object_name(name)
+        if offset < 0 or (length is not None and length < 0):
+            raise InvalidArgument(f"bad range: offset {offset}, length {length}")
+        pin = self._pin()
+        try:
+            record = self._record(collection, name)
+            if record is None:
+                self._require_collection(collection)
+                raise ObjectNotFound(collection, name)
+            end = record.size if length is None else min(record.size, offset + length)
+            if offset >= end:
+                return memoryview(b"")
+            first = offset // self.block_size
+            count = -(-end // self.block_size) - first
+            view = await self._read_blocks(collection, name, record, first, count)
+            start = offset - first * self.block_size
+            return view[start:start + end - offset]
+        finally:
+            self._unpin(pin)
+
+    async def read_bytes(self, collection, name, offset=0, length=None):
+        """`read()` copied into bytes, the buffer handed back to the pool."""
+        view = await self.read(collection, name, offset, length)
+        try:
+            return bytes(view)
+        finally:
+            if view.obj is not None:
+                self.device.pool.put(view)
+
+    async def _read_blocks(self, collection, name, record, first, count, staged=None):
+        """Read logical blocks [first, first + count) of `record` and verify their crc32c."""
+        view = self.device.pool.get(count * self.block_size)
+        try:
+            reads = []
+            position = 0
+            for start, length in records.slice_extents(record.extents, first, count):
+                for chunk_start, chunk_length in _chunks(start, length, self.block_size):
+                    target = view[position:position + chunk_length * self.block_size]
+                    if staged is not None and chunk_start in staged:
+                        for index in range(chunk_length):
+                            block_view = staged[chunk_start + index]
+                            target[index * self.block_size:(index + 1) * self.block_size] = \
+                                block_view
+                    else:
+                        reads.append(self.device.read_into(
+                            self._data_start + chunk_start * self.block_size, target))
+                    position += chunk_length * self.block_size
+            if len(reads) == 1:
+                await reads[0]
+            elif reads:
+                await _gather_all(reads)
+            actual = block_crcs(view, self.block_size)
+            expected = record.crc_array()[first:first + count]
+            bad = np.flatnonzero(actual != expected)
+            if bad.size:
+                index = int(bad[0])
+                raise ChecksumError(collection, name, (first + index) * self.block_size,
+                                    int(expected[index]), int(actual[index]))
+        except BaseException:
+            self.device.pool.put(view)
+            raise
+        return view
+
+    def stat(self, collection, name):
+        records.check_collection_name(collection)
+        records.check_object_name(name)
+        record = self._record(collection, name)
+        if record is None:
+            self._require_collection(collection)
+            raise ObjectNotFound(collection, name)
+        return ObjectStat(name=name, size=record.size, version=record.version,
+                          mtime_ns=record.mtime_ns, attrs=dict(record.attrs))
+
+    def list_objects(self, collection, prefix="", start_after=None, limit=1000):
+        """Names in `collection` starting with `prefix`, in name order, after `start_after`.
+
+        Returns (names, next_start_after): pass the second back to get the next page; it is
+        None on the last page."""
+        records.check_collection_name(collection)
+        self._require_collection(collection)
+        if not 1 <= limit <= LIST_PAGE_ENTRIES_MAX:
+            raise InvalidArgument(f"list limit must be within 1..{LIST_PAGE_ENTRIES_MAX} "
+                                  f"(was {limit})")
+        key_prefix = records.object_prefix(collection, prefix)
+        name_offset = len(records.object_prefix(collection))
+        start = None
+        if start_after is not None:
+            start = records.object_key(collection, start_after) + b"\x00"
+        names = []
+        for key, _ in self._iterate(key_prefix, max(start or key_prefix, key_prefix)):
+            if len(names) == limit:
+                return names, names[-1]
+            names.append(key[name_offset:].decode())
+        return names, None
+
+    def list_collections(self):
+        return [key[1:].decode() for key, _ in self._iterate(records.PREFIX_COLLECTION)]
+
+    def statfs(self):
+        allocator = self.allocator
+        return {"total_bytes": allocator.block_count * self.block_size,
+                "used_bytes": allocator.committed_count * self.block_size,
+                "free_bytes": allocator.free_count * self.block_size,
+                "sequence": self.sequence}
+
+    # -- single-operation helpers -------------------------------------------------------------
+
+    async def create_collection(self, collection):
+        return await self.apply(Transaction().create_collection(collection))
+
+    async def remove_collection(self, collection):
+        return await self.apply(Transaction().remove_collection(collection))
+
+    async def put(self, collection, name, data, attrs=None):
+        return await self.apply(Transaction().put(collection, name, data, attrs))
+
+    async def write(self, collection, name, offset, data):
+        return await self.apply(Transaction().write(collection, name, offset, data))
+
+    async def delete(self, collection, name):
+        return await self.apply(Transaction().delete(collection, name))
+
+    async def set_attrs(self, collection, name, attrs):
+        return await self.apply(Transaction().set_attrs(collection, name, attrs))
+
+    # -- transactions -----------------------------------------------------------------------
+
+    async def apply(self, txn):
+        """Apply `txn` atomically and durably; returns its sequence number (the version of
+        every object it changed). Raises the errors named in `read()` plus CollectionExists,
+        CollectionNotEmpty, NoSpace (nothing changed) and StoreFailed."""
+        self._check_usable()
+        if not txn.ops:
+            raise InvalidArgument("empty transaction")
+        keys = sorted({records.object_key(op.collection, op.name) for op in txn.ops
+                       if hasattr(op, "name")})
+        collections_written = {op.collection for op in txn.ops if hasattr(op, "name")}
+        await self._lock(keys)
+        self._collection_writers.update(collections_written)
+        try:
+            plan = await self._prepare(txn)
+            try:
+                await self._write_data(plan)
+            except BaseException:
+                self.allocator.unreserve(plan.allocated + plan.dropped)
+                raise
+            finally:
+                for view in plan.buffers:
+                    self.device.pool.put(view)
+            if plan.dropped:
+                self.allocator.unreserve(plan.dropped)
+            plan.future = asyncio.get_running_loop().create_future()
+            self._commit_queue.append(plan)
+            self._commit_wanted.set()
+            return await plan.future
+        finally:
+            self._collection_writers.subtract(collections_written)
+            self._unlock(keys)
+
+    async def _lock(self, keys):
+        for key in keys:
+            entry = self._object_locks.get(key)
+            if entry is None:
+                entry = self._object_locks[key] = [asyncio.Lock(), 0]
+            entry[1] += 1
+            await entry[0].acquire()
+
+    def _unlock(self, keys):
+        for key in keys:
+            entry = self._object_locks[key]
+            if entry[0].locked():
+                entry[0].release()
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._object_locks[key]
+
+    async def _prepare(self, txn):
+        plan = _Plan(records={}, collections={}, allocated=[], dropped=[], freed=[], writes=[],
+                     buffers=[])
+        staged = {}            # device block -> view of its new data (written by this txn)
+        try:
+            for op in txn.ops:
+                if isinstance(op, CreateCollection):
+                    self._plan_create_collection(plan, op)
+                elif isinstance(op, RemoveCollection):
+                    self._plan_remove_collection(plan, op)
+                else:
+                    if not self._collection_exists(plan, op.collection):
+                        raise CollectionNotFound(op.collection)
+                    key = records.object_key(op.collection, op.name)
+                    old = plan.records[key] if key in plan.records else \
+                        self._record(op.collection, op.name)
+                    if isinstance(op, Put):
+                        new = self._plan_put(plan, staged, op, old)
+                    elif isinstance(op, Write):
+                        new = await self._plan_write(plan, staged, op, old)
+                    elif isinstance(op, Delete):
+                        if old is None:
+                            raise ObjectNotFound(op.collection, op.name)
+                        self._drop(plan, old.extents)
+                        new = None
+                    else:
+                        if old is None:
+                            raise ObjectNotFound(op.collection, op.name)
+                        attrs = dict(old.attrs)
+                        for attr_name, value in op.attrs.items():
+                            if value is None:
+                                attrs.pop(attr_name, None)
+                            else:
+                                attrs[attr_name] = bytes(value)
+                        records.check_attrs(attrs)
+                        new = dataclasses.replace(old, attrs=attrs)
+                    plan.records[key] = new
+        except BaseException:
+            self.allocator.unreserve(plan.allocated + plan.dropped)
+            for view in plan.buffers:
+                self.device.pool.put(view)
+            raise
+        return plan
+
+    def _collection_exists(self, plan, collection):
+        key = records.collection_key(collection)
+        if key in plan.collections:
+            return plan.collections[key]
+        return self._db.get(key) is not None
+
+    def _plan_create_collection(self, plan, op):
+        if self._collection_exists(plan, op.collection):
+            raise CollectionExists(op.collection)
+        plan.collections[records.collection_key(op.collection)] = True
+
+    def _plan_remove_collection(self, plan, op):
+        if not self._collection_exists(plan, op.collection):
+            raise CollectionNotFound(op.collection)
+        prefix = records.object_prefix(op.collection)
+        planned_live = any(key.startswith(prefix) and record is not None
+                           for key, record in plan.records.items())
+        committed_live = any(
+            plan.records.get(key, True) is not None for key, _ in self._iterate(prefix))
+        writers = self._collection_writers[op.collection] - (
+            1 if any(key.startswith(prefix) for key in plan.records) else 0)
+        if planned_live or committed_live or writers > 0:
+            raise CollectionNotEmpty(op.collection)
+        plan.collections[records.collection_key(op.collection)] = False
+
+    def _drop(self, plan, extents):
+        """Extents no longer referenced: committed ones are freed at commit; ones this same
+        transaction reserved (an object written twice in one transaction) are dropped."""
+        if not plan.allocated:
+            plan.freed.extend(extents)
+            return
+        own_blocks = _blocks(plan.allocated)
+        for start, length in extents:
+            for run_start, run_length, own in _runs(start, length, own_blocks):
+                if own:
+                    plan.dropped.append((run_start, run_length))
+                    _remove_blocks(plan.allocated, run_start, run_length)
+                else:
+                    plan.freed.append((run_start, run_length))
+
+    def _reserve(self, plan, block_count):
+        extents = self.allocator.reserve(block_count)
+        if extents is None:
+            raise NoSpace(block_count * self.block_size,
+                          self.allocator.free_count * self.block_size, self.device.path)
+        plan.allocated.extend(extents)
+        return extents
+
+    def _stage(self, plan, staged, extents, view):
+        """Queue writes of `view` (whole blocks) to `extents` and remember the blocks."""
+        position = 0
+        for start, length in extents:
+            for chunk_start, chunk_length in _chunks(start, length, self.block_size):
+                size = chunk_length * self.block_size
+                chunk = view[position:position + size]
+                plan.writes.append((self._data_start + chunk_start * self.block_size, chunk))
+                for index in range(chunk_length):
+                    staged[chunk_start + index] = \
+                        chunk[index * self.block_size:(index + 1) * self.block_size]
+                position += size
+
+    def _plan_put(self, plan, staged, op, old):
+        length = memoryview(op.data).nbytes
+        if old is not None:
+            self._drop(plan, old.extents)
+        if length == 0:
+            return ObjectRecord(size=0, extents=(), crcs=b"", attrs=dict(op.attrs),
+                                mtime_ns=time.time_ns())
+        view = aligned_copy(self.device.pool, memoryview(op.data).cast("B"))
+        plan.buffers.append(view)
+        block_count = len(view) // self.block_size
+        extents = self._reserve(plan, block_count)
+        self._stage(plan, staged, extents, view)
+        crcs = block_crcs(view, self.block_size).astype("<u4").tobytes()
+        return ObjectRecord(size=length, extents=records.merge_extents(extents), crcs=crcs,
+                            attrs=dict(op.attrs), mtime_ns=time.time_ns())
+
+    async def _plan_write(self, plan, staged, op, old):
+        data = memoryview(op.data).cast("B")
+        length = len(data)
+        old_size = old.size if old is not None else 0
+        if length == 0:
+            if old is not None:
+                return old
+            return ObjectRecord(size=0, extents=(), crcs=b"", attrs={},
+                                mtime_ns=time.time_ns())
+        # Logical blocks to rewrite: from the first block touched (or the old end, to zero a
+        # gap) to the last block touched.
+        old_blocks = old.block_count if old is not None else 0
+        first = min(op.offset // self.block_size, old_blocks)
+        end = -(-(op.offset + length) // self.block_size)
+        count = end - first
+        view = self.device.pool.get(count * self.block_size)
+        plan.buffers.append(view)
+        view[:] = bytes(len(view))
+        # Keep the old bytes of partly covered blocks (head and tail), verified by crc. Blocks
+        # past the old end need nothing: the old last block's padding is already zeros.
+        base = first * self.block_size
+        write_end = op.offset + length
+        for block in sorted({op.offset // self.block_size, end - 1}):
+            fully_covered = (op.offset <= block * self.block_size
+                             and (block + 1) * self.block_size <= write_end)
+            if first <= block < min(end, old_blocks) and not fully_covered:
+                old_view = await self._read_blocks(op.collection, op.name, old, block, 1, staged)
+                index = block - first
+                view[index * self.block_size:(index + 1) * self.block_size] = old_view
+                self.device.pool.put(old_view)
+        view[op.offset - base:write_end - base] = data
+        new_size = max(old_size, write_end)
+        extents = self._reserve(plan, count)
+        self._stage(plan, staged, extents, view)
+        new_crcs = block_crcs(view, self.block_size).astype("<u4")
+        if old is None:
+            return ObjectRecord(size=new_size, extents=records.merge_extents(extents),
+                                crcs=new_crcs.tobytes(), attrs={}, mtime_ns=time.time_ns())
+        merged, replaced = records.splice_extents(old.extents, first, count, extents)
+        self._drop(plan, replaced)
+        crcs = np.concatenate([old.crc_array()[:first], new_crcs,
+                               old.crc_array()[first + count:]]).astype("<u4")
+        return ObjectRecord(size=new_size, extents=merged, crcs=crcs.tobytes(),
+                            attrs=dict(old.attrs), mtime_ns=time.time_ns())
+
+    async def _write_data(self, plan):
+        if not plan.writes:
+            return
+        if len(plan.writes) == 1:
+            offset, view = plan.writes[0]
+            await self.device.write(offset, view)
+            return
+        await _gather_all([self.device.write(offset, view) for offset, view in plan.writes])
+
+    # -- the committer ------------------------------------------------------------------------
+
+    async def _commit_loop(self):
+        # Runs for the store's lifetime: one group per wake-up, until cancelled by close().
+        while True:
+            await self._commit_wanted.wait()
+            self._commit_wanted.clear()
+            while self._commit_queue:
+                group = self._commit_queue[:COMMIT_GROUP_TRANSACTIONS_MAX]
+                del self._commit_queue[:len(group)]
+                await self._commit_group(group)
+
+    async def _commit_group(self, group):
+        if self._failure is not None:
+            for plan in group:
+                self.allocator.unreserve(plan.allocated)
+                plan.future.set_exception(StoreFailed(str(self._failure)))
+            return
+        try:
+            await self.device.flush()
+            batch = WriteBatch(raw_mode=True)
+            dirty = set()
+            sequence = self.sequence
+            now_ns = time.time_ns()
+            for plan in group:
+                sequence += 1
+                plan.sequence = sequence
+                for key, created in plan.collections.items():
+                    if created:
+                        batch.put(key, msgpack.packb({"created_ns": now_ns}))
+                    else:
+                        batch.delete(key)
+                for key, record in plan.records.items():
+                    if record is None:
+                        batch.delete(key)
+                    else:
+                        batch.put(key, dataclasses.replace(record, version=sequence).encode())
+                dirty |= self.allocator.commit(plan.allocated, plan.freed)
+            for index in sorted(dirty):
+                batch.put(records.bitmap_key(index), self.allocator.segment_bytes(index))
+            batch.put(records.KEY_SEQUENCE, struct.pack(">Q", sequence))
+            await asyncio.get_running_loop().run_in_executor(
+                self._db_thread, self._db.write, batch, self._sync)
+        except BaseException as exc:
+            # The device or RocksDB failed mid-commit: what is durable is unknown, and the
+            # in-memory allocator may be ahead of it. Poison the store (STYLE.md 2.5).
+            self._failure = exc
+            for plan in group:
+                if not plan.future.done():
+                    plan.future.set_exception(
+                        StoreFailed(f"commit failed, the store must be remounted: {exc}"))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self.sequence = sequence
+        self.commits_total += 1
+        self.transactions_total += len(group)
+        for plan in group:
+            if plan.freed:
+                self._deferred_frees.append((plan.sequence, plan.freed))
+        self._release_frees()
+        for plan in group:
+            if not plan.future.done():
+                plan.future.set_result(plan.sequence)
+
+    def _pin(self):
+        self._read_pins[self.sequence] += 1
+        return self.sequence
+
+    def _unpin(self, pin):
+        self._read_pins[pin] -= 1
+        if self._read_pins[pin] == 0:
+            del self._read_pins[pin]
+        self._release_frees()
+
+    def _release_frees(self):
+        oldest = min(self._read_pins) if self._read_pins else None
+        while self._deferred_frees:
+            sequence, extents = self._deferred_frees[0]
+            if oldest is not None and oldest < sequence:
+                break
+            self._deferred_frees.popleft()
+            self.allocator.release(extents)
+
+    def statistics(self):
+        return {"sequence": self.sequence, "commits_total": self.commits_total,
+                "transactions_total": self.transactions_total,
+                "transactions_per_commit": (self.transactions_total / self.commits_total
+                                            if self.commits_total else 0.0),
+                "device": self.device.statistics()}
+
+
+def _chunks(start, length, block_size):
+    """Split an extent into pieces of at most DEVICE_IO_BYTES_MAX."""
+    per_io = DEVICE_IO_BYTES_MAX // block_size
+    while length > 0:
+        take = min(length, per_io)
+        yield start, take
+        start += take
+        length -= take
+
+
+def _runs(start, length, own_blocks):
+    """Split extent [start, start + length) into runs by membership in `own_blocks`:
+    yields (run_start, run_length, is_own)."""
+    run_start = start
+    run_own = start in own_blocks
+    for block in range(start + 1, start + length):
+        is_own = block in own_blocks
+        if is_own != run_own:
+            yield run_start, block - run_start, run_own
+            run_start, run_own = block, is_own
+    yield run_start, start + length - run_start, run_own
+
+
+def _blocks(extents):
+    return {block for start, length in extents for block in range(start, start + length)}
+
+
+def _remove_blocks(extents, start, length):
+    """Remove blocks [start, start + length) from a list of extents, in place."""
+    out = []
+    end = start + length
+    for first, count in extents:
+        last = first + count
+        if last <= start or first >= end:
+            out.append((first, count))
+            continue
+        if first < start:
+            out.append((first, start - first))
+        if last > end:
+            out.append((end, last - end))
+    extents[:] = out
+
+
+async def _gather_all(awaitables):
+    """Await all; if any fails, wait for the rest (their buffers are in the kernel) and raise
+    the first failure."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
