@@ -6,15 +6,29 @@ extension is missing, `open_device()` raises with the command that builds it, an
 `implementation()` says which path a daemon is on so it can log it at start-up.
 """
 
+import importlib
 import os
 
-from cairn.native.blockdev import FileBlockDevice, UringBlockDevice
-from cairn.native.bufpool import ALIGN_BYTES, BufferPool
-from cairn.native.checksum import block_crcs, crc32c
-from cairn.native.errors import (DeviceError, DeviceGone, DeviceIOError, DeviceNoSpace,
-                                 DirectIONotSupported, IoUringUnavailable, MisalignedIO,
-                                 OutOfRange)
-from cairn.native.memdev import MemoryBlockDevice
+# Names are loaded on first use, so a pure core that needs only crc32c does not pull asyncio in
+# with the devices (tests/test_cores.py guards that).
+_LAZY = {
+    "FileBlockDevice": "blockdev", "UringBlockDevice": "blockdev",
+    "ALIGN_BYTES": "bufpool", "BufferPool": "bufpool",
+    "block_crcs": "checksum", "crc32c": "checksum",
+    "DeviceError": "errors", "DeviceGone": "errors", "DeviceIOError": "errors",
+    "DeviceNoSpace": "errors", "DirectIONotSupported": "errors",
+    "IoUringUnavailable": "errors", "MisalignedIO": "errors", "OutOfRange": "errors",
+    "MemoryBlockDevice": "memdev",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cairn.native' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"cairn.native.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def extensions_disabled():
@@ -28,6 +42,7 @@ def implementation():
 
 def open_device(path, queue_depth=None, pool=None):
     """Open `path` (block device or regular file) with O_DIRECT on the running loop."""
+    from cairn.native.blockdev import FileBlockDevice, UringBlockDevice
     if extensions_disabled():
         return FileBlockDevice.open(path, pool=pool)
     try:

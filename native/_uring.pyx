@@ -198,8 +198,7 @@ cdef class Ring:
         """Queue a discard (fallocate PUNCH_HOLE|KEEP_SIZE; a block device turns it into a
         discard or a zero-out)."""
         if offset % self.align != 0 or length % self.align != 0:
-            raise MisalignedIO(f"discard of {length} bytes at offset {offset} is not aligned "
-                               f"to {self.align} bytes", offset=offset, length=length)
+            raise self.error_factory("discard", 22, offset, length)
         self._enqueue(self._new_op(OP_DISCARD, fd, offset, length, future))
 
     cdef _enqueue(self, _Op op):

@@ -82,6 +82,10 @@ class _DeviceBase:
 
     async def read(self, offset, length):
         """Read `length` bytes at `offset` into a fresh pool buffer; returns its memoryview."""
+        if length <= 0 or length % ALIGN_BYTES:
+            raise MisalignedIO(f"{self.path}: read of {length} bytes at offset {offset}: the "
+                               f"length must be a positive multiple of {ALIGN_BYTES} (O_DIRECT)",
+                               path=self.path, offset=offset, length=length)
         view = self.pool.get(length)
         try:
             await self.read_into(offset, view)

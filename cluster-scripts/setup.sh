@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up this machine for cairn (Debian 12, root or sudo): system packages, a virtualenv in
+# .venv, and the native build. Safe to run again; it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SYSTEM_PACKAGES=(liburing-dev fio gcc python3-dev python3-venv)
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+for package in "${SYSTEM_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing system packages: ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip setuptools wheel 2>&1 | grep -v "is ignored" || true
+echo "setup: installing cairn and its Python dependencies (builds the io_uring extension)"
+.venv/bin/python -m pip install -q -e '.[test]' 2>&1 \
+  | grep -v -e "is ignored" -e "BuildBackendWarning" || true
+.venv/bin/python -c "import cairn.native._uring" \
+  || { echo "setup: the io_uring extension did not build; see the pip output above" >&2; exit 1; }
+echo "setup: ready (.venv/bin/cairn, .venv/bin/cairn-osd)"

@@ -1,0 +1,287 @@
+"""`cairn bench device` and `cairn bench store`: our I/O paths next to fio, in the same run.
+
+Targets are ratios against fio measured on the same file (or a scratch file beside a store's
+device) in the same run, because these machines are shared and noisy: absolute figures drift,
+ratios much less (DEVELOPERS.md).
+
+- device: the native block path alone (`open_device()`), ops write | read | randwrite | randread,
+  each worker keeping one op in flight; fio runs the same op, block size and iodepth.
+- store: object operations through the engine on a device made by mkfs, ops put | get. put
+  cycles over a bounded set of names so a timed run never fills the device; get reads what put
+  left (or writes its own set first). fio runs against a scratch file of the same size beside the
+  device (a store's device cannot be overwritten), with 1 MiB sequential writes/reads for objects
+  of 1 MiB and up, else random ops of the object size.
+"""
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+from cairn.common.units import format_size
+from cairn.native import open_device
+
+# A bench touches at most this much of a device: enough to defeat any cache in front of the
+# disk on these machines, small enough to lay out in seconds before read tests.
+REGION_BYTES_DEFAULT = 1 << 30
+
+# Put cycles over names covering at most this fraction of the store's free space, so a timed run
+# never fills the device however fast it goes.
+STORE_FILL_FRACTION_MAX = 0.25
+
+
+def _summary(op, size_bytes, latencies_ns, seconds):
+    ops = len(latencies_ns)
+    latencies = np.array(latencies_ns, dtype=np.int64) if ops else np.zeros(1, dtype=np.int64)
+    return {
+        "op": op, "size_bytes": size_bytes, "ops": ops, "seconds": round(seconds, 3),
+        "MBps": round(ops * size_bytes / seconds / 1e6, 1),
+        "iops": round(ops / seconds, 1),
+        "lat_us_avg": round(float(latencies.mean()) / 1e3, 1),
+        "lat_us_p50": round(float(np.percentile(latencies, 50)) / 1e3, 1),
+        "lat_us_p99": round(float(np.percentile(latencies, 99)) / 1e3, 1),
+        "lat_us_max": round(float(latencies.max()) / 1e3, 1),
+    }
+
+
+async def _timed_workers(concurrency, seconds, one_op):
+    """Run `one_op(worker_index, op_index)` in `concurrency` workers for `seconds`; returns
+    (latencies_ns, elapsed seconds)."""
+    latencies = []
+    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+
+    async def worker(index):
+        op_index = 0
+        while time.perf_counter() < deadline:
+            began = time.perf_counter_ns()
+            await one_op(index, op_index)
+            latencies.append(time.perf_counter_ns() - began)
+            op_index += 1
+
+    async with asyncio.TaskGroup() as group:
+        for index in range(concurrency):
+            group.create_task(worker(index))
+    return latencies, time.perf_counter() - start
+
+
+# -- fio ----------------------------------------------------------------------------------------
+
+def fio_available():
+    return shutil.which("fio") is not None
+
+
+def run_fio(filename, rw, block_size, iodepth, seconds, region_bytes):
+    """Run fio (io_uring, O_DIRECT) and return {MBps, iops, lat_us_p50, lat_us_p99}, or raise
+    RuntimeError with fio's message."""
+    command = ["fio", "--name=cairn", f"--filename={filename}", f"--rw={rw}",
+               f"--bs={block_size}", f"--iodepth={iodepth}", "--ioengine=io_uring",
+               "--direct=1", f"--size={region_bytes}", "--time_based",
+               f"--runtime={max(1, int(seconds))}", "--randrepeat=0", "--norandommap",
+               "--output-format=json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
+    if done.returncode != 0:
+        raise RuntimeError(f"fio failed: {done.stderr.strip() or done.stdout.strip()}")
+    job = json.loads(done.stdout[done.stdout.index("{"):])["jobs"][0]
+    side = job["read"] if "read" in rw else job["write"]
+    percentiles = side.get("clat_ns", {}).get("percentile", {})
+    return {"rw": rw, "bs": block_size, "iodepth": iodepth,
+            "MBps": round(side["bw_bytes"] / 1e6, 1), "iops": round(side["iops"], 1),
+            "lat_us_p50": round(percentiles.get("50.000000", 0) / 1e3, 1),
+            "lat_us_p99": round(percentiles.get("99.000000", 0) / 1e3, 1)}
+
+
+def lay_out(filename, region_bytes):
+    """Write the region once (fio, 1 MiB sequential) so read tests read real blocks, not holes
+    of a sparse file."""
+    run_fio_once = ["fio", "--name=layout", f"--filename={filename}", "--rw=write", "--bs=1M",
+                    "--iodepth=16", "--ioengine=io_uring", "--direct=1",
+                    f"--size={region_bytes}", "--output-format=json"]
+    done = subprocess.run(run_fio_once, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"fio layout failed: {done.stderr.strip()}")
+
+
+def _with_ratio(result, fio):
+    result["fio"] = fio
+    if fio and fio.get("MBps"):
+        result["ratio_vs_fio"] = round(result["MBps"] / fio["MBps"], 3)
+    return result
+
+
+# -- device -------------------------------------------------------------------------------------
+
+DEVICE_OPS = ("write", "read", "randwrite", "randread")
+
+
+async def bench_device(path, op, size_bytes, concurrency, seconds, region_bytes=None,
+                       queue_depth=None, compare_fio=True, log=print):
+    """Benchmark the native block path on `path` (destroys its contents in the region)."""
+    assert op in DEVICE_OPS
+    device = open_device(path, queue_depth=queue_depth or max(128, concurrency))
+    try:
+        region = min(region_bytes or REGION_BYTES_DEFAULT, device.size_bytes)
+        region -= region % size_bytes
+        if region < size_bytes * concurrency:
+            raise ValueError(f"{path} is too small for {concurrency} x {size_bytes}-byte ops")
+        fio = None
+        if compare_fio and fio_available():
+            if "read" in op:
+                log(f"laying out {format_size(region)} of {path} for the read test ...")
+                lay_out(path, region)
+            log(f"fio: {op} {format_size(size_bytes)} iodepth {concurrency}, {seconds} s ...")
+            fio = run_fio(path, op, size_bytes, concurrency, seconds, region)
+        elif compare_fio:
+            log("fio is not installed: no comparison (apt-get install -y fio)")
+        buffers = [device.pool.get(size_bytes) for _ in range(concurrency)]
+        for buffer in buffers:
+            buffer[:] = os.urandom(size_bytes)
+        slots = region // size_bytes
+        rng = random.Random(1)
+        cursor = [0]
+
+        async def one_op(worker, _):
+            if op.startswith("rand"):
+                offset = rng.randrange(slots) * size_bytes
+            else:
+                offset = cursor[0]
+                cursor[0] = (cursor[0] + size_bytes) % region
+            if op.endswith("write"):
+                await device.write(offset, buffers[worker])
+            else:
+                await device.read_into(offset, buffers[worker])
+
+        log(f"cairn: {op} {format_size(size_bytes)} concurrency {concurrency}, {seconds} s "
+            f"({device.kind}) ...")
+        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op)
+        result = _summary(op, size_bytes, latencies, elapsed)
+        result.update(device=path, concurrency=concurrency, implementation=device.kind)
+        return _with_ratio(result, fio)
+    finally:
+        await device.aclose()
+
+
+# -- store --------------------------------------------------------------------------------------
+
+STORE_OPS = ("put", "get")
+BENCH_COLLECTION = "bench"
+
+
+def _fio_mapping(op, size_bytes):
+    """The fio job a store op is measured against (see the module docstring)."""
+    if size_bytes >= 1 << 20:
+        return ("write" if op == "put" else "read"), 1 << 20
+    return ("randwrite" if op == "put" else "randread"), size_bytes
+
+
+async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
+                      compare_fio=True, fio_file=None, log=print):
+    """Benchmark store puts or gets on a store made by mkfs at `path`."""
+    from cairn.osd.errors import CollectionExists
+    from cairn.osd.store import Store, Transaction
+    assert op in STORE_OPS
+    device = open_device(path, queue_depth=max(128, 2 * concurrency))
+    store = None
+    scratch = None
+    try:
+        store = await Store.open(device, meta_dir)
+        free = store.statfs()["free_bytes"]
+        name_count = max(concurrency, int(free * STORE_FILL_FRACTION_MAX) // max(size_bytes, 4096))
+        name_count = min(name_count, max(concurrency, REGION_BYTES_DEFAULT // size_bytes))
+        name_count -= name_count % concurrency
+        fio = None
+        if compare_fio and fio_available():
+            fio_rw, fio_bs = _fio_mapping(op, size_bytes)
+            if fio_file is None and not device.is_block:
+                scratch = fio_file = os.fspath(path) + ".fio-scratch"
+            if fio_file is None:
+                log("no fio comparison: pass --fio-file PATH (a scratch file or device on the "
+                    "same kind of disk) for a block device")
+            else:
+                region = min(REGION_BYTES_DEFAULT, device.size_bytes)
+                with open(fio_file, "ab") as handle:
+                    if os.fstat(handle.fileno()).st_size < region:
+                        handle.truncate(region)
+                if "read" in fio_rw:
+                    log(f"laying out {format_size(region)} of {fio_file} for fio's read test ...")
+                    lay_out(fio_file, region)
+                log(f"fio on {fio_file}: {fio_rw} {format_size(fio_bs)} iodepth {concurrency}, "
+                    f"{seconds} s ...")
+                fio = run_fio(fio_file, fio_rw, fio_bs, concurrency, seconds, region)
+        try:
+            await store.create_collection(BENCH_COLLECTION)
+        except CollectionExists:
+            pass
+        payloads = [os.urandom(size_bytes) for _ in range(concurrency)]
+        names = [f"bench-{size_bytes}-{index:08d}" for index in range(name_count)]
+        per_worker = name_count // concurrency
+
+        async def one_put(worker, op_index):
+            name = names[worker + concurrency * (op_index % per_worker)]
+            await store.apply(Transaction().put(BENCH_COLLECTION, name, payloads[worker]))
+
+        if op == "get":
+            existing, _ = store.list_objects(BENCH_COLLECTION, prefix=f"bench-{size_bytes}-",
+                                             limit=min(name_count, 10_000))
+            if len(existing) < concurrency:
+                log(f"writing {name_count} objects of {format_size(size_bytes)} to read back ...")
+
+                async def fill(worker):
+                    for index in range(per_worker):
+                        await one_put(worker, index)
+
+                async with asyncio.TaskGroup() as group:
+                    for worker in range(concurrency):
+                        group.create_task(fill(worker))
+                existing = names
+            rng = random.Random(2)
+
+            async def one_get(worker, op_index):
+                view = await store.read(BENCH_COLLECTION, rng.choice(existing))
+                device.pool.put(view)
+
+            one_op = one_get
+        else:
+            one_op = one_put
+        log(f"cairn store: {op} {format_size(size_bytes)} concurrency {concurrency}, {seconds} s "
+            f"({device.kind}, {name_count} names) ...")
+        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op)
+        result = _summary(op, size_bytes, latencies, elapsed)
+        stats = store.statistics()
+        result.update(device=path, concurrency=concurrency, implementation=device.kind,
+                      transactions_per_commit=round(stats["transactions_per_commit"], 1))
+        return _with_ratio(result, fio)
+    finally:
+        if store is not None:
+            await store.close()
+        await device.aclose()
+        if scratch is not None and os.path.exists(scratch):
+            os.unlink(scratch)
+
+
+def format_result(result):
+    line = (f"{result['op']} {format_size(result['size_bytes'])}: {result['ops']} ops in "
+            f"{result['seconds']} s = {result['MBps']} MB/s, {result['iops']} IOPS, latency "
+            f"p50 {result['lat_us_p50']} us, p99 {result['lat_us_p99']} us")
+    fio = result.get("fio")
+    if fio:
+        line += (f"\nfio {fio['rw']} {format_size(fio['bs'])} iodepth {fio['iodepth']}: "
+                 f"{fio['MBps']} MB/s, {fio['iops']} IOPS, p50 {fio['lat_us_p50']} us, p99 "
+                 f"{fio['lat_us_p99']} us")
+        line += f"\nratio cairn/fio (MB/s): {result.get('ratio_vs_fio')}"
+    return line
+
+
+def make_scratch_device(size_bytes):
+    """A sparse file on disk (not tmpfs, which refuses O_DIRECT) for benches and demos."""
+    directory = os.environ.get("CAIRN_SCRATCH_DIR") or tempfile.gettempdir()
+    handle, path = tempfile.mkstemp(prefix="cairn-", suffix=".img", dir=directory)
+    os.ftruncate(handle, size_bytes)
+    os.close(handle)
+    return path

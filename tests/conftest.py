@@ -1,0 +1,79 @@
+"""Shared fixtures: scratch directories on a disk that accepts O_DIRECT, and the device twins.
+
+Every test carries exactly one tier marker (unit, cluster, faults); collection fails otherwise,
+so `pytest -m unit` and friends always select the whole suite between them.
+"""
+
+import os
+import tempfile
+
+import pytest
+
+from cairn.native import FileBlockDevice, MemoryBlockDevice, UringBlockDevice
+from tests.helpers import make_file
+
+TIERS = ("unit", "cluster", "faults")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tiers = [tier for tier in TIERS if item.get_closest_marker(tier)]
+        if len(tiers) != 1:
+            raise pytest.UsageError(f"{item.nodeid} must carry exactly one tier marker of "
+                                    f"{TIERS} (has {tiers})")
+
+
+def _direct_io_works(directory):
+    probe = os.path.join(directory, ".cairn-odirect-probe")
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+@pytest.fixture
+def disk_dir(tmp_path):
+    """A scratch directory whose filesystem accepts O_DIRECT (tmpfs does not)."""
+    if _direct_io_works(tmp_path):
+        yield tmp_path
+        return
+    fallback = os.environ.get("CAIRN_SCRATCH_DIR") or "/var/tmp"
+    if not _direct_io_works(fallback):
+        pytest.skip(f"no scratch filesystem here accepts O_DIRECT ({tmp_path}, {fallback}); "
+                    "set CAIRN_SCRATCH_DIR to a directory on ext4 or xfs")
+    directory = tempfile.mkdtemp(prefix="cairn-test-", dir=fallback)
+    yield directory
+    import shutil
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+DEVICE_KINDS = ("uring", "file", "memory")
+
+
+@pytest.fixture(params=DEVICE_KINDS)
+def device_kind(request):
+    return request.param
+
+
+@pytest.fixture
+def open_twin(disk_dir, device_kind):
+    """`await open_twin(size_bytes)` opens a fresh device of the parametrized kind."""
+    opened = []
+
+    async def opener(size_bytes=64 << 20, name="device.img"):
+        if device_kind == "memory":
+            device = MemoryBlockDevice(size_bytes, path=name)
+        else:
+            path = make_file(disk_dir, size_bytes, name)
+            cls = UringBlockDevice if device_kind == "uring" else FileBlockDevice
+            device = cls.open(path)
+        opened.append(device)
+        return device
+
+    yield opener
+    for device in opened:
+        if not device.closed:
+            device.close()

@@ -1,0 +1,258 @@
+"""Block devices: every twin passes the same contract; io_uring matches the reference byte for
+byte on random op sequences; the fault-injecting twin's faults behave as documented."""
+
+import asyncio
+import errno
+import os
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cairn.native import (DeviceGone, DeviceIOError, DirectIONotSupported, FileBlockDevice,
+                          MemoryBlockDevice, MisalignedIO, OutOfRange, UringBlockDevice,
+                          open_device)
+from cairn.native.errors import (IoUringUnavailable, describe_open_failure,
+                                 describe_uring_failure)
+from tests.helpers import make_file, run
+
+pytestmark = pytest.mark.unit
+
+BLOCK = 4096
+
+
+def test_round_trip_flush_discard(open_twin):
+    async def body():
+        device = await open_twin(16 << 20)
+        payload = os.urandom(3 * BLOCK)
+        view = device.pool.get(len(payload))
+        view[:] = payload
+        await device.write(5 * BLOCK, view)
+        await device.flush()
+        assert bytes(await device.read(5 * BLOCK, 3 * BLOCK)) == payload
+        await device.discard(6 * BLOCK, BLOCK)
+        got = bytes(await device.read(5 * BLOCK, 3 * BLOCK))
+        assert got == payload[:BLOCK] + bytes(BLOCK) + payload[2 * BLOCK:]
+        assert device.ops_total["write"] == 1 and device.ops_total["discard"] == 1
+        await device.aclose()
+        assert device.closed
+    run(body())
+
+
+def test_errors_are_typed_and_name_the_device(open_twin):
+    async def body():
+        device = await open_twin(1 << 20)
+        view = device.pool.get(BLOCK)
+        with pytest.raises(MisalignedIO, match=device.path):
+            await device.write(100, view)
+        with pytest.raises(MisalignedIO):
+            await device.read(0, 100)
+        with pytest.raises(OutOfRange, match="past the end"):
+            await device.write(1 << 20, view)
+        with pytest.raises(OutOfRange):
+            await device.read((1 << 20) - BLOCK, 2 * BLOCK)
+        with pytest.raises(OutOfRange):
+            await device.read(-BLOCK, BLOCK)
+        await device.aclose()
+        with pytest.raises(DeviceGone):
+            await device.read(0, BLOCK)
+    run(body())
+
+
+def test_misaligned_buffer_address_is_refused(disk_dir, device_kind):
+    if device_kind == "memory":
+        pytest.skip("the in-memory twin has no O_DIRECT address rule to enforce")
+
+    async def body():
+        path = make_file(disk_dir, 1 << 20)
+        cls = UringBlockDevice if device_kind == "uring" else FileBlockDevice
+        device = cls.open(path)
+        unaligned = memoryview(bytearray(2 * BLOCK))[1:BLOCK + 1]
+        with pytest.raises(MisalignedIO, match="aligned"):
+            await device.write(0, unaligned)
+        await device.aclose()
+    run(body())
+
+
+def test_many_in_flight(open_twin):
+    """More operations than the queue depth at once: all complete, in any order, correctly."""
+    async def body():
+        device = await open_twin(16 << 20)
+        count = 300                      # more than the default depth of 128
+        views = []
+        for index in range(count):
+            view = device.pool.get(BLOCK)
+            view[:] = index.to_bytes(4, "little") * (BLOCK // 4)
+            views.append(view)
+        await asyncio.gather(*(device.write(index * BLOCK, view)
+                               for index, view in enumerate(views)))
+        reads = await asyncio.gather(*(device.read(index * BLOCK, BLOCK)
+                                       for index in range(count)))
+        for index, view in enumerate(reads):
+            assert bytes(view[:4]) == index.to_bytes(4, "little")
+        await device.aclose()
+    run(body())
+
+
+def test_refused_direct_io_names_the_fix():
+    error = describe_open_failure("/dev/shm/x.img", OSError(errno.EINVAL, "Invalid argument"))
+    assert isinstance(error, DirectIONotSupported)
+    assert "tmpfs" in str(error) and "/dev/shm/x.img" in str(error)
+
+
+def test_tmpfs_direct_io_either_works_or_is_refused_clearly():
+    """Linux 6.6 and newer accept O_DIRECT on tmpfs; older kernels refuse it with EINVAL."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm (tmpfs) on this machine to try")
+    path = "/dev/shm/cairn-odirect-test.img"
+    with open(path, "wb") as handle:
+        handle.truncate(1 << 20)
+    try:
+        try:
+            device = FileBlockDevice.open(path)
+        except DirectIONotSupported as exc:
+            assert "tmpfs" in str(exc)
+        else:
+            assert device.size_bytes == 1 << 20
+            device.close()
+    finally:
+        os.unlink(path)
+
+
+def test_missing_device():
+    with pytest.raises(DeviceGone, match="no such"):
+        FileBlockDevice.open("/nonexistent/cairn.img")
+
+
+def test_uring_setup_failure_names_the_fix():
+    error = describe_uring_failure(-1)            # EPERM
+    assert isinstance(error, IoUringUnavailable)
+    assert "io_uring_disabled" in str(error)
+
+
+def test_open_device_respects_no_extensions(disk_dir, monkeypatch):
+    async def body():
+        path = make_file(disk_dir, 1 << 20)
+        monkeypatch.setenv("CAIRN_NO_EXTENSIONS", "1")
+        device = open_device(path)
+        assert isinstance(device, FileBlockDevice)
+        device.close()
+        monkeypatch.delenv("CAIRN_NO_EXTENSIONS")
+        device = open_device(path)
+        assert isinstance(device, UringBlockDevice)
+        await device.aclose()
+    run(body())
+
+
+ops_strategy = st.lists(
+    st.tuples(st.sampled_from(["write", "discard", "flush"]), st.integers(0, 63),
+              st.integers(1, 8), st.integers(0, 255)),
+    min_size=1, max_size=40)
+
+
+@given(ops=ops_strategy)
+@settings(max_examples=25, deadline=None)
+def test_uring_matches_reference(tmp_path_factory, ops):
+    """Differential: the same random ops on the io_uring device and on the pread/pwrite
+    reference leave byte-identical devices, and every read agrees."""
+    directory = tmp_path_factory.mktemp("diff")
+
+    async def body():
+        size = 64 * BLOCK
+        devices = [UringBlockDevice.open(make_file(directory, size, "a.img")),
+                   FileBlockDevice.open(make_file(directory, size, "b.img"))]
+        for op, block, count, fill in ops:
+            count = min(count, 64 - block)
+            for device in devices:
+                if op == "write":
+                    view = device.pool.get(count * BLOCK)
+                    view[:] = bytes([fill]) * (count * BLOCK)
+                    await device.write(block * BLOCK, view)
+                elif op == "discard":
+                    await device.discard(block * BLOCK, count * BLOCK)
+                else:
+                    await device.flush()
+            reads = [bytes(await device.read(block * BLOCK, count * BLOCK))
+                     for device in devices]
+            assert reads[0] == reads[1]
+        images = [bytes(await device.read(0, size)) for device in devices]
+        assert images[0] == images[1]
+        for device in devices:
+            await device.aclose()
+    run(body())
+
+
+# -- the fault-injecting twin ---------------------------------------------------------------
+
+def test_memory_injected_eio():
+    async def body():
+        device = MemoryBlockDevice(1 << 20)
+        device.fail_reads.append((8 * BLOCK, BLOCK))
+        device.fail_writes.append((2 * BLOCK, 1))
+        view = device.pool.get(BLOCK)
+        with pytest.raises(DeviceIOError, match="injected"):
+            await device.write(2 * BLOCK, view)
+        await device.write(3 * BLOCK, view)
+        with pytest.raises(DeviceIOError):
+            await device.read(7 * BLOCK, 2 * BLOCK)
+        await device.read(9 * BLOCK, BLOCK)
+    run(body())
+
+
+def test_memory_crash_keeps_flushed_and_decides_unflushed():
+    async def body():
+        device = MemoryBlockDevice(64 * BLOCK, rng=random.Random(7))
+        view = device.pool.get(4 * BLOCK)
+        view[:] = b"\x11" * (4 * BLOCK)
+        await device.write(0, view)
+        await device.flush()
+        view[:] = b"\x22" * (4 * BLOCK)
+        await device.write(0, view)            # unflushed: lost, kept or torn per block
+        await device.write(8 * BLOCK, view)
+        device.crash()
+        with pytest.raises(DeviceGone):
+            await device.read(0, BLOCK)
+        image = device.image()
+        for block in range(4):
+            assert image[block * BLOCK:(block + 1) * BLOCK] in (b"\x11" * BLOCK,
+                                                                b"\x22" * BLOCK)
+            # Torn at 4 KiB granularity: a block is never half old, half new.
+        reopened = MemoryBlockDevice(image=image)
+        assert bytes(await reopened.read(0, BLOCK))[:1] in (b"\x11", b"\x22")
+    run(body())
+
+
+def test_memory_crash_tears_some_writes():
+    """Over many seeds, unflushed writes are sometimes lost, sometimes kept, sometimes torn."""
+    async def one(seed):
+        device = MemoryBlockDevice(16 * BLOCK, rng=random.Random(seed))
+        view = device.pool.get(8 * BLOCK)
+        view[:] = b"\xff" * (8 * BLOCK)
+        await device.write(0, view)
+        device.crash()
+        kept = [device.image()[i * BLOCK] == 0xff for i in range(8)]
+        return "lost" if not any(kept) else "kept" if all(kept) else "torn"
+
+    fates = {run(one(seed)) for seed in range(40)}
+    assert fates == {"lost", "kept", "torn"}
+
+
+def test_memory_crash_after_ops():
+    async def body():
+        device = MemoryBlockDevice(16 * BLOCK, crash_after_ops=3, rng=random.Random(1))
+        view = device.pool.get(BLOCK)
+        await device.write(0, view)
+        await device.flush()
+        with pytest.raises(DeviceGone, match="crashed"):
+            await device.write(BLOCK, view)
+        assert device.crashed
+    run(body())
+
+
+def test_memory_bit_flip():
+    async def body():
+        device = MemoryBlockDevice(16 * BLOCK)
+        device.flip_bit(BLOCK + 5, 3)
+        data = bytes(await device.read(BLOCK, BLOCK))
+        assert data[5] == 8 and data.count(0) == BLOCK - 1
+    run(body())

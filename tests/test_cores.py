@@ -1,0 +1,164 @@
+"""Pure cores of the store: allocator, extent arithmetic, records, superblock; and the layering
+rule that cores and native code import no I/O of their own (STYLE.md 2.1)."""
+
+import importlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cairn.osd import records
+from cairn.osd.allocator import SEGMENT_BLOCKS, Allocator
+from cairn.osd.errors import InvalidArgument, NotAStore
+from cairn.osd.records import ObjectRecord
+from cairn.osd.superblock import Superblock
+
+pytestmark = pytest.mark.unit
+
+
+@given(st.lists(st.tuples(st.sampled_from(["reserve", "commit", "free", "unreserve"]),
+                          st.integers(1, 40)), max_size=60),
+       st.integers(50, 300))
+@settings(max_examples=150, deadline=None)
+def test_allocator_never_double_allocates(steps, block_count):
+    """Random reserve/commit/free/unreserve sequences: reservations never overlap, counts stay
+    exact, and the persisted form round-trips."""
+    allocator = Allocator(block_count)
+    reserved, committed = [], []
+    for action, count in steps:
+        if action == "reserve":
+            extents = allocator.reserve(count)
+            if extents is None:
+                assert allocator.free_count < count
+                continue
+            assert sum(length for _, length in extents) == count
+            reserved.append(extents)
+        elif action == "commit" and reserved:
+            extents = reserved.pop(0)
+            allocator.commit(extents, [])
+            committed.append(extents)
+        elif action == "unreserve" and reserved:
+            allocator.unreserve(reserved.pop())
+        elif action == "free" and committed:
+            extents = committed.pop(0)
+            allocator.commit([], extents)
+            allocator.release(extents)
+        owned = np.zeros(block_count, dtype=np.int32)
+        for group in reserved + committed:
+            for start, length in group:
+                owned[start:start + length] += 1
+        assert owned.max(initial=0) <= 1
+        assert (owned > 0).sum() == allocator.in_use_count
+        assert allocator.committed_count == sum(length for group in committed
+                                                for _, length in group)
+    restored = Allocator(block_count)
+    for index in range(allocator.segment_count):
+        restored.load_segment(index, allocator.segment_bytes(index))
+    restored.loaded()
+    assert (restored.committed == allocator.committed).all()
+    assert restored.committed_count == allocator.committed_count
+
+
+def test_allocator_fragmented_and_full():
+    allocator = Allocator(10)
+    first = allocator.reserve(4)
+    second = allocator.reserve(4)
+    allocator.unreserve(first)
+    # 6 free blocks but no run of 6: the allocation is split over runs.
+    extents = allocator.reserve(6)
+    assert sorted(extents) == [(0, 4), (8, 2)]
+    assert allocator.reserve(1) is None
+    assert second == [(4, 4)]
+
+
+def test_allocator_segments_span():
+    allocator = Allocator(SEGMENT_BLOCKS * 2 + 10)
+    extents = allocator.reserve(SEGMENT_BLOCKS + 5)
+    dirty = allocator.commit(extents, [])
+    assert dirty == {0, 1}
+
+
+extent_lists = st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 20)), max_size=8)
+
+
+@given(extent_lists, st.data())
+def test_slice_and_splice(extents, data):
+    blocks = [start + i for start, length in extents for i in range(length)]
+    total = len(blocks)
+    first = data.draw(st.integers(0, total))
+    count = data.draw(st.integers(0, total - first))
+    sliced = records.slice_extents(extents, first, count)
+    assert [s + i for s, n in sliced for i in range(n)] == blocks[first:first + count]
+    new = [(5000, count + 2)]
+    merged, replaced = records.splice_extents(extents, first, count, new)
+    expect = blocks[:first] + list(range(5000, 5000 + count + 2)) + blocks[first + count:]
+    assert [s + i for s, n in merged for i in range(n)] == expect
+    assert [s + i for s, n in replaced for i in range(n)] == blocks[first:first + count]
+
+
+def test_record_round_trip():
+    record = ObjectRecord(size=5000, extents=((10, 1), (20, 1)), crcs=b"\x01" * 8,
+                          attrs={"k": b"v"}, version=7, mtime_ns=123)
+    assert ObjectRecord.decode(record.encode()) == record
+
+
+def test_names_are_checked():
+    with pytest.raises(InvalidArgument):
+        records.check_object_name("")
+    with pytest.raises(InvalidArgument, match="limit"):
+        records.check_object_name("x" * 5000)
+    with pytest.raises(InvalidArgument, match="NUL"):
+        records.check_collection_name("a\x00b")
+    with pytest.raises(InvalidArgument):
+        records.check_attrs({"k": "not bytes"})
+
+
+def test_superblock_round_trip_and_corruption():
+    superblock = Superblock.new(1 << 30)
+    raw = superblock.encode()
+    assert len(raw) == 4096
+    assert Superblock.decode(raw, "dev") == superblock
+    damaged = bytearray(raw)
+    damaged[20] ^= 1
+    with pytest.raises(NotAStore, match="corrupt"):
+        Superblock.decode(damaged, "dev")
+    with pytest.raises(NotAStore, match="mkfs"):
+        Superblock.decode(bytes(4096), "dev")
+
+
+FORBIDDEN = {"asyncio", "socket", "os", "random", "time", "subprocess"}
+CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock",
+         "cairn.common.units", "cairn.common.limits"]
+
+
+@pytest.mark.parametrize("module", CORES)
+def test_cores_import_no_io(module):
+    """A core must not import asyncio, socket, os, random or time itself, nor pull asyncio in
+    through anything it uses (STYLE.md 2.1, 'Guard the boundary'). The check on `socket` is on
+    the source: the crc32c package itself imports socket."""
+    code = f"import sys, {module}; print('asyncio' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "False", f"{module} pulls in asyncio"
+    source = open(importlib.import_module(module).__file__).read()
+    for line in source.splitlines():
+        words = line.split()
+        if words[:1] in (["import"], ["from"]) and len(words) > 1:
+            assert words[1].split(".")[0] not in FORBIDDEN, f"{module}: {line}"
+
+
+def test_native_imports_nothing_of_ours():
+    code = ("import sys, cairn.native; "
+            "print(sorted(m for m in sys.modules if m.startswith('cairn.') "
+            "and not m.startswith('cairn.native')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]", out
+
+
+def test_block_size_is_a_multiple_of_direct_io_alignment():
+    from cairn.common.limits import BLOCK_SIZE_BYTES
+    from cairn.native.bufpool import ALIGN_BYTES
+    assert BLOCK_SIZE_BYTES % ALIGN_BYTES == 0

@@ -1,0 +1,233 @@
+"""The store engine on every device twin: operations, errors, persistence, group commit,
+space accounting and fsck."""
+
+import asyncio
+import os
+
+import pytest
+
+from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpty,
+                              CollectionNotFound, InvalidArgument, NoSpace, ObjectNotFound,
+                              StoreExists, NotAStore)
+from cairn.osd.fsck import fsck
+from cairn.osd.store import Store, Transaction, mkfs
+from tests.helpers import run
+
+pytestmark = pytest.mark.unit
+
+
+async def fresh_store(open_twin, tmp_path, size=64 << 20):
+    device = await open_twin(size)
+    meta = str(tmp_path / "meta")
+    await mkfs(device, meta)
+    store = await Store.open(device, meta)
+    await store.create_collection("c")
+    return device, meta, store
+
+
+async def assert_fsck_clean(store, deep=True):
+    report = await fsck(store, deep=deep)
+    assert report.clean, report.problems
+    return report
+
+
+def test_put_get_ranges_and_overwrites(open_twin, tmp_path):
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        data = os.urandom(3 * 4096 + 100)
+        await store.put("c", "obj", data, attrs={"kind": b"test"})
+        assert await store.read_bytes("c", "obj") == data
+        assert await store.read_bytes("c", "obj", 4000, 200) == data[4000:4200]
+        assert await store.read_bytes("c", "obj", len(data) - 5, 100) == data[-5:]
+        assert await store.read_bytes("c", "obj", len(data) + 10) == b""
+        # Partial overwrites: inside, across a block edge, past the end (gap reads as zeros).
+        model = bytearray(data)
+        for offset, chunk in ((10, b"a" * 10), (4090, b"b" * 20), (len(data) + 5000, b"c" * 7)):
+            await store.write("c", "obj", offset, chunk)
+            if offset > len(model):
+                model.extend(bytes(offset - len(model)))
+            model[offset:offset + len(chunk)] = chunk
+            assert await store.read_bytes("c", "obj") == bytes(model)
+        stat = store.stat("c", "obj")
+        assert stat.size == len(model) and stat.attrs == {"kind": b"test"}
+        # Replace whole, then empty.
+        await store.put("c", "obj", b"short")
+        assert await store.read_bytes("c", "obj") == b"short"
+        assert store.stat("c", "obj").attrs == {}
+        await store.put("c", "obj", b"")
+        assert await store.read_bytes("c", "obj") == b""
+        await store.write("c", "new", 3, b"xyz")
+        assert await store.read_bytes("c", "new") == b"\0\0\0xyz"
+        await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_versions_attrs_delete_and_errors(open_twin, tmp_path):
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        first = await store.put("c", "a", b"1")
+        second = await store.set_attrs("c", "a", {"x": b"1", "y": b"2"})
+        assert second > first and store.stat("c", "a").version == second
+        await store.set_attrs("c", "a", {"x": None})
+        assert store.stat("c", "a").attrs == {"y": b"2"}
+        await store.delete("c", "a")
+        with pytest.raises(ObjectNotFound):
+            await store.read("c", "a")
+        with pytest.raises(ObjectNotFound):
+            await store.delete("c", "a")
+        with pytest.raises(CollectionNotFound):
+            await store.put("nope", "a", b"1")
+        with pytest.raises(CollectionNotFound):
+            store.stat("nope", "a")
+        with pytest.raises(CollectionExists):
+            await store.create_collection("c")
+        with pytest.raises(InvalidArgument):
+            await store.put("c", "", b"1")
+        with pytest.raises(InvalidArgument):
+            await store.put("c", "a", "text, not bytes")
+        with pytest.raises(InvalidArgument):
+            await store.read("c", "a", -1)
+        with pytest.raises(InvalidArgument):
+            await store.apply(Transaction())
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_transactions_are_atomic(open_twin, tmp_path):
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        await store.put("c", "keep", b"old")
+        # The second op fails (no such object), so the first must not happen either.
+        txn = Transaction().put("c", "keep", b"new").delete("c", "missing")
+        with pytest.raises(ObjectNotFound):
+            await store.apply(txn)
+        assert await store.read_bytes("c", "keep") == b"old"
+        # Several ops on one object in one transaction.
+        txn = (Transaction().put("c", "x", b"a" * 5000).write("c", "x", 4094, b"BCD")
+               .set_attrs("c", "x", {"k": b"v"}).create_collection("d").put("d", "y", b"y"))
+        await store.apply(txn)
+        assert await store.read_bytes("c", "x") == b"a" * 4094 + b"BCD" + b"a" * 903
+        assert await store.read_bytes("d", "y") == b"y"
+        await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_collections_and_listing(open_twin, tmp_path):
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        names = [f"obj-{i:03d}" for i in range(25)] + ["other"]
+        await asyncio.gather(*(store.put("c", name, name.encode()) for name in names))
+        listed, marker = [], None
+        while True:
+            page, marker = store.list_objects("c", prefix="obj-", start_after=marker, limit=7)
+            listed += page
+            if marker is None:
+                break
+        assert listed == sorted(names[:25])
+        assert store.list_objects("c", prefix="oth")[0] == ["other"]
+        await store.create_collection("e")
+        assert store.list_collections() == ["c", "e"]
+        with pytest.raises(CollectionNotEmpty):
+            await store.remove_collection("c")
+        await store.remove_collection("e")
+        assert store.list_collections() == ["c"]
+        with pytest.raises(InvalidArgument):
+            store.list_objects("c", limit=0)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_concurrent_transactions_share_commits(open_twin, tmp_path):
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        payloads = {f"o{i}": os.urandom(4096 * (1 + i % 3)) for i in range(64)}
+        await asyncio.gather(*(store.put("c", name, data) for name, data in payloads.items()))
+        stats = store.statistics()
+        assert stats["transactions_total"] == 65            # with the collection's
+        assert stats["commits_total"] < stats["transactions_total"]
+        for name, data in payloads.items():
+            assert await store.read_bytes("c", name) == data
+        # Concurrent overwrites of one object serialise; the last writer wins.
+        await asyncio.gather(*(store.put("c", "hot", bytes([i]) * 9000) for i in range(10)))
+        assert await store.read_bytes("c", "hot") == bytes([9]) * 9000
+        await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_remount_keeps_everything(open_twin, tmp_path):
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        await store.put("c", "a", b"alpha" * 1000, attrs={"k": b"v"})
+        await store.write("c", "a", 2, b"ZZ")
+        used = store.statfs()["used_bytes"]
+        await store.close()
+        store = await Store.open(device, meta)
+        assert (await store.read_bytes("c", "a"))[:7] == b"alZZa" + b"al"
+        assert store.stat("c", "a").attrs == {"k": b"v"}
+        assert store.statfs()["used_bytes"] == used
+        await assert_fsck_clean(store)
+        await store.close()
+        with pytest.raises(StoreExists):
+            await mkfs(device, meta)
+        await device.aclose()
+    run(body())
+
+
+def test_unformatted_device_is_refused(open_twin, tmp_path):
+    async def body():
+        device = await open_twin(4 << 20)
+        with pytest.raises(NotAStore, match="mkfs"):
+            await Store.open(device, str(tmp_path / "meta"))
+        await device.aclose()
+    run(body())
+
+
+def test_full_device_gives_no_space_and_stays_consistent(open_twin, tmp_path):
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path, size=8 << 20)
+        free = store.statfs()["free_bytes"]
+        await store.put("c", "big", bytes(free - 8192))
+        with pytest.raises(NoSpace, match="no space"):
+            await store.put("c", "toolarge", bytes(3 * 4096))
+        with pytest.raises(NoSpace):
+            await store.write("c", "big", 0, b"x" * 20000)      # copy-on-write needs room too
+        assert store.statfs()["free_bytes"] == 8192
+        await store.put("c", "fits", bytes(8192))
+        await store.delete("c", "big")
+        await store.put("c", "again", os.urandom(1 << 20))
+        await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_checksum_mismatch_is_detected(tmp_path):
+    from cairn.native import MemoryBlockDevice
+
+    async def body():
+        device = MemoryBlockDevice(8 << 20)
+        meta = str(tmp_path / "meta")
+        await mkfs(device, meta)
+        store = await Store.open(device, meta)
+        await store.create_collection("c")
+        await store.put("c", "victim", os.urandom(3 * 4096))
+        record = store._record("c", "victim")
+        start = record.extents[0][0]
+        device.flip_bit(store.superblock.data_start_bytes + (start + 1) * 4096 + 17, 2)
+        with pytest.raises(ChecksumError, match="victim.*offset 4096"):
+            await store.read("c", "victim")
+        # The undamaged blocks still read.
+        assert len(await store.read_bytes("c", "victim", 0, 4096)) == 4096
+        report = await fsck(store, deep=True)
+        assert not report.clean
+        assert any("victim" in problem and "4096" in problem for problem in report.problems)
+        await store.close()
+    run(body())
