@@ -24,10 +24,16 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip setuptools wheel 2>&1 | grep -v "is ignored" || true
+log=$(mktemp)
+pip_quietly() {
+  if ! .venv/bin/python -m pip install -q "$@" >"$log" 2>&1; then
+    grep -v "is ignored" "$log" >&2; rm -f "$log"; exit 1
+  fi
+}
+pip_quietly --upgrade pip setuptools wheel
 echo "setup: installing cairn and its Python dependencies (builds the io_uring extension)"
-.venv/bin/python -m pip install -q -e '.[test]' 2>&1 \
-  | grep -v -e "is ignored" -e "BuildBackendWarning" || true
+pip_quietly -e '.[test]'
+rm -f "$log"
 .venv/bin/python -c "import cairn.native._uring" \
   || { echo "setup: the io_uring extension did not build; see the pip output above" >&2; exit 1; }
 echo "setup: ready (.venv/bin/cairn, .venv/bin/cairn-osd)"
