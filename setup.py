@@ -7,6 +7,8 @@ extension needs no liburing at run time (DESIGN.md, "io_uring").
 
 import os
 
+import numpy
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
@@ -33,12 +35,18 @@ extensions = [
         extra_compile_args=["-O2"],
         extra_link_args=liburing_link_args(),
     ),
+    Extension(
+        "cairn.native._blockcrc",
+        ["native/_blockcrc.pyx"],
+        include_dirs=["native", numpy.get_include()],
+        extra_compile_args=["-O3"],
+    ),
 ]
 
 setup(
     packages=["cairn." + name for name in TOP_LEVEL],
     package_dir={"cairn." + name: name for name in TOP_LEVEL},
-    package_data={"cairn.native": ["*.pyi", "*.pyx"]},
+    package_data={"cairn.native": ["*.pyi", "*.pyx", "*.h"]},
     ext_modules=cythonize(extensions, language_level=3),
     zip_safe=False,
 )

@@ -77,6 +77,24 @@ class BufferPool:
                 "free": {size: len(free) for size, free in self._free.items()}}
 
 
+def is_aligned(view):
+    """True if `view` (a buffer) starts on an ALIGN_BYTES boundary and is whole blocks long,
+    so O_DIRECT can use it as it is."""
+    view = memoryview(view)
+    if view.nbytes == 0 or view.nbytes % ALIGN_BYTES or not view.c_contiguous:
+        return False
+    return _buffer_address(view) % ALIGN_BYTES == 0
+
+
+def _buffer_address(view):
+    try:
+        from cairn.native._blockcrc import buffer_address
+    except ImportError:             # the reference path (CAIRN_NO_EXTENSIONS or no build)
+        import numpy as np
+        return np.frombuffer(view.cast("B"), dtype=np.uint8).ctypes.data
+    return buffer_address(view)
+
+
 def aligned_copy(pool, data):
     """Copy `data` into a pool buffer padded with zeros to whole blocks; returns the view."""
     length = len(data)

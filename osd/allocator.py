@@ -81,7 +81,6 @@ class Allocator:
         else:
             extents = self._gather_runs(count)
         for first, length in extents:
-            assert not self.in_use[first:first + length].any()
             self.in_use[first:first + length] = 1
         self.in_use_count += count
         last_first, last_length = extents[-1]
@@ -99,7 +98,7 @@ class Allocator:
         """Apply one transaction to `committed`; returns the set of dirty segment indices."""
         dirty = set()
         for first, length in allocated:
-            assert self.in_use[first:first + length].all()
+            # Pairs with reserve(): a reserved block was free in `in_use`, hence in `committed`.
             assert not self.committed[first:first + length].any(), (first, length)
             self.committed[first:first + length] = 1
             self.committed_count += length

@@ -43,7 +43,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX,
                                  DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX,
                                  OBJECT_SIZE_BYTES_MAX)
-from cairn.native.bufpool import aligned_copy
+from cairn.native.bufpool import aligned_copy, is_aligned
 from cairn.native.checksum import block_crcs
 from cairn.osd import records
 from cairn.osd.allocator import Allocator
@@ -288,6 +288,7 @@ class Store:
         self.sequence = 0
         self._object_locks = {}          # object key -> [lock, users]
         self._collection_writers = collections.Counter()
+        self._collections = set()            # committed collection names (loaded at open)
         self._commit_queue = []
         self._commit_wanted = asyncio.Event()
         self._committer = None
@@ -296,6 +297,8 @@ class Store:
         self._deferred_frees = collections.deque()  # (sequence, extents)
         self.commits_total = 0
         self.transactions_total = 0
+        self.flush_ns_total = 0           # device flushes of the commit groups
+        self.meta_commit_ns_total = 0     # building and writing their RocksDB batches
 
     @classmethod
     async def open(cls, device, meta_dir=None):
@@ -322,6 +325,8 @@ class Store:
 
     def _load(self):
         (self.sequence,) = struct.unpack(">Q", self._db.get(records.KEY_SEQUENCE))
+        self._collections = {key[1:].decode()
+                             for key, _ in self._iterate(records.PREFIX_COLLECTION)}
         for key, value in self._iterate(records.PREFIX_BITMAP):
             (index,) = struct.unpack(">I", key[1:])
             self.allocator.load_segment(index, value)
@@ -374,7 +379,7 @@ class Store:
         return ObjectRecord.decode(raw)
 
     def _require_collection(self, collection):
-        if self._db.get(records.collection_key(collection)) is None:
+        if collection not in self._collections:
             raise CollectionNotFound(collection)
 
     def _check_usable(self):
@@ -420,7 +425,9 @@ class Store:
                 self.device.pool.put(view)
 
     async def _read_blocks(self, collection, name, record, first, count, staged=None):
-        """Read logical blocks [first, first + count) of `record` and verify their crc32c."""
+        """Read logical blocks [first, first + count) of `record` and verify their crc32c.
+        `staged` (single blocks only) supplies blocks this transaction wrote itself."""
+        assert staged is None or count == 1
         view = self.device.pool.get(count * self.block_size)
         try:
             reads = []
@@ -428,11 +435,9 @@ class Store:
             for start, length in records.slice_extents(record.extents, first, count):
                 for chunk_start, chunk_length in _chunks(start, length, self.block_size):
                     target = view[position:position + chunk_length * self.block_size]
-                    if staged is not None and chunk_start in staged:
-                        for index in range(chunk_length):
-                            block_view = staged[chunk_start + index]
-                            target[index * self.block_size:(index + 1) * self.block_size] = \
-                                block_view
+                    source = _staged_bytes(staged, chunk_start, chunk_length, self.block_size)
+                    if source is not None:
+                        target[:] = source
                     else:
                         reads.append(self.device.read_into(
                             self._data_start + chunk_start * self.block_size, target))
@@ -442,12 +447,13 @@ class Store:
             elif reads:
                 await _gather_all(reads)
             actual = block_crcs(view, self.block_size)
-            expected = record.crc_array()[first:first + count]
-            bad = np.flatnonzero(actual != expected)
-            if bad.size:
-                index = int(bad[0])
+            expected = record.crcs[first * 4:(first + count) * 4]
+            if actual != expected:
+                actual_array = np.frombuffer(actual, dtype="<u4")
+                expected_array = np.frombuffer(expected, dtype="<u4")
+                index = int(np.flatnonzero(actual_array != expected_array)[0])
                 raise ChecksumError(collection, name, (first + index) * self.block_size,
-                                    int(expected[index]), int(actual[index]))
+                                    int(expected_array[index]), int(actual_array[index]))
         except BaseException:
             self.device.pool.put(view)
             raise
@@ -486,7 +492,7 @@ class Store:
         return names, None
 
     def list_collections(self):
-        return [key[1:].decode() for key, _ in self._iterate(records.PREFIX_COLLECTION)]
+        return sorted(self._collections)
 
     def statfs(self):
         allocator = self.allocator
@@ -569,7 +575,7 @@ class Store:
     async def _prepare(self, txn):
         plan = _Plan(records={}, collections={}, allocated=[], dropped=[], freed=[], writes=[],
                      buffers=[])
-        staged = {}            # device block -> view of its new data (written by this txn)
+        staged = {}            # see _stage()
         try:
             for op in txn.ops:
                 if isinstance(op, CreateCollection):
@@ -614,7 +620,7 @@ class Store:
         key = records.collection_key(collection)
         if key in plan.collections:
             return plan.collections[key]
-        return self._db.get(key) is not None
+        return collection in self._collections
 
     def _plan_create_collection(self, plan, op):
         if self._collection_exists(plan, op.collection):
@@ -659,16 +665,16 @@ class Store:
         return extents
 
     def _stage(self, plan, staged, extents, view):
-        """Queue writes of `view` (whole blocks) to `extents` and remember the blocks."""
+        """Queue writes of `view` (whole blocks) to `extents` and remember where each extent's
+        new bytes are (`staged`: first device block -> (block count, view)), so a later
+        operation of the same transaction reads them from memory."""
         position = 0
         for start, length in extents:
             for chunk_start, chunk_length in _chunks(start, length, self.block_size):
                 size = chunk_length * self.block_size
                 chunk = view[position:position + size]
                 plan.writes.append((self._data_start + chunk_start * self.block_size, chunk))
-                for index in range(chunk_length):
-                    staged[chunk_start + index] = \
-                        chunk[index * self.block_size:(index + 1) * self.block_size]
+                staged[chunk_start] = (chunk_length, chunk)
                 position += size
 
     def _plan_put(self, plan, staged, op, old):
@@ -678,12 +684,18 @@ class Store:
         if length == 0:
             return ObjectRecord(size=0, extents=(), crcs=b"", attrs=dict(op.attrs),
                                 mtime_ns=time.time_ns())
-        view = aligned_copy(self.device.pool, memoryview(op.data).cast("B"))
-        plan.buffers.append(view)
+        source = memoryview(op.data).cast("B")
+        if is_aligned(source):
+            # Zero-copy: the caller's buffer (a pool buffer a message was received into) goes
+            # to the device as it is; apply() holds it until the write completed.
+            view = source
+        else:
+            view = aligned_copy(self.device.pool, source)
+            plan.buffers.append(view)
         block_count = len(view) // self.block_size
         extents = self._reserve(plan, block_count)
         self._stage(plan, staged, extents, view)
-        crcs = block_crcs(view, self.block_size).astype("<u4").tobytes()
+        crcs = block_crcs(view, self.block_size)
         return ObjectRecord(size=length, extents=records.merge_extents(extents), crcs=crcs,
                             attrs=dict(op.attrs), mtime_ns=time.time_ns())
 
@@ -721,15 +733,14 @@ class Store:
         new_size = max(old_size, write_end)
         extents = self._reserve(plan, count)
         self._stage(plan, staged, extents, view)
-        new_crcs = block_crcs(view, self.block_size).astype("<u4")
+        new_crcs = block_crcs(view, self.block_size)
         if old is None:
             return ObjectRecord(size=new_size, extents=records.merge_extents(extents),
-                                crcs=new_crcs.tobytes(), attrs={}, mtime_ns=time.time_ns())
+                                crcs=new_crcs, attrs={}, mtime_ns=time.time_ns())
         merged, replaced = records.splice_extents(old.extents, first, count, extents)
         self._drop(plan, replaced)
-        crcs = np.concatenate([old.crc_array()[:first], new_crcs,
-                               old.crc_array()[first + count:]]).astype("<u4")
-        return ObjectRecord(size=new_size, extents=merged, crcs=crcs.tobytes(),
+        crcs = old.crcs[:first * 4] + new_crcs + old.crcs[(first + count) * 4:]
+        return ObjectRecord(size=new_size, extents=merged, crcs=crcs,
                             attrs=dict(old.attrs), mtime_ns=time.time_ns())
 
     async def _write_data(self, plan):
@@ -760,7 +771,9 @@ class Store:
                 plan.future.set_exception(StoreFailed(str(self._failure)))
             return
         try:
+            began_ns = time.perf_counter_ns()
             await self.device.flush()
+            flushed_ns = time.perf_counter_ns()
             batch = WriteBatch(raw_mode=True)
             dirty = set()
             sequence = self.sequence
@@ -784,6 +797,8 @@ class Store:
             batch.put(records.KEY_SEQUENCE, struct.pack(">Q", sequence))
             await asyncio.get_running_loop().run_in_executor(
                 self._db_thread, self._db.write, batch, self._sync)
+            self.flush_ns_total += flushed_ns - began_ns
+            self.meta_commit_ns_total += time.perf_counter_ns() - flushed_ns
         except BaseException as exc:
             # The device or RocksDB failed mid-commit: what is durable is unknown, and the
             # in-memory allocator may be ahead of it. Poison the store (STYLE.md 2.5).
@@ -796,6 +811,13 @@ class Store:
                 raise
             return
         self.sequence = sequence
+        for plan in group:
+            for key, created in plan.collections.items():
+                name = key[len(records.PREFIX_COLLECTION):].decode()
+                if created:
+                    self._collections.add(name)
+                else:
+                    self._collections.discard(name)
         self.commits_total += 1
         self.transactions_total += len(group)
         for plan in group:
@@ -830,6 +852,10 @@ class Store:
                 "transactions_total": self.transactions_total,
                 "transactions_per_commit": (self.transactions_total / self.commits_total
                                             if self.commits_total else 0.0),
+                "flush_ms_avg": (self.flush_ns_total / self.commits_total / 1e6
+                                 if self.commits_total else 0.0),
+                "meta_commit_ms_avg": (self.meta_commit_ns_total / self.commits_total / 1e6
+                                       if self.commits_total else 0.0),
                 "device": self.device.statistics()}
 
 
@@ -841,6 +867,18 @@ def _chunks(start, length, block_size):
         yield start, take
         start += take
         length -= take
+
+
+def _staged_bytes(staged, first, count, block_size):
+    """The new bytes of device blocks [first, first + count) if this transaction wrote them
+    (they lie inside one staged extent), else None."""
+    if not staged:
+        return None
+    for start, (length, view) in staged.items():
+        if start <= first and first + count <= start + length:
+            offset = (first - start) * block_size
+            return view[offset:offset + count * block_size]
+    return None
 
 
 def _runs(start, length, own_blocks):
