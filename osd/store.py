@@ -55,6 +55,10 @@ from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
 
 META_ROOT_DEFAULT = "/var/lib/cairn"
 
+# Decoded object records kept in memory (BlueStore's onode cache). A 4 MiB object's record is
+# about 4.1 KiB (its crcs), so 16,384 entries cost at most ~70 MiB; small objects far less.
+RECORD_CACHE_ENTRIES_MAX = 16_384
+
 
 class StoreFailed(StoreError):
     """A device flush or metadata commit failed: the store refuses further work until it is
@@ -289,6 +293,7 @@ class Store:
         self._object_locks = {}          # object key -> [lock, users]
         self._collection_writers = collections.Counter()
         self._collections = set()            # committed collection names (loaded at open)
+        self._cache = {}                     # object key -> committed ObjectRecord
         self._commit_queue = []
         self._commit_wanted = asyncio.Event()
         self._committer = None
@@ -373,10 +378,29 @@ class Store:
             iterator.next()
 
     def _record(self, collection, name):
-        raw = self._db.get(records.object_key(collection, name))
+        """The committed record of an object, or None; through the record cache.
+
+        The cache holds decoded records of committed state only: `_commit_group` replaces or
+        drops the entries of every key it commits, right after the RocksDB write and before
+        anything else runs on the loop, so a lookup can never see a stale entry. (A lookup
+        racing the write in the metadata thread may cache the old record, which the commit's
+        update then overwrites.)"""
+        key = records.object_key(collection, name)
+        record = self._cache.get(key)
+        if record is not None:
+            return record
+        raw = self._db.get(key)
         if raw is None:
             return None
-        return ObjectRecord.decode(raw)
+        record = ObjectRecord.decode(raw)
+        self._cache_put(key, record)
+        return record
+
+    def _cache_put(self, key, record):
+        cache = self._cache
+        cache[key] = record
+        if len(cache) > RECORD_CACHE_ENTRIES_MAX:
+            del cache[next(iter(cache))]          # oldest insertion: FIFO is enough here
 
     def _require_collection(self, collection):
         if collection not in self._collections:
@@ -790,7 +814,9 @@ class Store:
                     if record is None:
                         batch.delete(key)
                     else:
-                        batch.put(key, dataclasses.replace(record, version=sequence).encode())
+                        record = dataclasses.replace(record, version=sequence)
+                        plan.records[key] = record
+                        batch.put(key, record.encode())
                 dirty |= self.allocator.commit(plan.allocated, plan.freed)
             for index in sorted(dirty):
                 batch.put(records.bitmap_key(index), self.allocator.segment_bytes(index))
@@ -812,6 +838,11 @@ class Store:
             return
         self.sequence = sequence
         for plan in group:
+            for key, record in plan.records.items():
+                if record is None:
+                    self._cache.pop(key, None)
+                else:
+                    self._cache_put(key, record)
             for key, created in plan.collections.items():
                 name = key[len(records.PREFIX_COLLECTION):].decode()
                 if created:
