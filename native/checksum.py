@@ -42,7 +42,7 @@ if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
     block_crcs = block_crcs_reference
 else:
     try:
-        from cairn.native._blockcrc import block_crcs
+        from cairn.native._blockcrc import block_crcs  # noqa: F401 (the selected twin)
     except ImportError as exc:
         raise ImportError("cairn's native checksum extension (cairn.native._blockcrc) is not "
                           "built; run 'pip install -e .' in the source tree, or set "

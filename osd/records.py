@@ -18,7 +18,6 @@ import dataclasses
 import struct
 
 import msgpack
-import numpy as np
 
 from cairn.common.limits import (ATTR_NAME_BYTES_MAX, ATTRS_BYTES_MAX,
                                  COLLECTION_NAME_BYTES_MAX, OBJECT_NAME_BYTES_MAX)
@@ -47,24 +46,23 @@ def bitmap_key(segment_index):
     return PREFIX_BITMAP + struct.pack(">I", segment_index)
 
 
+def _check_name(kind, name, bytes_max):
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"{kind} name must be a non-empty string (was {name!r})")
+    raw = name.encode()
+    if len(raw) > bytes_max:
+        raise InvalidArgument(f"{kind} name is {len(raw)} bytes; the limit is {bytes_max}")
+    return raw
+
+
 def check_collection_name(collection):
-    if not isinstance(collection, str) or not collection:
-        raise InvalidArgument(f"collection name must be a non-empty string (was {collection!r})")
-    raw = collection.encode()
-    if len(raw) > COLLECTION_NAME_BYTES_MAX:
-        raise InvalidArgument(f"collection name is {len(raw)} bytes; the limit is "
-                              f"{COLLECTION_NAME_BYTES_MAX}")
-    if b"\x00" in raw:
+    # NUL separates collection from object name in object keys (see the module docstring).
+    if b"\x00" in _check_name("collection", collection, COLLECTION_NAME_BYTES_MAX):
         raise InvalidArgument("collection name must not contain NUL")
 
 
 def check_object_name(name):
-    if not isinstance(name, str) or not name:
-        raise InvalidArgument(f"object name must be a non-empty string (was {name!r})")
-    raw = name.encode()
-    if len(raw) > OBJECT_NAME_BYTES_MAX:
-        raise InvalidArgument(f"object name is {len(raw)} bytes; the limit is "
-                              f"{OBJECT_NAME_BYTES_MAX}")
+    _check_name("object", name, OBJECT_NAME_BYTES_MAX)
 
 
 def check_attrs(attrs):
@@ -96,9 +94,6 @@ class ObjectRecord:
     @property
     def block_count(self):
         return len(self.crcs) // 4
-
-    def crc_array(self):
-        return np.frombuffer(self.crcs, dtype="<u4")
 
     def encode(self):
         flat = [value for extent in self.extents for value in extent]
