@@ -340,7 +340,11 @@ class Store:
     async def close(self):
         """Wait for queued commits, stop the committer and close the metadata store."""
         if self._committer is not None:
-            while self._commit_queue and self._failure is None:
+            # Bounded: a commit group takes a flush and a RocksDB write; 30 s of waiting means
+            # the device hangs, and close() must not hang with it.
+            for _ in range(30_000):
+                if not self._commit_queue or self._failure is not None:
+                    break
                 await asyncio.sleep(0.001)
             self._committer.cancel()
             try:

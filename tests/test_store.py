@@ -231,3 +231,50 @@ def test_checksum_mismatch_is_detected(tmp_path):
         assert any("victim" in problem and "4096" in problem for problem in report.problems)
         await store.close()
     run(body())
+
+
+def test_device_errors_are_reported_and_leave_the_store_consistent(tmp_path):
+    """EIO on a data write fails that transaction only (its blocks go back to the allocator);
+    EIO on a read names the device; a failed flush poisons the store until it is remounted, and
+    the remounted store holds exactly the acknowledged data."""
+    from cairn.native import DeviceIOError, MemoryBlockDevice
+    from cairn.osd.store import StoreFailed
+
+    async def body():
+        device = MemoryBlockDevice(8 << 20)
+        meta = str(tmp_path / "meta")
+        await mkfs(device, meta)
+        store = await Store.open(device, meta)
+        await store.create_collection("c")
+        await store.put("c", "kept", b"k" * 5000)
+        free_before = store.statfs()["free_bytes"]
+        device.fail_writes.append((0, device.size_bytes))
+        with pytest.raises(DeviceIOError, match="injected"):
+            await store.put("c", "lost", b"x" * 9000)
+        device.fail_writes.clear()
+        assert store.statfs()["free_bytes"] == free_before
+        with pytest.raises(ObjectNotFound):
+            store.stat("c", "lost")
+        record = store._record("c", "kept")
+        device.fail_reads.append((store.superblock.data_start_bytes
+                                  + record.extents[0][0] * 4096, 1))
+        with pytest.raises(DeviceIOError, match="offset"):
+            await store.read("c", "kept")
+        device.fail_reads.clear()
+        await assert_fsck_clean(store)
+
+        async def failing_flush():
+            raise DeviceIOError("memory: flush failed (injected)")
+        device.flush = failing_flush
+        with pytest.raises(StoreFailed, match="remounted"):
+            await store.put("c", "unacked", b"u")
+        with pytest.raises(StoreFailed):
+            await store.read("c", "kept")
+        await store.abandon()
+        del device.flush
+        store = await Store.open(device, meta)
+        assert await store.read_bytes("c", "kept") == b"k" * 5000
+        assert store.list_objects("c")[0] == ["kept"]
+        await assert_fsck_clean(store)
+        await store.close()
+    run(body())
