@@ -65,6 +65,10 @@ class StoreFailed(StoreError):
     remounted."""
 
 
+class StoreClosed(StoreError):
+    """The store is closing or closed: open it again to use it."""
+
+
 # -- transactions ---------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -297,6 +301,9 @@ class Store:
         self._commit_queue = []
         self._commit_wanted = asyncio.Event()
         self._committer = None
+        self._committing = False            # a group is between its flush and its ack
+        self._applying = 0                  # apply() calls between their start and their ack
+        self._closing = False
         self._failure = None
         self._read_pins = collections.Counter()     # sequence at read start -> reads running
         self._deferred_frees = collections.deque()  # (sequence, extents)
@@ -342,8 +349,10 @@ class Store:
         if self._committer is not None:
             # Bounded: a commit group takes a flush and a RocksDB write; 30 s of waiting means
             # the device hangs, and close() must not hang with it.
+            self._closing = True
             for _ in range(30_000):
-                if not self._commit_queue or self._failure is not None:
+                idle = not self._applying and not self._commit_queue and not self._committing
+                if idle or self._failure is not None:
                     break
                 await asyncio.sleep(0.001)
             self._committer.cancel()
@@ -410,7 +419,12 @@ class Store:
         if collection not in self._collections:
             raise CollectionNotFound(collection)
 
+    def _check_open(self):
+        if self._closing:
+            raise StoreClosed(f"the store on {self.device.path} is closed")
+
     def _check_usable(self):
+        self._check_open()
         if self._failure is not None:
             raise StoreFailed(f"the store failed earlier and must be remounted: "
                               f"{self._failure}") from self._failure
@@ -488,6 +502,7 @@ class Store:
         return view
 
     def stat(self, collection, name):
+        self._check_open()
         records.check_collection_name(collection)
         records.check_object_name(name)
         record = self._record(collection, name)
@@ -502,6 +517,7 @@ class Store:
 
         Returns (names, next_start_after): pass the second back to get the next page; it is
         None on the last page."""
+        self._check_open()
         records.check_collection_name(collection)
         self._require_collection(collection)
         if not 1 <= limit <= LIST_PAGE_ENTRIES_MAX:
@@ -558,6 +574,13 @@ class Store:
         self._check_usable()
         if not txn.ops:
             raise InvalidArgument("empty transaction")
+        self._applying += 1
+        try:
+            return await self._apply(txn)
+        finally:
+            self._applying -= 1
+
+    async def _apply(self, txn):
         keys = sorted({records.object_key(op.collection, op.name) for op in txn.ops
                        if hasattr(op, "name")})
         collections_written = {op.collection for op in txn.ops if hasattr(op, "name")}
@@ -790,7 +813,11 @@ class Store:
             while self._commit_queue:
                 group = self._commit_queue[:COMMIT_GROUP_TRANSACTIONS_MAX]
                 del self._commit_queue[:len(group)]
-                await self._commit_group(group)
+                self._committing = True
+                try:
+                    await self._commit_group(group)
+                finally:
+                    self._committing = False
 
     async def _commit_group(self, group):
         if self._failure is not None:

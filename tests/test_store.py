@@ -10,7 +10,7 @@ from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpt
                               CollectionNotFound, InvalidArgument, NoSpace, ObjectNotFound,
                               StoreExists, NotAStore)
 from cairn.osd.fsck import fsck
-from cairn.osd.store import Store, Transaction, mkfs
+from cairn.osd.store import Store, StoreClosed, Transaction, mkfs
 from tests.helpers import run
 
 pytestmark = pytest.mark.unit
@@ -277,4 +277,29 @@ def test_device_errors_are_reported_and_leave_the_store_consistent(tmp_path):
         assert store.list_objects("c")[0] == ["kept"]
         await assert_fsck_clean(store)
         await store.close()
+    run(body())
+
+
+def test_close_waits_for_transactions_in_flight(open_twin, tmp_path):
+    """Transactions still committing when close() is called finish and are durable."""
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        tasks = [asyncio.create_task(store.put("c", f"o{i}", bytes([i]) * 5000))
+                 for i in range(20)]
+        await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        pending = [asyncio.create_task(store.put("c", "last", b"L" * 100))]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await store.close()
+        await asyncio.gather(*pending)
+        with pytest.raises(StoreClosed):
+            await store.put("c", "late", b"x")
+        with pytest.raises(StoreClosed):
+            store.list_objects("c")
+        store = await Store.open(device, meta)
+        assert await store.read_bytes("c", "last") == b"L" * 100
+        assert len(store.list_objects("c")[0]) == 21
+        await store.close()
+        await device.aclose()
     run(body())
