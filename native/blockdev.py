@@ -61,24 +61,44 @@ class _DeviceBase:
         self.align = ALIGN_BYTES
         self.pool = pool if pool is not None else BufferPool()
         self.closed = False
-        self.ops_total = {"read": 0, "write": 0, "flush": 0, "discard": 0}
-        self.bytes_total = {"read": 0, "write": 0}
+        self._ops_total = {"read": 0, "write": 0, "flush": 0, "discard": 0}
+        self._bytes_total = {"read": 0, "write": 0}
 
     def _check(self, op, offset, length):
         if self.closed:
-            raise DeviceGone(f"{self.path}: {op} on a closed device", path=self.path,
-                             offset=offset, length=length)
+            raise self.refused(op, "closed", offset, length)
         if offset < 0 or length < 0 or offset + length > self.size_bytes:
-            raise OutOfRange(f"{self.path}: {op} of {length} bytes at offset {offset} reaches "
-                             f"past the end of the device ({self.size_bytes} bytes)",
-                             path=self.path, offset=offset, length=length)
+            raise self.refused(op, "range", offset, length)
         if offset % ALIGN_BYTES or length % ALIGN_BYTES:
-            raise MisalignedIO(f"{self.path}: {op} of {length} bytes at offset {offset} is not "
-                               f"aligned to {ALIGN_BYTES} bytes (O_DIRECT)", path=self.path,
-                               offset=offset, length=length)
-        self.ops_total[op] += 1
-        if op in self.bytes_total:
-            self.bytes_total[op] += length
+            raise self.refused(op, "align", offset, length)
+        self._ops_total[op] += 1
+        if op in self._bytes_total:
+            self._bytes_total[op] += length
+
+    def refused(self, op, reason, offset, length):
+        """The error for a request refused before it reaches the device: `reason` is "closed",
+        "range" or "align"."""
+        if reason == "closed":
+            return DeviceGone(f"{self.path}: {op} on a closed device", path=self.path,
+                              offset=offset, length=length)
+        if reason == "range":
+            return OutOfRange(f"{self.path}: {op} of {length} bytes at offset {offset} reaches "
+                              f"past the end of the device ({self.size_bytes} bytes)",
+                              path=self.path, offset=offset, length=length)
+        return MisalignedIO(f"{self.path}: {op} of {length} bytes at offset {offset} is not "
+                            f"aligned to {ALIGN_BYTES} bytes (O_DIRECT): take buffers from "
+                            f"device.pool", path=self.path, offset=offset, length=length)
+
+    def failed(self, op, err, offset, length):
+        """The error for an operation the device failed with errno `err`."""
+        return error_for_errno(op, err, path=self.path, offset=offset, length=length)
+
+    def short(self, op, count, offset, length):
+        """The error for a read or write that moved only `count` of `length` bytes."""
+        if op == "read":
+            return OutOfRange(f"{self.path}: short read ({count} of {length} bytes) at offset "
+                              f"{offset}", path=self.path, offset=offset, length=length)
+        return error_for_errno(op, 28, path=self.path, offset=offset, length=length)
 
     async def read(self, offset, length):
         """Read `length` bytes at `offset` into a fresh pool buffer; returns its memoryview."""
@@ -93,6 +113,16 @@ class _DeviceBase:
             self.pool.put(view)
             raise
         return view
+
+    @property
+    def ops_total(self):
+        """Operations accepted since open, by kind."""
+        return dict(self._ops_total)
+
+    @property
+    def bytes_total(self):
+        """Bytes read and written since open."""
+        return dict(self._bytes_total)
 
     def statistics(self):
         return {"kind": self.kind, "path": self.path, "size_bytes": self.size_bytes,
@@ -134,9 +164,7 @@ class FileBlockDevice(_DeviceBase):
             raise error_for_errno("read", exc.errno, path=self.path, offset=offset,
                                   length=len(view)) from None
         if count != len(view):
-            raise OutOfRange(f"{self.path}: short read ({count} of {len(view)} bytes) at "
-                             f"offset {offset}", path=self.path, offset=offset,
-                             length=len(view))
+            raise self.short("read", count, offset, len(view))
 
     async def write(self, offset, buffer):
         view = memoryview(buffer).cast("B")
@@ -147,8 +175,7 @@ class FileBlockDevice(_DeviceBase):
             raise error_for_errno("write", exc.errno, path=self.path, offset=offset,
                                   length=len(view)) from None
         if count != len(view):
-            raise error_for_errno("write", 28, path=self.path, offset=offset,
-                                  length=len(view))
+            raise self.short("write", count, offset, len(view))
 
     async def flush(self):
         self._check("flush", 0, 0)
@@ -191,81 +218,43 @@ class UringBlockDevice(_DeviceBase):
 
     Every operation queued during one event-loop turn is submitted with one syscall at the start
     of the next turn; at most `queue_depth` are in the kernel at once, the rest wait in a FIFO.
+    `read_into`, `write`, `flush` and `discard` are the ring's own methods: each checks its request
+    in C and returns a future, so no Python runs per operation on the fast path.
     """
 
     kind = "uring"
 
-    def __init__(self, path, fd, size_bytes, is_block, ring, loop, pool=None):
+    def __init__(self, path, fd, size_bytes, is_block, queue_depth, loop, pool=None):
+        from cairn.native._uring import Ring
         super().__init__(path, size_bytes, pool)
         self.fd = fd
         self.is_block = is_block
-        self._ring = ring
         self._loop = loop
-        self._submit_scheduled = False
-        loop.add_reader(ring.eventfd, ring.complete)
+        self._ring = Ring(fd, self.size_bytes, queue_depth, loop, self, ALIGN_BYTES)
+        loop.add_reader(self._ring.eventfd, self._ring.complete)
+        self.read_into = self._ring.read
+        self.write = self._ring.write
+        self.flush = self._ring.flush
+        self.discard = self._ring.discard
 
     @classmethod
     def open(cls, path, queue_depth=QUEUE_DEPTH_DEFAULT, pool=None):
         """Open `path` on the running event loop's thread."""
-        from cairn.native._uring import Ring
         loop = asyncio.get_running_loop()
         fd, size, is_block = _open_direct(path)
-
-        def error_factory(op, err, offset, length):
-            return error_for_errno(op, err, path=path, offset=offset, length=length)
-
         try:
-            ring = Ring(queue_depth, error_factory, ALIGN_BYTES)
+            return cls(path, fd, size, is_block, queue_depth, loop, pool)
         except BaseException:
             os.close(fd)
             raise
-        return cls(path, fd, size, is_block, ring, loop, pool)
 
-    def _schedule_submit(self):
-        if not self._submit_scheduled:
-            self._submit_scheduled = True
-            self._loop.call_soon(self._submit)
+    @property
+    def ops_total(self):
+        return self._ring.counters()[0]
 
-    def _submit(self):
-        self._submit_scheduled = False
-        self._ring.submit()
-
-    async def read_into(self, offset, buffer):
-        length = len(buffer) if not isinstance(buffer, memoryview) else buffer.nbytes
-        self._check("read", offset, length)
-        future = self._loop.create_future()
-        self._ring.queue_read(self.fd, buffer, offset, future)
-        self._schedule_submit()
-        count = await future
-        if count != length:
-            raise OutOfRange(f"{self.path}: short read ({count} of {length} bytes) at offset "
-                             f"{offset}", path=self.path, offset=offset, length=length)
-
-    async def write(self, offset, buffer):
-        length = len(buffer) if not isinstance(buffer, memoryview) else buffer.nbytes
-        self._check("write", offset, length)
-        future = self._loop.create_future()
-        self._ring.queue_write(self.fd, buffer, offset, future)
-        self._schedule_submit()
-        count = await future
-        if count != length:
-            raise error_for_errno("write", 28, path=self.path, offset=offset, length=length)
-
-    async def flush(self):
-        self._check("flush", 0, 0)
-        future = self._loop.create_future()
-        self._ring.queue_flush(self.fd, future)
-        self._schedule_submit()
-        await future
-
-    async def discard(self, offset, length):
-        self._check("discard", offset, length)
-        if length == 0:
-            return
-        future = self._loop.create_future()
-        self._ring.queue_discard(self.fd, offset, length, future)
-        self._schedule_submit()
-        await future
+    @property
+    def bytes_total(self):
+        return self._ring.counters()[1]
 
     async def wait_idle(self):
         """Wait until nothing is in flight in the kernel (bounded: 10,000 polls of 1 ms)."""
@@ -277,6 +266,7 @@ class UringBlockDevice(_DeviceBase):
 
     async def aclose(self):
         if not self.closed:
+            self._ring.stop_accepting()
             await self.wait_idle()
         self.close()
 
@@ -286,6 +276,7 @@ class UringBlockDevice(_DeviceBase):
         if self.closed:
             return
         self.closed = True
+        self._ring.stop_accepting()
         self._loop.remove_reader(self._ring.eventfd)
         if self._ring.inflight == 0:
             self._ring.close()
@@ -295,6 +286,6 @@ class UringBlockDevice(_DeviceBase):
 
     def statistics(self):
         stats = super().statistics()
-        stats.update(inflight=self._ring.inflight, backlog=self._ring.backlog_count,
-                     queue_depth=self._ring.depth)
+        stats.update(inflight=self._ring.inflight,
+                     backlog=self._ring.backlog_count, queue_depth=self._ring.depth)
         return stats

@@ -74,6 +74,24 @@ def test_misaligned_buffer_address_is_refused(disk_dir, device_kind):
     run(body())
 
 
+def test_short_read_after_the_file_shrinks(disk_dir, device_kind):
+    """The kernel returns fewer bytes than asked (the file shrank under us): a typed error, never
+    a buffer half filled with stale bytes."""
+    if device_kind == "memory":
+        pytest.skip("the in-memory twin cannot shrink under an open device")
+
+    async def body():
+        path = make_file(disk_dir, 1 << 20)
+        cls = UringBlockDevice if device_kind == "uring" else FileBlockDevice
+        device = cls.open(path)
+        os.truncate(path, (1 << 20) - BLOCK)
+        with pytest.raises(OutOfRange, match=r"short read \(4096 of 8192"):
+            await device.read((1 << 20) - 2 * BLOCK, 2 * BLOCK)
+        assert device.ops_total["read"] == 1
+        await device.aclose()
+    run(body())
+
+
 def test_many_in_flight(open_twin):
     """More operations than the queue depth at once: all complete, in any order, correctly."""
     async def body():
