@@ -87,11 +87,15 @@ def is_aligned(view):
 
 
 def _buffer_address(view):
+    global _buffer_address
     try:
         from cairn.native._blockcrc import buffer_address
     except ImportError:             # the reference path (CAIRN_NO_EXTENSIONS or no build)
         import numpy as np
-        return np.frombuffer(view.cast("B"), dtype=np.uint8).ctypes.data
+
+        def buffer_address(view):
+            return np.frombuffer(view.cast("B"), dtype=np.uint8).ctypes.data
+    _buffer_address = buffer_address        # resolved once: this runs on every put
     return buffer_address(view)
 
 

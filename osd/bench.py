@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -35,6 +36,9 @@ REGION_BYTES_DEFAULT = 1 << 30
 # never fills the device however fast it goes.
 STORE_FILL_FRACTION_MAX = 0.25
 
+# Our run is split into this many rounds, each between two fio runs (see _FioBaseline).
+ROUNDS_DEFAULT = 3
+
 
 def _summary(op, size_bytes, latencies_ns, seconds):
     ops = len(latencies_ns)
@@ -50,17 +54,26 @@ def _summary(op, size_bytes, latencies_ns, seconds):
     }
 
 
-async def _timed_workers(concurrency, seconds, one_op, fio=None, log=print):
-    """Run `one_op(worker_index, op_index)` in `concurrency` workers for `seconds`, between
-    two fio runs when `fio` is given; returns (latencies_ns, elapsed seconds)."""
-    if fio is not None:
-        fio.runs.append(fio.job())
-    try:
-        return await _timed_run(concurrency, seconds, one_op)
-    finally:
+async def _timed_workers(concurrency, seconds, one_op, fio=None, log=print, rounds=1):
+    """Run `one_op(worker_index, op_index)` in `concurrency` workers for `seconds` in all,
+    split into `rounds` runs; with `fio`, fio runs before every round and once after the last,
+    so each of our rounds sits between two fio runs. Returns (latencies_ns, elapsed seconds);
+    each round's figures go to `fio.ours`."""
+    latencies, elapsed = [], 0.0
+    for round_index in range(rounds):
         if fio is not None:
-            log("fio again, after our run ...")
+            if round_index:
+                log(f"fio, round {round_index + 1} of {rounds} ...")
             fio.runs.append(fio.job())
+        round_latencies, round_seconds = await _timed_run(concurrency, seconds / rounds, one_op)
+        latencies += round_latencies
+        elapsed += round_seconds
+        if fio is not None:
+            fio.ours.append(len(round_latencies) / round_seconds)
+    if fio is not None:
+        log("fio again, after our last round ...")
+        fio.runs.append(fio.job())
+    return latencies, elapsed
 
 
 async def _timed_run(concurrency, seconds, one_op):
@@ -99,7 +112,8 @@ def run_fio(filename, rw, block_size, iodepth, seconds, region_bytes):
     command = ["fio", "--name=cairn", f"--filename={filename}", f"--rw={rw}",
                f"--bs={block_size}", f"--iodepth={iodepth}", "--ioengine=io_uring",
                "--direct=1", f"--size={region_bytes}", "--time_based",
-               f"--runtime={max(1, int(seconds))}", "--randrepeat=0", "--norandommap",
+               f"--runtime={max(1000, int(seconds * 1000))}ms", "--randrepeat=0",
+               "--norandommap",
                "--output-format=json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
     if done.returncode != 0:
@@ -126,22 +140,26 @@ def lay_out(filename, region_bytes):
 
 def _with_ratio(result, fio):
     result["fio"] = fio.combined if fio else None
-    if fio and fio.combined.get("MBps"):
-        result["ratio_vs_fio"] = round(result["MBps"] / fio.combined["MBps"], 3)
+    if fio and fio.runs and fio.runs[0].get("iops"):
+        ratios = fio.round_ratios(result["size_bytes"])
+        result["rounds"] = ratios
+        result["ratio_vs_fio"] = round(statistics.median(round_["ratio"] for round_ in ratios), 3)
     return result
 
 
-class _FioSandwich:
-    """fio run once before and once after our run, baseline = their mean.
+class _FioBaseline:
+    """fio interleaved with our rounds: fio, ours, fio, ours, ..., fio.
 
-    Why: on these shared virtual disks the host caches writes, so whichever run goes second
-    pays for the first one's write-back (seen here: fio's 1 MiB write baseline moved between
-    1,520 and 2,042 MB/s from run to run). Bracketing our run cancels most of that drift; both
-    figures are kept in `fio.runs`."""
+    Why: on these shared virtual disks the host caches writes and other tenants come and go, so
+    the same fio job moved between 1,511 and 3,581 MB/s within five minutes. Each of our rounds
+    is compared with the mean of the fio runs just before and after it, and the reported ratio is
+    the median over rounds, so one disturbed round cannot decide it. Every run's figures are kept
+    in the result (`fio.runs`, `rounds`)."""
 
     def __init__(self, job):
         self.job = job
-        self.runs = []
+        self.runs = []      # fio result dicts, one more than our rounds
+        self.ours = []      # our ops per second, per round
 
     @property
     def combined(self):
@@ -153,6 +171,16 @@ class _FioSandwich:
         return {"rw": first["rw"], "bs": first["bs"], "iodepth": first["iodepth"], **mean,
                 "runs": [{"MBps": run["MBps"], "iops": run["iops"]} for run in self.runs]}
 
+    def round_ratios(self, size_bytes):
+        """Per round: our MB/s, the mean MB/s of the fio runs around it, and their ratio."""
+        rounds = []
+        for index, ops_per_second in enumerate(self.ours):
+            ours = ops_per_second * size_bytes / 1e6
+            around = (self.runs[index]["MBps"] + self.runs[index + 1]["MBps"]) / 2
+            rounds.append({"MBps": round(ours, 1), "fio_MBps": round(around, 1),
+                           "ratio": round(ours / around, 3) if around else 0.0})
+        return rounds
+
 
 # -- device -------------------------------------------------------------------------------------
 
@@ -160,7 +188,7 @@ DEVICE_OPS = ("write", "read", "randwrite", "randread")
 
 
 async def bench_device(path, op, size_bytes, concurrency, seconds, region_bytes=None,
-                       queue_depth=None, compare_fio=True, log=print):
+                       queue_depth=None, compare_fio=True, rounds=ROUNDS_DEFAULT, log=print):
     """Benchmark the native block path on `path` (destroys its contents in the region)."""
     assert op in DEVICE_OPS
     device = open_device(path, queue_depth=queue_depth or max(128, concurrency))
@@ -175,8 +203,8 @@ async def bench_device(path, op, size_bytes, concurrency, seconds, region_bytes=
                 log(f"laying out {format_size(region)} of {path} for the read test ...")
                 lay_out(path, region)
             log(f"fio: {op} {format_size(size_bytes)} iodepth {concurrency}, {seconds} s ...")
-            fio = _FioSandwich(
-                lambda: run_fio(path, op, size_bytes, concurrency, seconds, region))
+            fio = _FioBaseline(
+                lambda: run_fio(path, op, size_bytes, concurrency, seconds / rounds, region))
         elif compare_fio:
             log("fio is not installed: no comparison (apt-get install -y fio)")
         buffers = [device.pool.get(size_bytes) for _ in range(concurrency)]
@@ -200,7 +228,7 @@ async def bench_device(path, op, size_bytes, concurrency, seconds, region_bytes=
 
         log(f"cairn: {op} {format_size(size_bytes)} concurrency {concurrency}, {seconds} s "
             f"({device.kind}) ...")
-        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op, fio, log)
+        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op, fio, log, rounds)
         result = _summary(op, size_bytes, latencies, elapsed)
         result.update(device=path, concurrency=concurrency, implementation=device.kind)
         return _with_ratio(result, fio)
@@ -222,7 +250,7 @@ def _fio_mapping(op, size_bytes):
 
 
 async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
-                      compare_fio=True, fio_file=None, log=print):
+                      compare_fio=True, fio_file=None, rounds=ROUNDS_DEFAULT, log=print):
     """Benchmark store puts or gets on a store made by mkfs at `path`."""
     from cairn.osd.errors import CollectionExists
     from cairn.osd.store import Store, Transaction
@@ -254,8 +282,9 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
                     lay_out(fio_file, region)
                 log(f"fio on {fio_file}: {fio_rw} {format_size(fio_bs)} iodepth {concurrency}, "
                     f"{seconds} s ...")
-                fio = _FioSandwich(
-                    lambda: run_fio(fio_file, fio_rw, fio_bs, concurrency, seconds, region))
+                fio = _FioBaseline(
+                    lambda: run_fio(fio_file, fio_rw, fio_bs, concurrency, seconds / rounds,
+                                    region))
         try:
             await store.create_collection(BENCH_COLLECTION)
         except CollectionExists:
@@ -302,7 +331,7 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
             one_op = one_put
         log(f"cairn store: {op} {format_size(size_bytes)} concurrency {concurrency}, {seconds} s "
             f"({device.kind}, {name_count} names) ...")
-        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op, fio, log)
+        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op, fio, log, rounds)
         result = _summary(op, size_bytes, latencies, elapsed)
         stats = store.statistics()
         result.update(device=path, concurrency=concurrency, implementation=device.kind,
@@ -327,7 +356,10 @@ def format_result(result):
         line += (f"\nfio {fio['rw']} {format_size(fio['bs'])} iodepth {fio['iodepth']}: "
                  f"{fio['MBps']} MB/s, {fio['iops']} IOPS, p50 {fio['lat_us_p50']} us, p99 "
                  f"{fio['lat_us_p99']} us")
-        line += f"\nratio cairn/fio (MB/s): {result.get('ratio_vs_fio')}"
+        for index, round_ in enumerate(result.get("rounds", ()), 1):
+            line += (f"\n  round {index}: cairn {round_['MBps']} MB/s, fio around it "
+                     f"{round_['fio_MBps']} MB/s, ratio {round_['ratio']}")
+        line += f"\nratio cairn/fio (median over rounds): {result.get('ratio_vs_fio')}"
     return line
 
 

@@ -93,6 +93,10 @@ def add_bench_parser(commands):
         sub.add_argument("--json", action="store_true",
                          help="print one JSON object on the last line")
         sub.add_argument("--no-fio", action="store_true", help="skip the fio comparison")
+        sub.add_argument("--rounds", type=_positive, default=bench.ROUNDS_DEFAULT,
+                         help="split the run into this many rounds, each between two fio runs; "
+                              "the ratio is the median over rounds (default "
+                              f"{bench.ROUNDS_DEFAULT})")
         if kind == "store":
             sub.add_argument("--meta")
             sub.add_argument("--fio-file", help="where fio runs (default: a scratch file beside "
@@ -110,12 +114,13 @@ async def run_bench(args):
     if args.kind == "device":
         result = await bench.bench_device(args.device, args.op, args.size, args.concurrency,
                                           args.seconds, region_bytes=args.region,
-                                          compare_fio=not args.no_fio, log=say)
+                                          compare_fio=not args.no_fio, rounds=args.rounds,
+                                          log=say)
     else:
         result = await bench.bench_store(args.device, args.op, args.size, args.concurrency,
                                          args.seconds, meta_dir=args.meta,
                                          compare_fio=not args.no_fio, fio_file=args.fio_file,
-                                         log=say)
+                                         rounds=args.rounds, log=say)
     print(bench.format_result(result), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result))

@@ -78,8 +78,10 @@ def check_attrs(attrs):
         raise InvalidArgument(f"attributes total {total} bytes; the limit is {ATTRS_BYTES_MAX}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class ObjectRecord:
+    """One object's metadata. Committed records (the store's cache) are never changed: a
+    transaction plans fresh ones (`copy()`), and the commit sets their version."""
     size: int
     extents: tuple          # ((first_block, block_count), ...) in logical order
     crcs: bytes             # little-endian uint32 per logical block
@@ -94,6 +96,11 @@ class ObjectRecord:
     @property
     def block_count(self):
         return len(self.crcs) // 4
+
+    def copy(self, attrs=None):
+        return ObjectRecord(size=self.size, extents=self.extents, crcs=self.crcs,
+                            attrs=dict(self.attrs if attrs is None else attrs),
+                            version=self.version, mtime_ns=self.mtime_ns)
 
     def encode(self):
         flat = [value for extent in self.extents for value in extent]

@@ -86,3 +86,31 @@ def test_demo_small(disk_dir):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8 of 8 byte-identical" in done.stdout and "clean" in done.stdout
     assert not [name for name in os.listdir(disk_dir) if name.startswith("cairn-")]
+
+
+def test_round_ratios_compare_each_round_with_the_fio_runs_around_it():
+    from cairn.osd.bench import _FioBaseline, _with_ratio
+    fio = _FioBaseline(job=None)
+    fio.runs = [{"rw": "write", "bs": 4096, "iodepth": 1, "MBps": mbps, "iops": mbps * 1e6 / 4096,
+                 "lat_us_p50": 1.0, "lat_us_p99": 2.0} for mbps in (100.0, 300.0, 200.0, 200.0)]
+    fio.ours = [mbps * 1e6 / 4096 for mbps in (100.0, 500.0, 180.0)]
+    result = _with_ratio({"size_bytes": 4096}, fio)
+    assert [round_["fio_MBps"] for round_ in result["rounds"]] == [200.0, 250.0, 200.0]
+    assert [round_["ratio"] for round_ in result["rounds"]] == [0.5, 2.0, 0.9]
+    assert result["ratio_vs_fio"] == 0.9            # the median: one odd round does not decide
+    assert result["fio"]["MBps"] == 200.0 and len(result["fio"]["runs"]) == 4
+
+
+@pytest.mark.skipif(not __import__("shutil").which("fio"),
+                    reason="fio is not installed (cluster-scripts/setup.sh installs it)")
+def test_bench_device_interleaves_fio_rounds(disk_dir):
+    path = make_file(disk_dir, 64 << 20)
+    done = cairn("bench", "device", "--device", path, "--op", "write", "--size", "64K",
+                 "--concurrency", "4", "--seconds", "2", "--rounds", "2", "--region", "16M",
+                 "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(result["rounds"]) == 2 and len(result["fio"]["runs"]) == 3
+    assert all(run["MBps"] > 0 for run in result["fio"]["runs"])
+    assert result["ratio_vs_fio"] > 0
+    assert "median over rounds" in done.stderr
