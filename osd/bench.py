@@ -54,25 +54,25 @@ def _summary(op, size_bytes, latencies_ns, seconds):
     }
 
 
-async def _timed_workers(concurrency, seconds, one_op, fio=None, log=print, rounds=1):
+async def _timed_workers(concurrency, seconds, one_op, baselines=(), log=print, rounds=1):
     """Run `one_op(worker_index, op_index)` in `concurrency` workers for `seconds` in all,
-    split into `rounds` runs; with `fio`, fio runs before every round and once after the last,
-    so each of our rounds sits between two fio runs. Returns (latencies_ns, elapsed seconds);
-    each round's figures go to `fio.ours`."""
+    split into `rounds` runs; each fio baseline runs before every round and once after the last,
+    so each of our rounds sits between two runs of each. Returns (latencies_ns, elapsed
+    seconds); each round's rate goes to every baseline's `ours`."""
     latencies, elapsed = [], 0.0
     for round_index in range(rounds):
-        if fio is not None:
+        for baseline in baselines:
             if round_index:
-                log(f"fio, round {round_index + 1} of {rounds} ...")
-            fio.runs.append(fio.job())
+                log(f"{baseline.label}, before round {round_index + 1} of {rounds} ...")
+            baseline.runs.append(baseline.job())
         round_latencies, round_seconds = await _timed_run(concurrency, seconds / rounds, one_op)
         latencies += round_latencies
         elapsed += round_seconds
-        if fio is not None:
-            fio.ours.append(len(round_latencies) / round_seconds)
-    if fio is not None:
-        log("fio again, after our last round ...")
-        fio.runs.append(fio.job())
+        for baseline in baselines:
+            baseline.ours.append(len(round_latencies) / round_seconds)
+    for baseline in baselines:
+        log(f"{baseline.label} again, after our last round ...")
+        baseline.runs.append(baseline.job())
     return latencies, elapsed
 
 
@@ -106,14 +106,14 @@ def fio_available():
     return shutil.which("fio") is not None
 
 
-def run_fio(filename, rw, block_size, iodepth, seconds, region_bytes):
+def run_fio(filename, rw, block_size, iodepth, seconds, region_bytes, fdatasync=0):
     """Run fio (io_uring, O_DIRECT) and return {MBps, iops, lat_us_p50, lat_us_p99}, or raise
-    RuntimeError with fio's message."""
+    RuntimeError with fio's message. `fdatasync=N` makes fio flush after every N writes."""
     command = ["fio", "--name=cairn", f"--filename={filename}", f"--rw={rw}",
                f"--bs={block_size}", f"--iodepth={iodepth}", "--ioengine=io_uring",
                "--direct=1", f"--size={region_bytes}", "--time_based",
                f"--runtime={max(1000, int(seconds * 1000))}ms", "--randrepeat=0",
-               "--norandommap",
+               "--norandommap", *([f"--fdatasync={fdatasync}"] if fdatasync else []),
                "--output-format=json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
     if done.returncode != 0:
@@ -121,7 +121,7 @@ def run_fio(filename, rw, block_size, iodepth, seconds, region_bytes):
     job = json.loads(done.stdout[done.stdout.index("{"):])["jobs"][0]
     side = job["read"] if "read" in rw else job["write"]
     percentiles = side.get("clat_ns", {}).get("percentile", {})
-    return {"rw": rw, "bs": block_size, "iodepth": iodepth,
+    return {"rw": rw, "bs": block_size, "iodepth": iodepth, "fdatasync": fdatasync,
             "MBps": round(side["bw_bytes"] / 1e6, 1), "iops": round(side["iops"], 1),
             "lat_us_p50": round(percentiles.get("50.000000", 0) / 1e3, 1),
             "lat_us_p99": round(percentiles.get("99.000000", 0) / 1e3, 1)}
@@ -138,12 +138,15 @@ def lay_out(filename, region_bytes):
         raise RuntimeError(f"fio layout failed: {done.stderr.strip()}")
 
 
-def _with_ratio(result, fio):
-    result["fio"] = fio.combined if fio else None
+def _with_ratio(result, fio, name="fio", rounds_field="rounds"):
+    """Add baseline `name` (its combined figures), its per-round comparison and
+    `ratio_vs_<name>`, the median ratio over rounds."""
+    result[name] = fio.combined if fio else None
     if fio and fio.runs and fio.runs[0].get("iops"):
         ratios = fio.round_ratios(result["size_bytes"])
-        result["rounds"] = ratios
-        result["ratio_vs_fio"] = round(statistics.median(round_["ratio"] for round_ in ratios), 3)
+        result[rounds_field] = ratios
+        result[f"ratio_vs_{name}"] = round(
+            statistics.median(round_["ratio"] for round_ in ratios), 3)
     return result
 
 
@@ -156,8 +159,9 @@ class _FioBaseline:
     the median over rounds, so one disturbed round cannot decide it. Every run's figures are kept
     in the result (`fio.runs`, `rounds`)."""
 
-    def __init__(self, job):
+    def __init__(self, job, label="fio"):
         self.job = job
+        self.label = label
         self.runs = []      # fio result dicts, one more than our rounds
         self.ours = []      # our ops per second, per round
 
@@ -168,7 +172,8 @@ class _FioBaseline:
         first = self.runs[0]
         mean = {key: round(sum(run[key] for run in self.runs) / len(self.runs), 1)
                 for key in ("MBps", "iops", "lat_us_p50", "lat_us_p99")}
-        return {"rw": first["rw"], "bs": first["bs"], "iodepth": first["iodepth"], **mean,
+        return {"rw": first["rw"], "bs": first["bs"], "iodepth": first["iodepth"],
+                "fdatasync": first.get("fdatasync", 0), **mean,
                 "runs": [{"MBps": run["MBps"], "iops": run["iops"]} for run in self.runs]}
 
     def round_ratios(self, size_bytes):
@@ -228,7 +233,8 @@ async def bench_device(path, op, size_bytes, concurrency, seconds, region_bytes=
 
         log(f"cairn: {op} {format_size(size_bytes)} concurrency {concurrency}, {seconds} s "
             f"({device.kind}) ...")
-        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op, fio, log, rounds)
+        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op,
+                                                  [fio] if fio else [], log, rounds)
         result = _summary(op, size_bytes, latencies, elapsed)
         result.update(device=path, concurrency=concurrency, implementation=device.kind)
         return _with_ratio(result, fio)
@@ -264,7 +270,7 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
         name_count = max(concurrency, int(free * STORE_FILL_FRACTION_MAX) // max(size_bytes, 4096))
         name_count = min(name_count, max(concurrency, REGION_BYTES_DEFAULT // size_bytes))
         name_count -= name_count % concurrency
-        fio = None
+        fio = fio_durable = None
         if compare_fio and fio_available():
             fio_rw, fio_bs = _fio_mapping(op, size_bytes)
             if fio_file is None and not device.is_block:
@@ -285,6 +291,17 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
                 fio = _FioBaseline(
                     lambda: run_fio(fio_file, fio_rw, fio_bs, concurrency, seconds / rounds,
                                     region))
+                if op == "put":
+                    # Our puts are durable when acknowledged, fio's writes are not. The fair
+                    # twin: the same fio job with an fdatasync after every `concurrency`
+                    # objects' worth of writes, the most a store can batch into one flush
+                    # when `concurrency` clients each wait for their acknowledgement.
+                    every = concurrency * max(1, size_bytes // fio_bs)
+                    log(f"fio durable twin: the same job with --fdatasync={every}")
+                    fio_durable = _FioBaseline(
+                        lambda: run_fio(fio_file, fio_rw, fio_bs, concurrency,
+                                        seconds / rounds, region, fdatasync=every),
+                        label="fio --fdatasync")
         try:
             await store.create_collection(BENCH_COLLECTION)
         except CollectionExists:
@@ -331,13 +348,17 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
             one_op = one_put
         log(f"cairn store: {op} {format_size(size_bytes)} concurrency {concurrency}, {seconds} s "
             f"({device.kind}, {name_count} names) ...")
-        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op, fio, log, rounds)
+        baselines = [baseline for baseline in (fio, fio_durable) if baseline is not None]
+        latencies, elapsed = await _timed_workers(concurrency, seconds, one_op, baselines, log,
+                                                  rounds)
         result = _summary(op, size_bytes, latencies, elapsed)
         stats = store.statistics()
         result.update(device=path, concurrency=concurrency, implementation=device.kind,
                       transactions_per_commit=round(stats["transactions_per_commit"], 1),
                       flush_ms_avg=round(stats["flush_ms_avg"], 2),
                       meta_commit_ms_avg=round(stats["meta_commit_ms_avg"], 2))
+        if fio_durable is not None:
+            _with_ratio(result, fio_durable, "fio_durable", "rounds_durable")
         return _with_ratio(result, fio)
     finally:
         if store is not None:
@@ -360,6 +381,11 @@ def format_result(result):
             line += (f"\n  round {index}: cairn {round_['MBps']} MB/s, fio around it "
                      f"{round_['fio_MBps']} MB/s, ratio {round_['ratio']}")
         line += f"\nratio cairn/fio (median over rounds): {result.get('ratio_vs_fio')}"
+    durable = result.get("fio_durable")
+    if durable:
+        line += (f"\nfio with --fdatasync={durable['fdatasync']} (durable like our puts): "
+                 f"{durable['MBps']} MB/s, {durable['iops']} IOPS; ratio cairn/durable fio: "
+                 f"{result.get('ratio_vs_fio_durable')}")
     return line
 
 

@@ -114,3 +114,18 @@ def test_bench_device_interleaves_fio_rounds(disk_dir):
     assert all(run["MBps"] > 0 for run in result["fio"]["runs"])
     assert result["ratio_vs_fio"] > 0
     assert "median over rounds" in done.stderr
+
+
+@pytest.mark.skipif(not __import__("shutil").which("fio"),
+                    reason="fio is not installed (cluster-scripts/setup.sh installs it)")
+def test_bench_store_put_also_compares_with_durable_fio(disk_dir):
+    path = make_file(disk_dir, 64 << 20)
+    assert cli("mkfs", "--device", path).returncode == 0
+    done = cairn("bench", "store", "--device", path, "--op", "put", "--size", "64K",
+                 "--concurrency", "4", "--seconds", "1", "--rounds", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["fio"]["fdatasync"] == 0 and len(result["fio"]["runs"]) == 2
+    assert result["fio_durable"]["fdatasync"] == 4 and len(result["fio_durable"]["runs"]) == 2
+    assert result["ratio_vs_fio"] > 0 and result["ratio_vs_fio_durable"] > 0
+    assert not os.path.exists(path + ".fio-scratch")
