@@ -1,24 +1,45 @@
 """Aligned buffers for O_DIRECT, handed out as memoryviews and recycled.
 
 O_DIRECT needs buffer addresses aligned to the device's logical block size; anonymous `mmap`
-memory is page-aligned (4 KiB), so every buffer here is an `mmap` of a size class (a power of two,
-4 KiB and up). Recycling matters: a fresh 4 MiB mapping costs 1,024 page faults on first touch,
-which would cap a reader near a few GB/s.
+memory is page-aligned (4 KiB), so every buffer here comes from an `mmap`, in size classes (powers
+of two, 4 KiB and up). Recycling matters: a fresh 4 MiB mapping costs 1,024 page faults on first
+touch, which would cap a reader near a few GB/s.
 
-A buffer not returned with `put()` is simply garbage-collected; returning one is an optimisation,
-never a requirement, so a caller cannot leak device memory by forgetting. A returned buffer must
-not be used again by the caller.
+Large buffers (1 MiB and up) are carved from slabs: one mapping of several buffers, aligned to
+2 MiB, advised for transparent huge pages and touched in order when made. Why: a device request
+is a list of physically contiguous segments and the queue bounds how many (this machine's virtio
+disk: 254 per request; NVMe PRP/SGL limits are similar), so a 1 MiB buffer of scattered 4 KiB
+pages is split into several requests. Where THP works, a slab's buffers are 2 MiB pages and a
+1 MiB request is one or two segments. On the development VM THP never engages (AnonHugePages
+stays 0 even for advised mappings), and an A/B of 1 MiB reads at queue depth 16 there was
+dominated by something else: a 64 MiB zero-filled mapping read at 3.6-4.0 GB/s while an 18 MiB
+one, the pool, and fio itself all read at 0.8-1.4 GB/s in the same minute. Not understood yet.
+
+A buffer not returned with `put()` is not lost: small ones are garbage-collected with their
+mapping, large ones go back to their slab's free list when the last view of them is dropped (a
+`weakref.finalize` on the numpy array behind the view). Returning one early is an optimisation,
+never a requirement. A returned buffer must not be used again by the caller.
 """
 
 import mmap
+import weakref
+
+import numpy as np
 
 # O_DIRECT alignment: the page size, which is also the largest logical block size of the devices
 # we target (4Kn NVMe). `cairn.common.limits` asserts that the store's block is a multiple of it.
 ALIGN_BYTES = 4096
 
-# Free buffers kept per size class: enough for a queue depth of 4 MiB ops (64 x 4 MiB = 256 MiB)
-# without holding memory forever.
+# Free buffers kept per small size class: enough for a queue depth of 4 KiB..512 KiB ops without
+# holding memory forever.
 POOL_BUFFERS_PER_CLASS_MAX = 64
+
+# Size classes from SLAB_CLASS_MIN_BYTES up come from slabs of at least SLAB_BYTES_MIN (and at
+# least SLAB_BUFFERS_MIN buffers), aligned to HUGE_PAGE_BYTES.
+SLAB_CLASS_MIN_BYTES = 1 << 20
+SLAB_BYTES_MIN = 16 << 20
+SLAB_BUFFERS_MIN = 4
+HUGE_PAGE_BYTES = 2 << 20
 
 
 class BufferPool:
@@ -33,10 +54,13 @@ class BufferPool:
 
     def __init__(self, buffers_per_class_max=POOL_BUFFERS_PER_CLASS_MAX):
         assert buffers_per_class_max >= 0
-        self._free = {}                     # class size -> list of mmap
+        self._free = {}                     # small class size -> list of mmap
+        self._slots = {}                    # large class size -> list of (slab array, offset)
+        self._lent = {}                     # id(array) -> (class size, slab, offset, finalizer)
         self._buffers_per_class_max = buffers_per_class_max
         self.allocated_total = 0
         self.reused_total = 0
+        self.slab_bytes_total = 0
 
     @staticmethod
     def class_size(length):
@@ -53,6 +77,8 @@ class BufferPool:
             raise ValueError(f"buffer length must be positive (was {length})")
         rounded = -(-length // ALIGN_BYTES) * ALIGN_BYTES
         size = self.class_size(rounded)
+        if size >= SLAB_CLASS_MIN_BYTES:
+            return self._get_large(size, rounded)
         free = self._free.get(size)
         if free:
             backing = free.pop()
@@ -65,6 +91,13 @@ class BufferPool:
     def put(self, view):
         """Return a buffer obtained from `get()` (any slice of it)."""
         backing = view.obj
+        if isinstance(backing, np.ndarray):
+            lent = self._lent.pop(id(backing), None)
+            if lent is not None:
+                size, slab, offset, finalizer = lent
+                finalizer.detach()
+                self._slots[size].append((slab, offset))
+            return
         if not isinstance(backing, mmap.mmap):
             return
         size = len(backing)
@@ -72,9 +105,44 @@ class BufferPool:
         if len(free) < self._buffers_per_class_max:
             free.append(backing)
 
+    def _get_large(self, size, rounded):
+        slots = self._slots.setdefault(size, [])
+        if slots:
+            self.reused_total += 1
+        else:
+            self._new_slab(size, slots)
+        slab, offset = slots.pop()
+        array = slab[offset:offset + size]          # a new array object for every loan
+        finalizer = weakref.finalize(array, self._reclaim, id(array), size, slab, offset)
+        finalizer.atexit = False
+        self._lent[id(array)] = (size, slab, offset, finalizer)
+        return memoryview(array)[:rounded]
+
+    def _reclaim(self, key, size, slab, offset):
+        # The last view of a large buffer was dropped without put(): take it back.
+        self._lent.pop(key, None)
+        self._slots[size].append((slab, offset))
+
+    def _new_slab(self, size, slots):
+        count = max(SLAB_BUFFERS_MIN, SLAB_BYTES_MIN // size)
+        backing = mmap.mmap(-1, count * size + HUGE_PAGE_BYTES)
+        try:
+            backing.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):
+            pass        # no THP: the in-order touch below still gives mostly contiguous pages
+        whole = np.frombuffer(backing, dtype=np.uint8)
+        skip = -whole.ctypes.data % HUGE_PAGE_BYTES
+        slab = whole[skip:skip + count * size]
+        slab[:] = 0                                 # fault every page in now, in order
+        slots.extend((slab, index * size) for index in reversed(range(count)))
+        self.allocated_total += count
+        self.slab_bytes_total += count * size
+
     def statistics(self):
         return {"allocated_total": self.allocated_total, "reused_total": self.reused_total,
-                "free": {size: len(free) for size, free in self._free.items()}}
+                "slab_bytes_total": self.slab_bytes_total, "lent_large": len(self._lent),
+                "free": {size: len(free) for size, free in self._free.items()},
+                "free_large": {size: len(slots) for size, slots in self._slots.items()}}
 
 
 def is_aligned(view):
@@ -91,8 +159,6 @@ def _buffer_address(view):
     try:
         from cairn.native._blockcrc import buffer_address
     except ImportError:             # the reference path (CAIRN_NO_EXTENSIONS or no build)
-        import numpy as np
-
         def buffer_address(view):
             return np.frombuffer(view.cast("B"), dtype=np.uint8).ctypes.data
     _buffer_address = buffer_address        # resolved once: this runs on every put

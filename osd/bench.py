@@ -14,6 +14,7 @@ ratios much less (DEVELOPERS.md).
 """
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -225,11 +226,12 @@ async def bench_device(path, op, size_bytes, concurrency, seconds, region_bytes=
             offsets = list(range(0, region, size_bytes))
         call = device.write if op.endswith("write") else device.read_into
         stride = len(offsets)
+        issued = itertools.count()
 
-        def one_op(worker, op_index):
-            # Workers interleave over the offsets: together they walk them in order.
-            offset = offsets[(op_index * concurrency + worker) % stride]
-            return call(offset, buffers[worker])
+        def one_op(worker, _):
+            # One shared cursor, like fio's: whichever worker is free takes the next offset,
+            # so a sequential run reaches the device (and any host read-ahead) in order.
+            return call(offsets[next(issued) % stride], buffers[worker])
 
         log(f"cairn: {op} {format_size(size_bytes)} concurrency {concurrency}, {seconds} s "
             f"({device.kind}) ...")

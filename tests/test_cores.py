@@ -162,3 +162,31 @@ def test_block_size_is_a_multiple_of_direct_io_alignment():
     from cairn.common.limits import BLOCK_SIZE_BYTES
     from cairn.native.bufpool import ALIGN_BYTES
     assert BLOCK_SIZE_BYTES % ALIGN_BYTES == 0
+
+
+def test_large_buffers_come_from_aligned_slabs_and_are_reclaimed_when_dropped():
+    import gc
+    from cairn.native.bufpool import HUGE_PAGE_BYTES, BufferPool, _buffer_address, is_aligned
+    pool = BufferPool()
+    views = [pool.get(1 << 20) for _ in range(3)] + [pool.get(3 << 20)]
+    assert [len(view) for view in views] == [1 << 20] * 3 + [3 << 20]
+    addresses = [_buffer_address(view) for view in views]
+    assert all(address % (1 << 20) == 0 for address in addresses[:3])
+    assert addresses[3] % HUGE_PAGE_BYTES == 0 and all(is_aligned(view) for view in views)
+    spans = sorted((address, address + len(view)) for address, view in zip(addresses, views))
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))   # no overlap
+    for index, view in enumerate(views):
+        view[:] = bytes([index]) * len(view)
+    assert all(bytes(view[:1]) == bytes([index]) for index, view in enumerate(views))
+    slabs = pool.statistics()["slab_bytes_total"]
+    free_before = pool.statistics()["free_large"][1 << 20]
+    pool.put(views[0])                       # returned: reused by the next get
+    assert pool.statistics()["free_large"][1 << 20] == free_before + 1
+    again = pool.get(1 << 20)
+    assert _buffer_address(again) == addresses[0]
+    sliced = views[1][4096:8192]             # forgotten, along with a slice of it
+    del views[1], sliced
+    gc.collect()
+    assert pool.statistics()["free_large"][1 << 20] == free_before + 1
+    assert pool.statistics()["lent_large"] == 3
+    assert pool.statistics()["slab_bytes_total"] == slabs      # no new slab was needed
