@@ -91,19 +91,20 @@ class BufferPool:
     def put(self, view):
         """Return a buffer obtained from `get()` (any slice of it)."""
         backing = view.obj
+        if isinstance(backing, mmap.mmap):              # small buffers, the common case
+            size = len(backing)
+            free = self._free.get(size)
+            if free is None:
+                free = self._free[size] = []
+            if len(free) < self._buffers_per_class_max:
+                free.append(backing)
+            return
         if isinstance(backing, np.ndarray):
             lent = self._lent.pop(id(backing), None)
             if lent is not None:
                 size, slab, offset, finalizer = lent
                 finalizer.detach()
                 self._slots[size].append((slab, offset))
-            return
-        if not isinstance(backing, mmap.mmap):
-            return
-        size = len(backing)
-        free = self._free.setdefault(size, [])
-        if len(free) < self._buffers_per_class_max:
-            free.append(backing)
 
     def _get_large(self, size, rounded):
         slots = self._slots.setdefault(size, [])

@@ -17,7 +17,6 @@ import asyncio
 import itertools
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -339,11 +338,14 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
                     for worker in range(concurrency):
                         group.create_task(fill(worker))
                 existing = names
-            rng = random.Random(2)
+            # Names drawn before the clock starts, as for the device bench.
+            drawn = np.random.default_rng(2).integers(0, len(existing), size=1 << 16).tolist()
+            picks = [existing[index] for index in drawn]
+            read, give_back = store.read, device.pool.put
 
             async def one_get(worker, op_index):
-                view = await store.read(BENCH_COLLECTION, rng.choice(existing))
-                device.pool.put(view)
+                give_back(await read(BENCH_COLLECTION,
+                                     picks[(op_index * concurrency + worker) & 0xFFFF]))
 
             one_op = one_get
         else:

@@ -475,22 +475,13 @@ class Store:
         assert staged is None or count == 1
         view = self.device.pool.get(count * self.block_size)
         try:
-            reads = []
-            position = 0
-            for start, length in records.slice_extents(record.extents, first, count):
-                for chunk_start, chunk_length in _chunks(start, length, self.block_size):
-                    target = view[position:position + chunk_length * self.block_size]
-                    source = _staged_bytes(staged, chunk_start, chunk_length, self.block_size)
-                    if source is not None:
-                        target[:] = source
-                    else:
-                        reads.append(self.device.read_into(
-                            self._data_start + chunk_start * self.block_size, target))
-                    position += chunk_length * self.block_size
-            if len(reads) == 1:
-                await reads[0]
-            elif reads:
-                await _gather_all(reads)
+            pieces = records.slice_extents(record.extents, first, count)
+            if staged is None and len(pieces) == 1 and len(view) <= DEVICE_IO_BYTES_MAX:
+                # The common case, one device read (every small object): no per-chunk planning.
+                await self.device.read_into(self._data_start + pieces[0][0] * self.block_size,
+                                            view)
+            else:
+                await self._read_pieces(view, pieces, staged)
             actual = block_crcs(view, self.block_size)
             expected = record.crcs[first * 4:(first + count) * 4]
             if actual != expected:
@@ -503,6 +494,26 @@ class Store:
             self.device.pool.put(view)
             raise
         return view
+
+    async def _read_pieces(self, view, pieces, staged):
+        """Fill `view` from device extents `pieces`, in chunks of at most DEVICE_IO_BYTES_MAX,
+        taking blocks this transaction staged from memory."""
+        reads = []
+        position = 0
+        for start, length in pieces:
+            for chunk_start, chunk_length in _chunks(start, length, self.block_size):
+                target = view[position:position + chunk_length * self.block_size]
+                source = _staged_bytes(staged, chunk_start, chunk_length, self.block_size)
+                if source is not None:
+                    target[:] = source
+                else:
+                    reads.append(self.device.read_into(
+                        self._data_start + chunk_start * self.block_size, target))
+                position += chunk_length * self.block_size
+        if len(reads) == 1:
+            await reads[0]
+        elif reads:
+            await _gather_all(reads)
 
     def stat(self, collection, name):
         self._check_open()
@@ -903,6 +914,8 @@ class Store:
         self._release_frees()
 
     def _release_frees(self):
+        if not self._deferred_frees:
+            return
         oldest = min(self._read_pins) if self._read_pins else None
         while self._deferred_frees:
             sequence, extents = self._deferred_frees[0]
