@@ -11,7 +11,9 @@ Theory of operation (BlueStore's shape, smaller):
    everything queued, issues one device flush (so all those writes are durable), then writes one
    synchronous RocksDB batch holding every record, deletion and allocator-bitmap segment of the
    group. Only then are the transactions acknowledged. Many concurrent transactions therefore
-   share one flush and one metadata commit.
+   share one flush and one metadata commit. The next group's flush runs while this group's
+   metadata write does (a flush only makes unreferenced blocks durable); everything after the
+   flush stays strictly one group at a time.
 3. Blocks a commit replaced or deleted are returned to the allocator only after the commit is
    durable and every read that started before it has finished (see `allocator.py`, rule 3).
 
@@ -21,7 +23,8 @@ in the durable bitmap. RocksDB's write batch is atomic, so a transaction is visi
 all. Reads check every block's crc32c and never return bytes that fail it.
 
 Rules:
-- Every store-wide mutation happens in `_commit_group` (one task) or under an object lock.
+- Every store-wide mutation happens in the committer (`_commit_loop`, one task) or under an
+  object lock.
 - A failed flush or metadata write poisons the store (`StoreFailed`): the on-device state is
   unknown, so the OSD must restart and remount rather than guess.
 """
@@ -394,7 +397,7 @@ class Store:
     def _record(self, collection, name):
         """The committed record of an object, or None; through the record cache.
 
-        The cache holds decoded records of committed state only: `_commit_group` replaces or
+        The cache holds decoded records of committed state only: `_finish_group` replaces or
         drops the entries of every key it commits, right after the RocksDB write and before
         anything else runs on the loop, so a lookup can never see a stale entry. (A lookup
         racing the write in the metadata thread may cache the old record, which the commit's
@@ -429,8 +432,10 @@ class Store:
     def _check_usable(self):
         self._check_open()
         if self._failure is not None:
-            raise StoreFailed(f"the store failed earlier and must be remounted: "
-                              f"{self._failure}") from self._failure
+            raise self._failed_earlier() from self._failure
+
+    def _failed_earlier(self):
+        return StoreFailed(f"the store failed earlier and must be remounted: {self._failure}")
 
     async def read(self, collection, name, offset=0, length=None):
         """Read an object whole or by range; returns a memoryview (of a pool buffer: hand it
@@ -820,29 +825,76 @@ class Store:
     # -- the committer ------------------------------------------------------------------------
 
     async def _commit_loop(self):
-        # Runs for the store's lifetime: one group per wake-up, until cancelled by close().
-        while True:
-            await self._commit_wanted.wait()
-            self._commit_wanted.clear()
-            while self._commit_queue:
+        """Runs for the store's lifetime, until cancelled by close() or abandon().
+
+        Two groups overlap: while group N's metadata write runs in the metadata thread, group
+        N+1's device flush runs in the kernel. Everything else stays in order: N is acknowledged
+        before N+1's metadata batch is even built, so sequences, the allocator and RocksDB see
+        groups one at a time, and the metadata thread never holds two writes."""
+        writing = None          # (group, sequence, write future, flush timings) of group N
+        try:
+            while True:
+                if not self._commit_queue:
+                    if writing is not None:
+                        group_n, writing = writing, None
+                        await self._finish_group(*group_n)
+                        self._committing = False
+                        continue
+                    await self._commit_wanted.wait()
+                    self._commit_wanted.clear()
+                    continue
                 group = self._commit_queue[:COMMIT_GROUP_TRANSACTIONS_MAX]
                 del self._commit_queue[:len(group)]
                 self._committing = True
-                try:
-                    await self._commit_group(group)
-                finally:
-                    self._committing = False
+                timings = await self._flush_group(group)
+                if writing is not None:
+                    group_n, writing = writing, None
+                    await self._finish_group(*group_n)
+                if timings is not None:
+                    writing = self._start_group_write(group, timings)
+                self._committing = writing is not None
+        except BaseException:
+            if writing is not None:
+                self._fail_group(writing[0], StoreFailed(
+                    "the store stopped before this commit was confirmed"))
+            raise
 
-    async def _commit_group(self, group):
+    def _fail_group(self, group, error):
+        for plan in group:
+            if not plan.future.done():
+                plan.future.set_exception(error)
+
+    def _poison(self, group, exc):
+        # The device or RocksDB failed mid-commit: what is durable is unknown, and the in-memory
+        # allocator may be ahead of it. Poison the store (STYLE.md 2.5).
+        self._failure = self._failure or exc
+        self._fail_group(group, StoreFailed(f"commit failed, the store must be remounted: {exc}"))
+
+    async def _flush_group(self, group):
+        """Make the group's data durable; returns (start, end) in perf_counter ns, or None if
+        the group failed (its futures then hold the error)."""
         if self._failure is not None:
             for plan in group:
                 self.allocator.unreserve(plan.allocated)
-                plan.future.set_exception(StoreFailed(str(self._failure)))
-            return
+            self._fail_group(group, self._failed_earlier())
+            return None
+        began_ns = time.perf_counter_ns()
         try:
-            began_ns = time.perf_counter_ns()
             await self.device.flush()
-            flushed_ns = time.perf_counter_ns()
+        except BaseException as exc:
+            self._poison(group, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return None
+        return began_ns, time.perf_counter_ns()
+
+    def _start_group_write(self, group, timings):
+        """Build the group's metadata batch and hand it to the metadata thread; returns what
+        `_finish_group` needs, or None if the group failed."""
+        if self._failure is not None:
+            self._fail_group(group, self._failed_earlier())
+            return None
+        try:
             batch = WriteBatch(raw_mode=True)
             dirty = set()
             sequence = self.sequence
@@ -865,21 +917,26 @@ class Store:
             for index in sorted(dirty):
                 batch.put(records.bitmap_key(index), self.allocator.segment_bytes(index))
             batch.put(records.KEY_SEQUENCE, struct.pack(">Q", sequence))
-            await asyncio.get_running_loop().run_in_executor(
+            write = asyncio.get_running_loop().run_in_executor(
                 self._db_thread, self._db.write, batch, self._sync)
-            self.flush_ns_total += flushed_ns - began_ns
-            self.meta_commit_ns_total += time.perf_counter_ns() - flushed_ns
+        except Exception as exc:
+            self._poison(group, exc)
+            return None
+        return group, sequence, write, timings
+
+    async def _finish_group(self, group, sequence, write, timings):
+        """Wait for the group's metadata write, then publish it and acknowledge its
+        transactions."""
+        try:
+            await write
         except BaseException as exc:
-            # The device or RocksDB failed mid-commit: what is durable is unknown, and the
-            # in-memory allocator may be ahead of it. Poison the store (STYLE.md 2.5).
-            self._failure = exc
-            for plan in group:
-                if not plan.future.done():
-                    plan.future.set_exception(
-                        StoreFailed(f"commit failed, the store must be remounted: {exc}"))
+            self._poison(group, exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
+        began_ns, flushed_ns = timings
+        self.flush_ns_total += flushed_ns - began_ns
+        self.meta_commit_ns_total += time.perf_counter_ns() - flushed_ns
         self.sequence = sequence
         for plan in group:
             for key, record in plan.records.items():

@@ -303,3 +303,46 @@ def test_close_waits_for_transactions_in_flight(open_twin, tmp_path):
         await store.close()
         await device.aclose()
     run(body())
+
+
+def test_failed_metadata_write_fails_its_group_and_the_next(tmp_path):
+    """A RocksDB write that fails poisons the store: that group's transactions and the group
+    flushed behind it (the committer overlaps them) fail with StoreFailed, and the remounted
+    store holds exactly the acknowledged data."""
+    from cairn.native import MemoryBlockDevice
+    from cairn.osd.store import StoreFailed
+
+    class FailingWrites:
+        def __init__(self, db):
+            self.db = db
+
+        def write(self, batch, options):
+            raise RuntimeError("metadata write failed (injected)")
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    async def body():
+        device = MemoryBlockDevice(8 << 20, latency_s=0.002)
+        meta = str(tmp_path / "meta")
+        await mkfs(device, meta)
+        store = await Store.open(device, meta)
+        await store.create_collection("c")
+        await store.put("c", "kept", b"k" * 5000)
+        real_db, store._db = store._db, FailingWrites(store._db)
+        first = asyncio.create_task(store.put("c", "a", b"a" * 5000))
+        await asyncio.sleep(0.001)
+        second = asyncio.create_task(store.put("c", "b", b"b" * 5000))
+        for task in (first, second):
+            with pytest.raises(StoreFailed, match="remounted"):
+                await task
+        with pytest.raises(StoreFailed):
+            await store.put("c", "later", b"l")
+        store._db = real_db
+        await store.abandon()
+        store = await Store.open(device, meta)
+        assert store.list_objects("c")[0] == ["kept"]
+        assert await store.read_bytes("c", "kept") == b"k" * 5000
+        await assert_fsck_clean(store)
+        await store.close()
+    run(body())
