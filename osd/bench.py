@@ -54,17 +54,21 @@ def _summary(op, size_bytes, latencies_ns, seconds):
     }
 
 
-async def _timed_workers(concurrency, seconds, one_op, baselines=(), log=print, rounds=1):
+async def _timed_workers(concurrency, seconds, one_op, baselines=(), log=print, rounds=1,
+                         before_round=None):
     """Run `one_op(worker_index, op_index)` in `concurrency` workers for `seconds` in all,
     split into `rounds` runs; each fio baseline runs before every round and once after the last,
-    so each of our rounds sits between two runs of each. Returns (latencies_ns, elapsed
-    seconds); each round's rate goes to every baseline's `ours`."""
+    so each of our rounds sits between two runs of each; `before_round()`, if given, runs before
+    each of ours. Returns (latencies_ns, elapsed seconds); each round's rate goes to every
+    baseline's `ours`."""
     latencies, elapsed = [], 0.0
     for round_index in range(rounds):
         for baseline in baselines:
             if round_index:
                 log(f"{baseline.label}, before round {round_index + 1} of {rounds} ...")
             baseline.runs.append(baseline.job())
+        if before_round is not None:
+            before_round()
         round_latencies, round_seconds = await _timed_run(concurrency, seconds / rounds, one_op)
         latencies += round_latencies
         elapsed += round_seconds
@@ -225,17 +229,21 @@ async def bench_device(path, op, size_bytes, concurrency, seconds, region_bytes=
             offsets = list(range(0, region, size_bytes))
         call = device.write if op.endswith("write") else device.read_into
         stride = len(offsets)
-        issued = itertools.count()
+        issued = [itertools.count()]
 
         def one_op(worker, _):
             # One shared cursor, like fio's: whichever worker is free takes the next offset,
             # so a sequential run reaches the device (and any host read-ahead) in order.
-            return call(offsets[next(issued) % stride], buffers[worker])
+            return call(offsets[next(issued[0]) % stride], buffers[worker])
+
+        def restart():
+            # Every round starts at the region's start, as every fio run does.
+            issued[0] = itertools.count()
 
         log(f"cairn: {op} {format_size(size_bytes)} concurrency {concurrency}, {seconds} s "
             f"({device.kind}) ...")
         latencies, elapsed = await _timed_workers(concurrency, seconds, one_op,
-                                                  [fio] if fio else [], log, rounds)
+                                                  [fio] if fio else [], log, rounds, restart)
         result = _summary(op, size_bytes, latencies, elapsed)
         result.update(device=path, concurrency=concurrency, implementation=device.kind)
         return _with_ratio(result, fio)
