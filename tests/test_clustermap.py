@@ -1,0 +1,131 @@
+"""The cluster map core: incrementals build epochs, bad operations are refused whole, the placement
+tree and rules derive from OSD locations and pool definitions."""
+
+import json
+
+import pytest
+
+from cairn.common.clustermap import ClusterMap, Incremental, MapError
+
+pytestmark = pytest.mark.unit
+
+
+def step(cmap, *ops):
+    return cmap.apply(Incremental(epoch=cmap.epoch + 1, ops=tuple(ops)))
+
+
+def booted(hosts=8, per_host=3, racks=4):
+    cmap = ClusterMap(fsid="f-1")
+    ops = []
+    for h in range(hosts):
+        for i in range(per_host):
+            osd_id = h * per_host + i
+            ops.append({"op": "osd_add", "id": osd_id, "uuid": f"u-{osd_id}",
+                        "location": {"host": f"h{h}", "rack": f"r{h % racks}"}, "weight": 1.0})
+    cmap = step(cmap, *ops)
+    return step(cmap, *({"op": "osd_boot", "id": osd_id, "addr": f"127.0.0.{osd_id + 1}:6800"}
+                        for osd_id in range(hosts * per_host)))
+
+
+def test_epochs_advance_one_incremental_at_a_time():
+    cmap = booted()
+    assert cmap.epoch == 2
+    with pytest.raises(MapError, match="does not follow epoch 2"):
+        cmap.apply(Incremental(epoch=4, ops=()))
+    assert all(osd["up"] and osd["in"] for osd in cmap.osds.values())
+    assert cmap.osd_tree()[4] == {"id": 4, "host": "h1", "rack": "r1", "weight": 1.0,
+                                  "reweight": 1.0, "up": True, "in": True}
+
+
+def test_pools_get_rules_from_their_kind_and_place_across_failure_domains():
+    cmap = step(booted(), {"op": "pool_create", "name": "rbd", "kind": "replicated", "size": 3,
+                           "pg_num": 128, "failure_domain": "host"},
+                {"op": "pool_create", "name": "ckpt", "kind": "erasure", "k": 18, "m": 6,
+                 "pg_num": 64, "failure_domain": "host", "osds_per_domain": 3},
+                {"op": "pool_create", "name": "wide", "kind": "replicated", "size": 4,
+                 "pg_num": 64, "failure_domain": "rack"})
+    placement = cmap.placement()
+    host = {osd_id: osd["location"]["host"] for osd_id, osd in cmap.osds.items()}
+    rack = {osd_id: osd["location"]["rack"] for osd_id, osd in cmap.osds.items()}
+    for members in placement.map_pool("rbd"):
+        assert len({host[m] for m in members}) == 3
+    for members in placement.map_pool("ckpt"):
+        assert len(members) == 24 and sorted(members) == list(range(24))
+        assert max(list(host[m] for m in members).count(h) for h in set(host.values())) == 3
+    for members in placement.map_pool("wide"):
+        assert len({rack[m] for m in members}) == 4
+    assert cmap.pools["rbd"]["min_size"] == 2 and cmap.pools["ckpt"]["min_size"] == 19
+    assert [cmap.pools[name]["id"] for name in ("rbd", "ckpt", "wide")] == [1, 2, 3]
+
+
+def test_bad_operations_are_refused_whole():
+    cmap = booted(hosts=2, per_host=2, racks=1)
+    cases = [
+        ({"op": "pool_create", "name": "p", "kind": "replicated", "size": 3, "pg_num": 64},
+         "needs 3 host failure domains"),
+        ({"op": "pool_create", "name": "p", "kind": "erasure", "k": 2, "m": 1, "pg_num": 64,
+          "osds_per_domain": 3}, "would lose data"),
+        ({"op": "pool_create", "name": "p", "kind": "replicated", "size": 2, "pg_num": 100},
+         "power of two"),
+        ({"op": "pool_create", "name": "p", "kind": "mirrored", "size": 2, "pg_num": 64},
+         "replicated or erasure"),
+        ({"op": "pool_create", "name": "p", "kind": "replicated", "size": 2, "pg_num": 64,
+          "failure_domain": "galaxy"}, "failure domain"),
+        ({"op": "osd_out", "id": 99}, "osd.99 does not exist"),
+        ({"op": "osd_add", "id": 0, "uuid": "other", "location": {"host": "h0"}},
+         "another uuid"),
+        ({"op": "osd_add", "id": 9, "uuid": "u-0", "location": {"host": "h0"}},
+         "already osd.0"),
+        ({"op": "osd_add", "id": 9, "uuid": "u-9", "location": {"host": "r0"}},
+         "already a rack"),
+        ({"op": "osd_add", "id": 9, "uuid": "u-9", "location": {"host": "h0", "rack": "r7"}},
+         "is under"),
+        ({"op": "osd_add", "id": 9, "uuid": "u-9", "location": {"shelf": "s1"}},
+         "location type"),
+        ({"op": "osd_boot", "id": 0, "addr": "nowhere"}, "host:port"),
+        ({"op": "osd_reweight", "id": 0, "reweight": 2}, "within 0.0..1.0"),
+        ({"op": "config_set", "key": "", "value": "x"}, "key must be"),
+        ({"op": "frobnicate"}, "unknown operation"),
+        ("not a dict", "dict with 'op'"),
+    ]
+    for bad, message in cases:
+        good = {"op": "config_set", "key": "k", "value": "v"}
+        with pytest.raises(MapError, match=message):
+            step(cmap, good, bad)
+    assert cmap.epoch == 2 and cmap.config == {} and not cmap.pools
+
+
+def test_out_and_in_and_boot():
+    cmap = booted(hosts=4, per_host=1, racks=1)
+    cmap = step(cmap, {"op": "pool_create", "name": "p", "kind": "replicated", "size": 3,
+                       "pg_num": 32})
+    cmap = step(cmap, {"op": "osd_down", "id": 1}, {"op": "osd_out", "id": 1})
+    assert not cmap.osds[1]["up"] and not cmap.osds[1]["in"]
+    assert all(1 not in members for members in cmap.placement().map_pool("p"))
+    cmap = step(cmap, {"op": "osd_boot", "id": 1, "addr": "127.0.0.2:6800"})
+    assert cmap.osds[1]["up"] and cmap.osds[1]["in"]          # automatic out: back in on boot
+    cmap = step(cmap, {"op": "osd_out", "id": 2, "manual": True}, {"op": "osd_down", "id": 2})
+    cmap = step(cmap, {"op": "osd_boot", "id": 2, "addr": "127.0.0.3:6800"})
+    assert cmap.osds[2]["up"] and not cmap.osds[2]["in"]      # manual out: stays out
+    cmap = step(cmap, {"op": "osd_in", "id": 2})
+    assert cmap.osds[2]["in"]
+    # re-registering the same OSD (same uuid) is harmless
+    again = step(cmap, {"op": "osd_add", "id": 2, "uuid": "u-2", "location": {"host": "h2"}})
+    assert again.osds[2] == cmap.osds[2]
+
+
+def test_map_and_incrementals_round_trip_through_json():
+    cmap = step(booted(hosts=3, per_host=2, racks=1),
+                {"op": "pool_create", "name": "p", "kind": "replicated", "size": 3,
+                 "pg_num": 16}, {"op": "config_set", "key": "recovery.window", "value": "1-5"})
+    again = ClusterMap.from_dict(json.loads(json.dumps(cmap.to_dict())))
+    assert again.to_dict() == cmap.to_dict()
+    assert again.placement().map_pool("p") == cmap.placement().map_pool("p")
+    inc = Incremental(epoch=4, ops=({"op": "config_set", "key": "recovery.window",
+                                     "value": None},))
+    assert Incremental.from_dict(json.loads(json.dumps(inc.to_dict()))) == inc
+    assert again.apply(inc).config == {}
+    with pytest.raises(MapError):
+        Incremental.from_dict({"epoch": "x"})
+    with pytest.raises(MapError, match="not a cluster map"):
+        ClusterMap.from_dict({"fsid": "x"})
