@@ -55,20 +55,10 @@ def _check_name(kind, name, bytes_max):
     return raw
 
 
-# Collection names already found valid: a store has a few hundred (one per placement group) and
-# every operation names one, so checking each name once saves a few percent of a 4 KiB op.
-_VALID_COLLECTIONS = set()
-_VALID_COLLECTIONS_MAX = 65_536
-
-
 def check_collection_name(collection):
-    if collection in _VALID_COLLECTIONS:
-        return
     # NUL separates collection from object name in object keys (see the module docstring).
     if b"\x00" in _check_name("collection", collection, COLLECTION_NAME_BYTES_MAX):
         raise InvalidArgument("collection name must not contain NUL")
-    if len(_VALID_COLLECTIONS) < _VALID_COLLECTIONS_MAX and type(collection) is str:
-        _VALID_COLLECTIONS.add(collection)
 
 
 def check_object_name(name):
