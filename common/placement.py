@@ -458,8 +458,7 @@ class PlacementMap:
         for (bucket, kind), _salt, members, order, drawn in groups:
             scope = self._scope(bucket, kind)
             ids = scope.osd_ids
-            osds = [self.osds[i] for i in members]
-            ok = [osd.is_in and bool(accepted(seed, osd.id, osd.reweight)[0]) for osd in osds]
+            ok = self._accepted(seed, members)
             if all(ok):
                 out.extend(members)
                 continue
@@ -486,10 +485,15 @@ class PlacementMap:
             osd_id = int(scope.osd_ids[index])
             if osd_id in members or scope.domains[index] in used_domains:
                 continue
-            osd = self.osds[osd_id]
-            if osd.is_in and bool(accepted(seed, osd_id, osd.reweight)[0]):
+            if self._accepted(seed, [osd_id])[0]:
                 return osd_id
         return None
+
+    def _accepted(self, seed, osd_ids):
+        """Per OSD: in, and passing the reweight test for this seed (one numpy call)."""
+        osds = [self.osds[i] for i in osd_ids]
+        coins = accepted(seed, osd_ids, np.array([osd.reweight for osd in osds], dtype=np.int64))
+        return [osd.is_in and bool(coin) for osd, coin in zip(osds, coins)]
 
 
 def _walk(order, drawn, domains, need):

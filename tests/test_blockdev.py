@@ -59,14 +59,19 @@ def test_errors_are_typed_and_name_the_device(open_twin):
     run(body())
 
 
+def open_on_file(disk_dir, device_kind, size_bytes=1 << 20):
+    """(path, device) of a fresh file opened by the uring or file twin."""
+    path = make_file(disk_dir, size_bytes)
+    cls = UringBlockDevice if device_kind == "uring" else FileBlockDevice
+    return path, cls.open(path)
+
+
 def test_misaligned_buffer_address_is_refused(disk_dir, device_kind):
     if device_kind == "memory":
         pytest.skip("the in-memory twin has no O_DIRECT address rule to enforce")
 
     async def body():
-        path = make_file(disk_dir, 1 << 20)
-        cls = UringBlockDevice if device_kind == "uring" else FileBlockDevice
-        device = cls.open(path)
+        path, device = open_on_file(disk_dir, device_kind)
         unaligned = memoryview(bytearray(2 * BLOCK))[1:BLOCK + 1]
         with pytest.raises(MisalignedIO, match="aligned"):
             await device.write(0, unaligned)
@@ -81,9 +86,7 @@ def test_short_read_after_the_file_shrinks(disk_dir, device_kind):
         pytest.skip("the in-memory twin cannot shrink under an open device")
 
     async def body():
-        path = make_file(disk_dir, 1 << 20)
-        cls = UringBlockDevice if device_kind == "uring" else FileBlockDevice
-        device = cls.open(path)
+        path, device = open_on_file(disk_dir, device_kind)
         os.truncate(path, (1 << 20) - BLOCK)
         with pytest.raises(OutOfRange, match=r"short read \(4096 of 8192"):
             await device.read((1 << 20) - 2 * BLOCK, 2 * BLOCK)

@@ -25,6 +25,17 @@ async def fresh_store(open_twin, tmp_path, size=64 << 20):
     return device, meta, store
 
 
+async def memory_store(tmp_path, **device_options):
+    """(device, meta, store) on a fresh fault-injecting in-memory device, collection "c" made."""
+    from cairn.native import MemoryBlockDevice
+    device = MemoryBlockDevice(8 << 20, **device_options)
+    meta = str(tmp_path / "meta")
+    await mkfs(device, meta)
+    store = await Store.open(device, meta)
+    await store.create_collection("c")
+    return device, meta, store
+
+
 async def assert_fsck_clean(store, deep=True):
     report = await fsck(store, deep=deep)
     assert report.clean, report.problems
@@ -210,14 +221,8 @@ def test_full_device_gives_no_space_and_stays_consistent(open_twin, tmp_path):
 
 
 def test_checksum_mismatch_is_detected(tmp_path):
-    from cairn.native import MemoryBlockDevice
-
     async def body():
-        device = MemoryBlockDevice(8 << 20)
-        meta = str(tmp_path / "meta")
-        await mkfs(device, meta)
-        store = await Store.open(device, meta)
-        await store.create_collection("c")
+        device, meta, store = await memory_store(tmp_path)
         await store.put("c", "victim", os.urandom(3 * 4096))
         record = store._record("c", "victim")
         start = record.extents[0][0]
@@ -237,15 +242,11 @@ def test_device_errors_are_reported_and_leave_the_store_consistent(tmp_path):
     """EIO on a data write fails that transaction only (its blocks go back to the allocator);
     EIO on a read names the device; a failed flush poisons the store until it is remounted, and
     the remounted store holds exactly the acknowledged data."""
-    from cairn.native import DeviceIOError, MemoryBlockDevice
+    from cairn.native import DeviceIOError
     from cairn.osd.store import StoreFailed
 
     async def body():
-        device = MemoryBlockDevice(8 << 20)
-        meta = str(tmp_path / "meta")
-        await mkfs(device, meta)
-        store = await Store.open(device, meta)
-        await store.create_collection("c")
+        device, meta, store = await memory_store(tmp_path)
         await store.put("c", "kept", b"k" * 5000)
         free_before = store.statfs()["free_bytes"]
         device.fail_writes.append((0, device.size_bytes))
@@ -309,7 +310,6 @@ def test_failed_metadata_write_fails_its_group_and_the_next(tmp_path):
     """A RocksDB write that fails poisons the store: that group's transactions and the group
     flushed behind it (the committer overlaps them) fail with StoreFailed, and the remounted
     store holds exactly the acknowledged data."""
-    from cairn.native import MemoryBlockDevice
     from cairn.osd.store import StoreFailed
 
     class FailingWrites:
@@ -323,11 +323,7 @@ def test_failed_metadata_write_fails_its_group_and_the_next(tmp_path):
             return getattr(self.db, name)
 
     async def body():
-        device = MemoryBlockDevice(8 << 20, latency_s=0.002)
-        meta = str(tmp_path / "meta")
-        await mkfs(device, meta)
-        store = await Store.open(device, meta)
-        await store.create_collection("c")
+        device, meta, store = await memory_store(tmp_path, latency_s=0.002)
         await store.put("c", "kept", b"k" * 5000)
         real_db, store._db = store._db, FailingWrites(store._db)
         first = asyncio.create_task(store.put("c", "a", b"a" * 5000))
