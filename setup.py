@@ -43,9 +43,13 @@ extensions = [
     ),
 ]
 
+# cluster-scripts/ holds the bring-up tool; it installs as `cairn.cluster` (a folder name with a
+# dash cannot be imported).
+PACKAGE_DIRS = {"cairn." + name: name for name in TOP_LEVEL} | {"cairn.cluster": "cluster-scripts"}
+
 setup(
-    packages=["cairn." + name for name in TOP_LEVEL],
-    package_dir={"cairn." + name: name for name in TOP_LEVEL},
+    packages=list(PACKAGE_DIRS),
+    package_dir=PACKAGE_DIRS,
     package_data={"cairn.native": ["*.pyi", "*.pyx", "*.h"]},
     ext_modules=cythonize(extensions, language_level=3),
     zip_safe=False,

@@ -1,5 +1,7 @@
 """`cairn`: the cluster command line.
 
+- `cairn status`, `cairn osd tree|out|in|down`, `cairn pool create|ls|rm`, `cairn map POOL OBJECT`,
+  `cairn config set|get|rm`: cluster administration through the monitors (client/admin.py).
 - `cairn placement test --map FILE --pool NAME [--compare FILE]`: offline placement report.
 - `cairn bench device|store ...`: the local benchmarks. Those drive an OSD's store engine
   directly, and the client never imports the OSD (DESIGN.md, "Layout"), so they run in the
@@ -10,21 +12,32 @@ import argparse
 import os
 import sys
 
-from cairn.client import placement_tool
+from cairn.client import admin, placement_tool
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="cairn", parents=[admin.common_options(top_level=True)],
+        description="cairn cluster command line. Commands that talk to a cluster find it from "
+                    "--cluster DIR or $CAIRN_CLUSTER and print one JSON object with --json.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    admin.add_parsers(commands, admin.common_options(top_level=False))
+    commands.add_parser("bench", help="benchmarks: 'cairn bench device|store --help'",
+                        add_help=False)
+    placement_tool.add_parser(commands)
+    return parser
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="cairn", description="cairn cluster command line")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser("bench", help="benchmarks: 'cairn bench device|store --help'",
-                        add_help=False)
-    placement_tool.add_parser(commands)
     if argv[:1] == ["bench"]:
         os.execv(sys.executable, [sys.executable, "-m", "cairn.osd.cli", "bench", *argv[1:]])
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "placement":
         return placement_tool.main(args)
+    if args.command in admin.COMMANDS:
+        return admin.main(args)
     parser.error(f"unknown command {args.command}")
 
 

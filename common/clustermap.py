@@ -29,6 +29,7 @@ Operations (each a dict with "op"):
 import copy
 import dataclasses
 
+from cairn.common import config
 from cairn.common.placement import DEFAULT_TYPES, PlacementError, PlacementMap
 
 ROOT_NAME = "default"
@@ -337,11 +338,19 @@ def _config_set(new, op):
     if not isinstance(key, str) or not key or len(key.encode()) > CONFIG_KEY_BYTES_MAX:
         raise MapError(f"config_set: key must be a string of 1..{CONFIG_KEY_BYTES_MAX} bytes")
     if value is None:
-        new.config.pop(key, None)
+        if key not in new.config:
+            raise MapError(f"config_set: {key!r} is not set")
+        new.config.pop(key)
         return
     if not isinstance(value, str) or len(value.encode()) > CONFIG_VALUE_BYTES_MAX:
         raise MapError(f"config_set: value must be a string of at most "
                        f"{CONFIG_VALUE_BYTES_MAX} bytes")
+    try:
+        config.check(key, value)
+    except KeyError as exc:
+        raise MapError(f"config_set: {exc.args[0]}") from None
+    except ValueError as exc:
+        raise MapError(f"config_set: {exc}") from None
     new.config[key] = value
 
 

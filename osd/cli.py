@@ -5,6 +5,8 @@
     cairn-osd bench device --device PATH --op write|read|randwrite|randread --size 4K ...
     cairn-osd bench store  --device PATH --op put|get --size 4M ...
     cairn-osd demo  [--device PATH] [--data 1G] [--size 4M]
+    cairn-osd run   --device PATH --mon ADDRS|--cluster DIR --bind HOST:PORT --host H [--rack R]
+                    [--id N] [--weight W] [--mkfs] [--ready-file PATH]
 
 Exit status: 0 success; 1 fsck found problems or the demo read back wrong bytes; 2 bad usage or
 an operating error (the message says what and how to fix it).
@@ -60,6 +62,25 @@ def build_parser(prog="cairn-osd"):
     fsck.add_argument("--json", action="store_true", help="print one JSON object")
 
     add_bench_parser(commands)
+
+    run = commands.add_parser("run", help="run the OSD daemon on a device until SIGTERM")
+    run.add_argument("--device", required=True, help="block device or file made by mkfs")
+    run.add_argument("--meta", help="metadata directory (as for mkfs)")
+    where = run.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mon", help="monitor addresses, HOST:PORT[,HOST:PORT...]")
+    where.add_argument("--cluster", help="cluster directory or cluster.json (monitors from it)")
+    run.add_argument("--bind", required=True, help="HOST:PORT to serve on (port 0: any)")
+    run.add_argument("--host", required=True, help="failure-domain host name, e.g. h1")
+    run.add_argument("--rack", help="rack name (optional)")
+    run.add_argument("--room", help="room name (optional)")
+    run.add_argument("--id", type=int, help="the OSD id (default: the monitor assigns one "
+                     "from the store's uuid and keeps it)")
+    run.add_argument("--weight", type=float, default=1.0, help="placement weight (default 1)")
+    run.add_argument("--mkfs", action="store_true", help="make a store first if the device "
+                     "holds none (never overwrites one)")
+    run.add_argument("--ready-file", help="write {name, id, addr, pid, uuid} as JSON here once "
+                     "up")
+    run.add_argument("--verbose", action="store_true")
 
     demo = commands.add_parser("demo", help="single-device demo: mkfs, put and get real "
                                "objects, verify, fsck, print throughput")
@@ -260,8 +281,59 @@ async def _progress(label, store, count, started):
 COMMANDS = {"mkfs": run_mkfs, "fsck": run_fsck, "bench": run_bench, "demo": run_demo}
 
 
+def run_daemon(args, prog):
+    from cairn.common import daemon
+    from cairn.common.monclient import ClusterNotFound, MonitorsUnavailable, load_cluster
+    from cairn.common.messenger import RequestFailed
+    from cairn.osd.daemon import OsdDaemon
+    from cairn.osd.errors import StoreExists
+    from cairn.osd.store import mkfs
+    name = f"osd.{args.id}" if args.id is not None else "osd"
+    daemon.setup_logging(name, args.verbose)
+    try:
+        mons = load_cluster(args.mon or args.cluster)
+    except ClusterNotFound as exc:
+        print(f"{prog} run: error: {exc}", file=sys.stderr)
+        return 2
+    location = {kind: value for kind, value in (("host", args.host), ("rack", args.rack),
+                                                 ("room", args.room)) if value}
+
+    async def serve(stop):
+        if args.mkfs:
+            device = open_device(args.device)
+            try:
+                await mkfs(device, args.meta)
+                log.info("made a new store on %s", args.device)
+            except StoreExists:
+                pass                        # --mkfs never overwrites: use the store there
+            finally:
+                await device.aclose()
+        osd = OsdDaemon(args.device, mons, args.bind, location, meta_dir=args.meta,
+                        weight=args.weight, osd_id=args.id)
+        try:
+            await osd.start()
+        except (StoreError, DeviceError, MonitorsUnavailable, RequestFailed, OSError) as exc:
+            log.error("cannot start: %s", exc)
+            await osd.stop()
+            return 2
+        try:
+            if args.ready_file:
+                daemon.write_ready_file(args.ready_file, {
+                    "name": osd.name, "id": osd.id, "addr": osd.addr, "pid": os.getpid(),
+                    "uuid": osd.store.superblock.uuid})
+            await stop.wait()
+        finally:
+            await osd.stop()
+        log.info("%s stopped cleanly", osd.name)
+        return 0
+
+    return daemon.run(serve, name)
+
+
 def main(argv=None, prog="cairn-osd"):
     args = build_parser(prog).parse_args(argv)
+    if args.command == "run":
+        return run_daemon(args, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         import uvloop

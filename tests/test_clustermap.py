@@ -85,11 +85,15 @@ def test_bad_operations_are_refused_whole():
         ({"op": "osd_boot", "id": 0, "addr": "nowhere"}, "host:port"),
         ({"op": "osd_reweight", "id": 0, "reweight": 2}, "within 0.0..1.0"),
         ({"op": "config_set", "key": "", "value": "x"}, "key must be"),
+        ({"op": "config_set", "key": "mon.osd_grace", "value": "5"}, "did you mean mon.osd_grace_s"),
+        ({"op": "config_set", "key": "mon.osd_grace_s", "value": "soon"}, "must be a number"),
+        ({"op": "config_set", "key": "mon.osd_grace_s", "value": "0.5"}, "within 1.0..3600.0"),
+        ({"op": "config_set", "key": "osd.heartbeat_peers", "value": None}, "is not set"),
         ({"op": "frobnicate"}, "unknown operation"),
         ("not a dict", "dict with 'op'"),
     ]
     for bad, message in cases:
-        good = {"op": "config_set", "key": "k", "value": "v"}
+        good = {"op": "config_set", "key": "mon.osd_grace_s", "value": "5"}
         with pytest.raises(MapError, match=message):
             step(cmap, good, bad)
     assert cmap.epoch == 2 and cmap.config == {} and not cmap.pools
@@ -117,11 +121,11 @@ def test_out_and_in_and_boot():
 def test_map_and_incrementals_round_trip_through_json():
     cmap = step(booted(hosts=3, per_host=2, racks=1),
                 {"op": "pool_create", "name": "p", "kind": "replicated", "size": 3,
-                 "pg_num": 16}, {"op": "config_set", "key": "recovery.window", "value": "1-5"})
+                 "pg_num": 16}, {"op": "config_set", "key": "osd.heartbeat_peers", "value": "3"})
     again = ClusterMap.from_dict(json.loads(json.dumps(cmap.to_dict())))
     assert again.to_dict() == cmap.to_dict()
     assert again.placement().map_pool("p") == cmap.placement().map_pool("p")
-    inc = Incremental(epoch=4, ops=({"op": "config_set", "key": "recovery.window",
+    inc = Incremental(epoch=4, ops=({"op": "config_set", "key": "osd.heartbeat_peers",
                                      "value": None},))
     assert Incremental.from_dict(json.loads(json.dumps(inc.to_dict()))) == inc
     assert again.apply(inc).config == {}

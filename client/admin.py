@@ -1,0 +1,263 @@
+"""`cairn status | osd ... | pool ... | map ... | config ...`: the cluster's admin commands.
+
+Every command finds the monitors from `--cluster DIR` (a directory made by `cairn-cluster up`, or
+its cluster.json, or HOST:PORT,...) or the CAIRN_CLUSTER environment variable, and with `--json`
+prints exactly one JSON object on stdout. Errors go to stderr; the exit status is 0 on success,
+1 when the monitor refused the request (the message says why), 2 for bad usage or an unreachable
+cluster.
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+
+from cairn.common import messenger
+from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
+from cairn.common.placement import PlacementError
+
+# Admin commands give up sooner than daemons: a person is waiting.
+ADMIN_DEADLINE_S = 10.0
+
+
+def add_parsers(commands, common):
+    """Register the admin subcommands on `commands`; `common` holds --cluster and --json."""
+    commands.add_parser("status", parents=[common], help="cluster health, monitors, OSDs, pools")
+
+    osd = commands.add_parser("osd", help="OSD commands: tree, out, in, down")
+    osd_commands = osd.add_subparsers(dest="osd_command", required=True, metavar="SUBCOMMAND")
+    osd_commands.add_parser("tree", parents=[common], help="OSDs by host and rack, with up/in")
+    for state, text in (("out", "take an OSD out of placement (stays out until 'osd in')"),
+                        ("in", "put an OSD back into placement"),
+                        ("down", "mark an OSD down (a running OSD boots again at once)")):
+        sub = osd_commands.add_parser(state, parents=[common], help=text)
+        sub.add_argument("osd", help="OSD id: 3 or osd.3")
+
+    pool = commands.add_parser("pool", help="pool commands: create, ls, rm")
+    pool_commands = pool.add_subparsers(dest="pool_command", required=True, metavar="SUBCOMMAND")
+    create = pool_commands.add_parser("create", parents=[common], help="create a pool")
+    create.add_argument("name")
+    kind = create.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--replicated", type=int, metavar="N", help="N copies")
+    kind.add_argument("--erasure", metavar="K+M", help="erasure coded, e.g. 18+6")
+    create.add_argument("--min-size", type=int, help="replicated: writes need this many copies "
+                        "up (default: a majority of N)")
+    create.add_argument("--failure-domain", default="host", help="no two copies or shards in "
+                        "one of these (default host)")
+    create.add_argument("--osds-per-domain", type=int, help="erasure: shards per failure domain "
+                        "(e.g. 3 to put 18+6 on 8 hosts; at most M)")
+    create.add_argument("--pg-num", type=int, default=128, help="placement groups, a power of "
+                        "two (default 128)")
+    pool_commands.add_parser("ls", parents=[common], help="list pools")
+    remove = pool_commands.add_parser("rm", parents=[common], help="delete a pool")
+    remove.add_argument("name")
+
+    mapping = commands.add_parser("map", parents=[common], help="where an object lives: its PG, "
+                                  "OSDs and primary")
+    mapping.add_argument("pool")
+    mapping.add_argument("object")
+
+    configuration = commands.add_parser("config", help="cluster config: set, get")
+    config_commands = configuration.add_subparsers(dest="config_command", required=True,
+                                                   metavar="SUBCOMMAND")
+    setter = config_commands.add_parser("set", parents=[common], help="set KEY to VALUE")
+    setter.add_argument("key")
+    setter.add_argument("value")
+    getter = config_commands.add_parser("get", parents=[common], help="show KEY (or every "
+                                        "option with no KEY)")
+    getter.add_argument("key", nargs="?")
+    unset = config_commands.add_parser("rm", parents=[common], help="unset KEY (back to its "
+                                       "default)")
+    unset.add_argument("key")
+
+
+COMMANDS = ("status", "osd", "pool", "map", "config")
+
+
+def _osd_id(text):
+    digits = text[4:] if text.startswith("osd.") else text
+    if not digits.isdigit():
+        raise ValueError(f"an OSD is a number or osd.N (was {text!r})")
+    return int(digits)
+
+
+def _request_for(args):
+    """(request header, formatter) for a command that is one monitor request."""
+    if args.command == "status":
+        return {"op": "status"}, _format_status
+    if args.command == "osd" and args.osd_command == "tree":
+        return {"op": "osd_tree"}, _format_tree
+    if args.command == "osd":
+        osd_id = _osd_id(args.osd)
+        return ({"op": "osd_mark", "id": osd_id, "state": args.osd_command},
+                lambda reply: f"marked osd.{osd_id} {args.osd_command} (epoch {reply['epoch']})")
+    if args.command == "pool" and args.pool_command == "create":
+        return _pool_create_request(args), _format_pool_created
+    if args.command == "pool" and args.pool_command == "ls":
+        return {"op": "pool_ls"}, _format_pools
+    if args.command == "pool" and args.pool_command == "rm":
+        return ({"op": "pool_delete", "name": args.name},
+                lambda reply: f"deleted pool {args.name} (epoch {reply['epoch']})")
+    if args.command == "config" and args.config_command == "set":
+        return ({"op": "config_set", "key": args.key, "value": args.value},
+                lambda reply: f"set {args.key} = {args.value} (epoch {reply['epoch']})")
+    if args.command == "config" and args.config_command == "rm":
+        return ({"op": "config_set", "key": args.key, "value": None},
+                lambda reply: f"unset {args.key} (epoch {reply['epoch']})")
+    if args.command == "config" and args.config_command == "get":
+        return {"op": "config_get", "key": args.key}, _format_config
+    return None, None
+
+
+def _pool_create_request(args):
+    request = {"op": "pool_create", "name": args.name, "failure_domain": args.failure_domain,
+               "pg_num": args.pg_num}
+    if args.replicated is not None:
+        request.update(kind="replicated", size=args.replicated)
+        if args.min_size is not None:
+            request["min_size"] = args.min_size
+    else:
+        k, plus, m = args.erasure.partition("+")
+        if not plus or not k.isdigit() or not m.isdigit():
+            raise ValueError(f"--erasure takes K+M, e.g. 18+6 (was {args.erasure!r})")
+        request.update(kind="erasure", k=int(k), m=int(m))
+        if args.min_size is not None:
+            raise ValueError("--min-size applies to replicated pools; an erasure pool needs "
+                             "k+1 shards (k when m = 1)")
+    if args.osds_per_domain is not None:
+        if args.replicated is not None:
+            raise ValueError("--osds-per-domain applies to erasure pools")
+        request["osds_per_domain"] = args.osds_per_domain
+    return request
+
+
+async def run(args):
+    mons = load_cluster(args.cluster)
+    monc = MonClient(mons, deadline_s=ADMIN_DEADLINE_S, name="cairn")
+    try:
+        if args.command == "map":
+            cmap = await monc.get_map()
+            return _map_object(cmap, args.pool, args.object), _format_map
+        header, formatter = _request_for(args)
+        assert header is not None, args
+        reply = await monc.request(header)
+        return reply.header, formatter
+    finally:
+        await monc.close()
+
+
+def _map_object(cmap, pool_name, object_name):
+    if pool_name not in cmap.pools:
+        raise LookupError(f"no pool named {pool_name!r} (pools: "
+                          f"{', '.join(sorted(cmap.pools)) or 'none'})")
+    pool = cmap.pools[pool_name]
+    pg, osds = cmap.placement().map_object(pool_name, object_name)
+    up = [osd for osd in osds if osd is not None and cmap.osds[osd]["up"]]
+    return {"epoch": cmap.epoch, "pool": pool_name, "object": object_name, "pg": pg,
+            "pg_id": f"{pool['id']}.{pg:x}", "osds": osds, "up": up,
+            "primary": up[0] if up else None}
+
+
+def main(args):
+    try:
+        result, formatter = asyncio.run(run(args))
+    except (ClusterNotFound, MonitorsUnavailable, ValueError) as exc:
+        return _fail(args, "unavailable" if isinstance(exc, MonitorsUnavailable) else "usage",
+                     str(exc), 2)
+    except messenger.RequestFailed as exc:
+        return _fail(args, exc.code, exc.message, 1)
+    except (LookupError, PlacementError) as exc:
+        return _fail(args, "not_found", str(exc.args[0] if exc.args else exc), 1)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(formatter(result))
+    return 0
+
+
+def _fail(args, code, message, status):
+    if args.json:
+        print(json.dumps({"error": code, "message": message}))
+    print(f"cairn {args.command}: error: {message}", file=sys.stderr)
+    return status
+
+
+# -- human-readable output --------------------------------------------------------------------
+
+def _format_status(status):
+    lines = [f"cluster {status['fsid']}", f"  health: {status['health']}"]
+    for name, message in status["checks"].items():
+        lines.append(f"    {status['severities'].get(name, '')[7:]:4} {name}: {message}")
+    mons = status["mons"]
+    lines.append(f"  mons:   {len(mons['members'])} ({', '.join(mons['members'])}), quorum "
+                 f"{', '.join(mons['quorum'])}, leader {mons['leader']}")
+    osds = status["osds"]
+    lines.append(f"  osds:   {osds['total']} total, {osds['up']} up, {osds['in']} in")
+    lines.append(f"  pools:  {len(status['pools'])}" +
+                 (f" ({', '.join(status['pools'])})" if status["pools"] else ""))
+    for name, pgs in status.get("pgs", {}).items():
+        lines.append(f"    {name}: {pgs['total']} PGs, {pgs['degraded']} degraded, "
+                     f"{pgs['unavailable']} unavailable")
+    lines.append(f"  map epoch {status['epoch']}")
+    return "\n".join(lines)
+
+
+def _format_tree(reply):
+    osds = reply["osds"]
+    lines = [f"{'ID':>4}  {'RACK':10} {'HOST':12} {'WEIGHT':>7} {'REWEIGHT':>8}  STATUS"]
+    for osd in sorted(osds, key=lambda o: (o["rack"] or "", o["host"] or "", o["id"])):
+        lines.append(f"{osd['id']:>4}  {osd['rack'] or '-':10} {osd['host'] or '-':12} "
+                     f"{osd['weight']:>7.3f} {osd['reweight']:>8.3f}  "
+                     f"{'up' if osd['up'] else 'down'} {'in' if osd['in'] else 'out'}")
+    lines.append(f"{len(osds)} OSDs, epoch {reply['epoch']}")
+    return "\n".join(lines)
+
+
+def _describe_pool(pool):
+    if pool["kind"] == "replicated":
+        kind = f"replicated size {pool['size']} min_size {pool['min_size']}"
+    else:
+        kind = f"erasure {pool['k']}+{pool['m']}"
+        if pool.get("osds_per_domain", 1) > 1:
+            kind += f" ({pool['osds_per_domain']} per {pool['failure_domain']})"
+    return f"{pool['name']} (id {pool['id']}): {kind}, failure domain " \
+           f"{pool['failure_domain']}, {pool['pg_num']} PGs"
+
+
+def _format_pool_created(reply):
+    return f"created pool {_describe_pool(reply['pool'])} (epoch {reply['epoch']})"
+
+
+def _format_pools(reply):
+    if not reply["pools"]:
+        return "no pools"
+    return "\n".join(_describe_pool(pool) for pool in reply["pools"])
+
+
+def _format_map(result):
+    members = ", ".join("-" if osd is None else f"osd.{osd}" for osd in result["osds"])
+    primary = f"osd.{result['primary']}" if result["primary"] is not None else "none (no member up)"
+    return (f"{result['pool']}/{result['object']} -> pg {result['pg_id']} -> [{members}], "
+            f"primary {primary} (epoch {result['epoch']})")
+
+
+def _format_config(reply):
+    if "config" in reply:
+        return "\n".join(f"{name} = {entry['value']}{'' if entry['set'] else ' (default)'}"
+                         f"\n    {entry['help']}" for name, entry in reply["config"].items())
+    return f"{reply['key']} = {reply['value']}{'' if reply['set'] else ' (default)'}"
+
+
+def common_options(top_level):
+    """A parent parser with --cluster and --json. At top level they default; below they only
+    override what the user typed there (argparse.SUPPRESS), so both `cairn --json status` and
+    `cairn status --json` work."""
+    parent = argparse.ArgumentParser(add_help=False)
+    default = None if top_level else argparse.SUPPRESS
+    parent.add_argument("--cluster", default=default, help="cluster directory (made by "
+                        "'cairn-cluster up'), its cluster.json, or HOST:PORT,... "
+                        "(default: $CAIRN_CLUSTER)")
+    parent.add_argument("--json", action="store_true",
+                        default=False if top_level else argparse.SUPPRESS,
+                        help="print one JSON object")
+    return parent

@@ -1,0 +1,435 @@
+"""`cairn-cluster`: bring a multi-host cairn cluster up on this machine, and down again.
+
+    cairn-cluster up      --dir DIR --hosts H --osds-per-host N [--racks R] [--mons 1]
+                          [--device-size 2G] [--isolated] [--config KEY=VALUE ...]
+    cairn-cluster down    --dir DIR [--purge]
+    cairn-cluster status  --dir DIR [--json]
+    cairn-cluster kill    --dir DIR NAME [--signal KILL|TERM|STOP|CONT]
+    cairn-cluster restart --dir DIR NAME
+
+Local mode (the default, no root): every host is its own loopback address (127.0.0.2, .3, ...;
+the monitor is on 127.0.0.1), every OSD's device is a sparse file under DIR/devices. Each daemon
+is a real process in its own session, logging to DIR/logs/NAME.log.
+
+DIR/cluster.json describes everything (monitor addresses; every daemon's pid, host, address,
+device and command line), so `cairn --cluster DIR ...`, tests and these subcommands find it all.
+`down`, `kill` and `restart` act only on the pids recorded there, and only after checking that
+the process really is the daemon we started (its command line names DIR), so a recycled pid is
+never signalled.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from cairn.common.units import format_size, parse_size
+
+MONITOR_IP = "127.0.0.1"
+HOSTS_MAX = 200                       # 127.0.0.2 .. 127.0.0.201
+OSDS_PER_HOST_MAX = 64
+DAEMON_READY_S_MAX = 60.0             # one daemon's start-up, generous for a loaded machine
+STOP_GRACE_S = 10.0                   # SIGTERM, then SIGKILL after this
+
+
+class ClusterError(Exception):
+    """A bring-up step failed; the message says what and where its log is."""
+
+
+# -- cluster.json -------------------------------------------------------------------------------
+
+def description_path(directory):
+    return os.path.join(directory, "cluster.json")
+
+
+def load(directory):
+    path = description_path(directory)
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise ClusterError(f"no cluster in {directory} (no cluster.json); bring one up with "
+                           f"'cairn-cluster up --dir {directory} ...'") from None
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"cannot read {path}: {exc}") from None
+
+
+def save(directory, description):
+    path = description_path(directory)
+    temporary = path + ".tmp"
+    with open(temporary, "w") as handle:
+        json.dump(description, handle, indent=1)
+        handle.write("\n")
+    os.replace(temporary, path)
+
+
+def daemons(description):
+    return description["mons"] + description["osds"]
+
+
+def find(description, name):
+    for entry in daemons(description):
+        if entry["name"] == name:
+            return entry
+    names = ", ".join(entry["name"] for entry in daemons(description))
+    raise ClusterError(f"no daemon {name!r} in this cluster (daemons: {names})")
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+def is_ours(pid, directory):
+    """True if `pid` is alive (not a zombie) and its command line names `directory`."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and os.path.abspath(directory) in cmdline
+
+
+def launch(directory, entry):
+    """Start the daemon described by `entry` (its argv); wait for its ready file; update entry."""
+    ready = entry["ready_file"]
+    if os.path.exists(ready):
+        os.unlink(ready)
+    log_path = entry["log"]
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(entry["argv"], stdin=subprocess.DEVNULL, stdout=log_file,
+                                   stderr=log_file, start_new_session=True, cwd=directory)
+    entry["pid"] = process.pid
+    return process
+
+
+def wait_ready(processes, entries, timeout_s, progress=None):
+    """Wait until every entry's ready file exists; fill in addr/pid. ClusterError otherwise."""
+    deadline = time.monotonic() + timeout_s
+    pending = {entry["name"]: (process, entry) for process, entry in zip(processes, entries)}
+    while pending:
+        for name, (process, entry) in list(pending.items()):
+            if os.path.exists(entry["ready_file"]):
+                with open(entry["ready_file"]) as handle:
+                    info = json.load(handle)
+                entry.update(addr=info["addr"], pid=info["pid"])
+                del pending[name]
+            elif process.poll() is not None:
+                raise ClusterError(f"{name} exited with status {process.returncode} while "
+                                   f"starting; its log: {entry['log']}\n{_tail(entry['log'])}")
+        if progress is not None:
+            progress(len(entries) - len(pending), len(entries))
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(sorted(pending))
+            raise ClusterError(f"not ready after {timeout_s:g} s: {names} (logs in "
+                               f"{os.path.dirname(entries[0]['log'])})")
+        if pending:
+            time.sleep(0.05)
+
+
+def _tail(path, lines=8):
+    try:
+        with open(path, errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop(directory, entry, sig=signal.SIGTERM, wait_s=STOP_GRACE_S):
+    """Signal the daemon by pid (only if it is ours); wait for it to go; SIGKILL after wait_s.
+    True if it was running."""
+    pid = entry.get("pid")
+    if not is_ours(pid, directory):
+        return False
+    if sig == signal.SIGTERM:
+        os.kill(pid, signal.SIGCONT)                    # a stopped process cannot exit
+    os.kill(pid, sig)
+    if sig in (signal.SIGSTOP, signal.SIGCONT):
+        return True
+    deadline = time.monotonic() + wait_s
+    while is_ours(pid, directory):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + wait_s
+        time.sleep(0.02)
+    return True
+
+
+def stop_all(directory, entries, wait_s=STOP_GRACE_S):
+    """SIGTERM every running daemon of `entries` at once, wait, SIGKILL stragglers after
+    wait_s. The names of those that were running."""
+    running = [entry for entry in entries if is_ours(entry.get("pid"), directory)]
+    for entry in running:
+        os.kill(entry["pid"], signal.SIGCONT)            # a stopped process cannot exit
+        os.kill(entry["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while any(is_ours(entry["pid"], directory) for entry in running):
+        if time.monotonic() > deadline:
+            for entry in running:
+                if is_ours(entry["pid"], directory):
+                    os.kill(entry["pid"], signal.SIGKILL)
+            deadline = time.monotonic() + wait_s
+        time.sleep(0.02)
+    return [entry["name"] for entry in running]
+
+
+# -- up -------------------------------------------------------------------------------------------
+
+def layout(hosts, osds_per_host, racks):
+    """[(host name, rack name or None, ip, [osd ids])] for the requested shape."""
+    shape = []
+    for index in range(hosts):
+        rack = f"r{index % racks + 1}" if racks else None
+        ids = list(range(index * osds_per_host, (index + 1) * osds_per_host))
+        shape.append((f"h{index + 1}", rack, f"127.0.0.{index + 2}", ids))
+    return shape
+
+
+def python_argv(module, *args):
+    return [sys.executable, "-m", module, *args]
+
+
+def up(args):
+    directory = os.path.abspath(args.dir)
+    if os.path.exists(description_path(directory)):
+        existing = load(directory)
+        alive = [entry["name"] for entry in daemons(existing) if is_ours(entry.get("pid"),
+                                                                         directory)]
+        if alive:
+            raise ClusterError(f"a cluster is already running in {directory} ({len(alive)} "
+                               f"daemons); 'cairn-cluster down --dir {directory}' first")
+        raise ClusterError(f"{directory} holds a stopped cluster; 'cairn-cluster down --dir "
+                           f"{directory} --purge' removes it, or restart its daemons")
+    if args.isolated:
+        raise ClusterError("--isolated (network namespaces, loop devices) is not built yet; "
+                           "run without it for local mode")
+    if args.mons != 1:
+        raise ClusterError("--mons 3 needs the monitors' Raft quorum, which is not built yet; "
+                           "use --mons 1")
+    started = time.monotonic()
+    for sub in ("logs", "run", "devices", "mon.0"):
+        os.makedirs(os.path.join(directory, sub), exist_ok=True)
+    say = (lambda message: print(message, file=sys.stderr)) if args.json else print
+    shape = layout(args.hosts, args.osds_per_host, args.racks)
+    description = {"mode": "local", "dir": directory, "created": time.strftime("%FT%T%z"),
+                   "hosts": [{"name": host, "rack": rack, "ip": ip, "osds": ids}
+                             for host, rack, ip, ids in shape],
+                   "mons": [], "osds": []}
+    mon_dir = os.path.join(directory, "mon.0")
+    subprocess.run(python_argv("cairn.mon.cli", "mkfs", "--dir", mon_dir), check=True,
+                   stdout=subprocess.DEVNULL)
+    mon = {"name": "mon.0", "host": None, "ip": MONITOR_IP, "dir": mon_dir,
+           "log": os.path.join(directory, "logs", "mon.0.log"),
+           "ready_file": os.path.join(directory, "run", "mon.0.ready")}
+    mon["argv"] = python_argv("cairn.mon.cli", "run", "--dir", mon_dir, "--bind",
+                              f"{MONITOR_IP}:0", "--name", "mon.0", "--ready-file",
+                              mon["ready_file"])
+    description["mons"].append(mon)
+    save(directory, description)
+    process = launch(directory, mon)
+    save(directory, description)
+    try:
+        _start_daemons(args, directory, description, shape, process, say)
+    except (ClusterError, KeyboardInterrupt):
+        stop_all(directory, description["osds"] + description["mons"], wait_s=2.0)
+        say(f"bring-up failed: stopped what had started; logs are in {directory}/logs")
+        raise
+    elapsed = time.monotonic() - started
+    racks = f" in {args.racks} racks" if args.racks else ""
+    say(f"cluster up in {elapsed:.1f} s: 1 monitor, {len(description['osds'])} OSDs on "
+        f"{args.hosts} hosts{racks} ({format_size(args.device_size)} file devices)")
+    say(f"  use it: export CAIRN_CLUSTER={directory}; cairn status")
+    if args.json:
+        print(json.dumps({"dir": directory, "seconds": round(elapsed, 2),
+                          "mons": [m["addr"] for m in description["mons"]],
+                          "osds": len(description["osds"])}))
+    return 0
+
+
+def _start_daemons(args, directory, description, shape, process, say):
+    mon = description["mons"][0]
+    wait_ready([process], [mon], DAEMON_READY_S_MAX)
+    # Restarts must come back on the same address, so clients and OSDs find it again.
+    mon["argv"][mon["argv"].index("--bind") + 1] = mon["addr"]
+    save(directory, description)
+    say(f"mon.0 up at {mon['addr']} (pid {mon['pid']})")
+    if args.config:
+        _apply_config(directory, args.config)
+
+    processes = []
+    for host, rack, ip, ids in shape:
+        for osd_id in ids:
+            device = os.path.join(directory, "devices", f"osd.{osd_id}.img")
+            with open(device, "wb") as handle:
+                handle.truncate(args.device_size)
+            name = f"osd.{osd_id}"
+            entry = {"name": name, "id": osd_id, "host": host, "rack": rack, "ip": ip,
+                     "device": device, "log": os.path.join(directory, "logs", f"{name}.log"),
+                     "ready_file": os.path.join(directory, "run", f"{name}.ready")}
+            entry["argv"] = python_argv(
+                "cairn.osd.cli", "run", "--device", device, "--mkfs", "--cluster", directory,
+                "--bind", f"{ip}:0", "--host", host, "--id", str(osd_id),
+                "--ready-file", entry["ready_file"], *(["--rack", rack] if rack else []))
+            description["osds"].append(entry)
+    save(directory, description)
+    for entry in description["osds"]:
+        processes.append(launch(directory, entry))
+    save(directory, description)
+    last = [-1]
+
+    def progress(done, total):
+        if done != last[0] and (done == total or done % max(1, total // 4) == 0):
+            say(f"  OSDs ready: {done}/{total}")
+            last[0] = done
+
+    wait_ready(processes, description["osds"], DAEMON_READY_S_MAX, progress)
+    save(directory, description)
+
+
+def _apply_config(directory, pairs):
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ClusterError(f"--config takes KEY=VALUE (was {pair!r})")
+        result = subprocess.run(python_argv("cairn.client.cli", "--cluster", directory, "config",
+                                            "set", key, value), capture_output=True, text=True)
+        if result.returncode != 0:
+            raise ClusterError(f"config {key}: {result.stderr.strip()}")
+
+
+# -- down, status, kill, restart -----------------------------------------------------------------
+
+def down(args):
+    directory = os.path.abspath(args.dir)
+    description = load(directory)
+    # OSDs first, and all of them at once, so each can still tell the monitor it is leaving;
+    # then the monitors.
+    stopped = 0
+    for group in (description["osds"], description["mons"]):
+        stopped += len(stop_all(directory, group))
+    print(f"stopped {stopped} daemons in {directory}")
+    if args.purge:
+        shutil.rmtree(directory)
+        print(f"removed {directory}")
+    return 0
+
+
+def status(args):
+    directory = os.path.abspath(args.dir)
+    description = load(directory)
+    rows = [{"name": entry["name"], "pid": entry.get("pid"), "host": entry.get("host"),
+             "addr": entry.get("addr"), "running": is_ours(entry.get("pid"), directory)}
+            for entry in daemons(description)]
+    if args.json:
+        print(json.dumps({"dir": directory, "daemons": rows}))
+        return 0
+    for row in rows:
+        print(f"{row['name']:8} {'running' if row['running'] else 'stopped':8} pid "
+              f"{row['pid'] or '-':<8} {row['host'] or '-':6} {row['addr'] or '-'}")
+    running = sum(row["running"] for row in rows)
+    print(f"{running} of {len(rows)} daemons running")
+    return 0
+
+
+_SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP,
+            "CONT": signal.SIGCONT}
+
+
+def kill(args):
+    directory = os.path.abspath(args.dir)
+    entry = find(load(directory), args.name)
+    sig = _SIGNALS[args.signal]
+    if not stop(directory, entry, sig):
+        raise ClusterError(f"{args.name} is not running (pid {entry.get('pid')})")
+    print(f"sent SIG{args.signal} to {args.name} (pid {entry['pid']})")
+    return 0
+
+
+def restart(args):
+    directory = os.path.abspath(args.dir)
+    description = load(directory)
+    entry = find(description, args.name)
+    stop(directory, entry, signal.SIGTERM)
+    process = launch(directory, entry)
+    wait_ready([process], [entry], DAEMON_READY_S_MAX)
+    save(directory, description)
+    print(f"restarted {args.name}: pid {entry['pid']}, {entry['addr']}")
+    return 0
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+def _size(text):
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bounded(low, high):
+    def parse(text):
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be within {low}..{high} (was {value})")
+        return value
+    return parse
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="cairn-cluster", description="Bring a multi-host "
+                                     "cairn cluster up on this machine, inspect it, fault it, "
+                                     "and bring it down.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    start = commands.add_parser("up", help="make and start a new cluster")
+    start.add_argument("--dir", required=True, help="directory for the cluster (created)")
+    start.add_argument("--hosts", type=_bounded(1, HOSTS_MAX), default=3)
+    start.add_argument("--osds-per-host", type=_bounded(1, OSDS_PER_HOST_MAX), default=1)
+    start.add_argument("--racks", type=_bounded(0, HOSTS_MAX), default=0,
+                       help="spread hosts over this many racks (0: no racks)")
+    start.add_argument("--mons", type=int, choices=(1, 3), default=1)
+    start.add_argument("--device-size", type=_size, default=parse_size("2G"),
+                       help="size of each OSD's (sparse) device file (default 2G)")
+    start.add_argument("--isolated", action="store_true", help="hosts in network namespaces, "
+                       "loop devices (root)")
+    start.add_argument("--config", action="append", metavar="KEY=VALUE",
+                       help="cluster config to set before the OSDs start (repeatable)")
+    start.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    finish = commands.add_parser("down", help="stop every daemon the cluster started")
+    finish.add_argument("--dir", required=True)
+    finish.add_argument("--purge", action="store_true", help="also delete the directory")
+    show = commands.add_parser("status", help="which daemons run, with pids and addresses")
+    show.add_argument("--dir", required=True)
+    show.add_argument("--json", action="store_true")
+    signal_one = commands.add_parser("kill", help="signal one daemon (default SIGKILL)")
+    signal_one.add_argument("--dir", required=True)
+    signal_one.add_argument("name", help="osd.N or mon.N")
+    signal_one.add_argument("--signal", choices=sorted(_SIGNALS), default="KILL")
+    again = commands.add_parser("restart", help="stop (if running) and start one daemon")
+    again.add_argument("--dir", required=True)
+    again.add_argument("name", help="osd.N or mon.N")
+    return parser
+
+
+COMMANDS = {"up": up, "down": down, "status": status, "kill": kill, "restart": restart}
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ClusterError as exc:
+        print(f"cairn-cluster {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as exc:
+        print(f"cairn-cluster {args.command}: error: {' '.join(exc.cmd)} failed with status "
+              f"{exc.returncode}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

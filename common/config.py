@@ -1,0 +1,70 @@
+"""Cluster configuration options: names, types, bounds, defaults (pure).
+
+The cluster config travels inside the cluster map as strings (`cairn config set KEY VALUE`), so
+every daemon sees the same values at the same epoch. Each option is declared here once; a value
+is checked when it is set (a typo or an out-of-range value is refused with the reason, never
+stored), and daemons read typed values with `value(config, name)`.
+"""
+
+import dataclasses
+import difflib
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    kind: type                  # float or int
+    default: object
+    low: object
+    high: object
+    help: str
+
+    def parse(self, text):
+        try:
+            value = self.kind(text)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.name} must be {'an integer' if self.kind is int else 'a number'}"
+                             f" (was {text!r})") from None
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{self.name} must be within {self.low}..{self.high} (was {value})")
+        return value
+
+
+# Defaults follow Ceph where the meaning is the same (osd_heartbeat_grace 20 s,
+# mon_osd_down_out_interval 600 s, mon_osd_min_down_reporters 2); the heartbeat interval is
+# shorter than Ceph's 6 s because our heartbeats are one small frame each.
+OPTIONS = {option.name: option for option in [
+    Option("mon.osd_grace_s", float, 20.0, 1.0, 3600.0,
+           "an OSD not heard from (by the monitor, or by enough peers) for this long is down"),
+    Option("mon.osd_down_out_interval_s", float, 600.0, 0.0, 30 * 86400.0,
+           "a down OSD is marked out after this long (0: never automatically)"),
+    Option("mon.osd_min_down_reporters", int, 2, 1, 100,
+           "peers on distinct hosts that must report an OSD before it is marked down early"),
+    Option("osd.heartbeat_interval_s", float, 2.0, 0.1, 60.0,
+           "how often an OSD heartbeats to the monitor and pings its peers"),
+    Option("osd.heartbeat_peers", int, 6, 1, 64,
+           "how many peer OSDs (on other hosts) each OSD pings"),
+]}
+
+
+def option(name):
+    """The Option called `name`; KeyError with close matches otherwise."""
+    found = OPTIONS.get(name)
+    if found is None:
+        close = difflib.get_close_matches(name, OPTIONS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else \
+            f"; known: {', '.join(sorted(OPTIONS))}"
+        raise KeyError(f"unknown config option {name!r}{hint}")
+    return found
+
+
+def check(name, text):
+    """The parsed value of `text` for option `name`; KeyError/ValueError say what is wrong."""
+    return option(name).parse(text)
+
+
+def value(config, name):
+    """The typed value of `name` in a map's config dict (the default when unset)."""
+    found = option(name)
+    text = config.get(name)
+    return found.default if text is None else found.parse(text)

@@ -1,0 +1,63 @@
+"""What every cairn daemon does at start-up: logging, the event loop, signals, the ready file.
+
+`run(main, name)` runs `await main(stop)` on uvloop (DESIGN.md, "Messaging"; the stdlib loop when
+uvloop is missing, said in the log), where `stop` is an asyncio.Event set by SIGTERM or SIGINT.
+The daemon finishes its work and returns; a second signal while it is stopping exits at once.
+"""
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+log = logging.getLogger("cairn.daemon")
+
+
+def setup_logging(name, verbose=False):
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+
+
+def write_ready_file(path, info):
+    """Atomically write `info` (a dict) as JSON to `path`: the launcher waits for this file."""
+    import json
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as handle:
+        json.dump(info, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def run(main, name):
+    """Run `await main(stop_event)` to completion; returns its exit status."""
+    try:
+        import uvloop
+        loop_factory = uvloop.new_event_loop
+        flavour = "uvloop"
+    except ImportError:
+        loop_factory = None
+        flavour = "asyncio (uvloop not installed)"
+
+    async def wrapper():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        signals_seen = []
+
+        def on_signal(signum):
+            signals_seen.append(signum)
+            if len(signals_seen) > 1:
+                log.warning("second signal while stopping: exiting now")
+                os._exit(1)
+            log.info("%s: stopping", signal.Signals(signum).name)
+            stop.set()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+        log.info("%s starting (pid %d, event loop %s)", name, os.getpid(), flavour)
+        return await main(stop)
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(wrapper())

@@ -1,0 +1,198 @@
+"""The wire frame: a fixed header, a small msgpack header, then the payload (pure: no I/O).
+
+Every message between cairn processes (monitor, OSD, client) is one frame over TCP:
+
+    offset  size  field
+    0       4     magic b"CRN\\x01"
+    4       1     format version (1)
+    5       1     kind: REQUEST, REPLY, ERROR or PUSH
+    6       2     flags (0; reserved)
+    8       8     request id (a reply carries its request's id; pushes carry 0)
+    16      4     header length in bytes (msgpack map)
+    20      4     payload length in bytes
+    24      4     crc32c of the payload
+    28      4     crc32c of bytes 0..27 and the msgpack header
+
+Rules:
+1. The decoder trusts nothing: a bad magic, an unknown version or kind, a length over its limit,
+   a header that is not a msgpack map, or a checksum mismatch raises `RemoteProtocolError`, and
+   the decoder is then poisoned (every later `feed()` raises), as h11's connection is after an
+   error. The shell answers with one ERROR frame and drops the connection.
+2. Lengths are checked against `HEADER_BYTES_MAX` / `PAYLOAD_BYTES_MAX` before any byte of the
+   body is buffered, so a peer cannot make us hold more than one frame's limit.
+3. The header checksum covers the fixed fields, so a flipped length is caught before we wait for
+   a body that never comes; the payload has its own checksum so that a later zero-copy receive
+   can check it where the bytes land.
+
+`encode()` returns the pieces to write (header bytes, then the payload untouched: no copy of the
+payload is made here); `FrameDecoder.feed()` takes bytes and returns complete frames.
+"""
+
+import dataclasses
+import enum
+import struct
+
+import msgpack
+
+from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
+from cairn.native.checksum import crc32c
+
+MAGIC = b"CRN\x01"
+VERSION = 1
+_FIXED = struct.Struct("<4sBBHQIII")
+FIXED_BYTES = _FIXED.size + 4
+assert FIXED_BYTES == 32
+
+# Message headers are small maps (an operation, a few ids); 1 MiB bounds a hostile one while
+# leaving room for a list of a few thousand names. Bulk data (maps, objects) is payload.
+HEADER_BYTES_MAX = 1 << 20
+# One object plus slack for a batch of metadata; a larger frame is a protocol error, as in Ceph
+# (osd_max_write_size 90 MiB) and gRPC (4 MiB default receive limit, configurable).
+PAYLOAD_BYTES_MAX = OBJECT_SIZE_BYTES_MAX + (4 << 20)
+
+
+class Kind(enum.IntEnum):
+    REQUEST = 1
+    REPLY = 2
+    ERROR = 3          # a reply saying the request failed: header {error, message}
+    PUSH = 4           # unsolicited (map updates to subscribers); request id 0
+
+
+class ProtocolError(Exception):
+    """Base of framing errors."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something that is not a valid frame: drop the connection."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to send something that cannot be a frame (our bug or a misuse)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    kind: Kind
+    request_id: int
+    header: dict
+    payload: bytes = b""
+
+
+def encode(kind, request_id, header, payload=b""):
+    """[fixed + msgpack header, payload]: the buffers to write, in order (payload not copied)."""
+    if not isinstance(header, dict):
+        raise LocalProtocolError(f"a frame header is a dict (got {type(header).__name__})")
+    try:
+        packed = msgpack.packb(header, use_bin_type=True)
+    except (TypeError, ValueError) as exc:
+        raise LocalProtocolError(f"frame header cannot be packed: {exc}") from None
+    if len(packed) > HEADER_BYTES_MAX:
+        raise LocalProtocolError(f"frame header is {len(packed)} bytes; the limit is "
+                                 f"{HEADER_BYTES_MAX}")
+    payload_bytes = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
+    if payload_bytes > PAYLOAD_BYTES_MAX:
+        raise LocalProtocolError(f"frame payload is {payload_bytes} bytes; the limit is "
+                                 f"{PAYLOAD_BYTES_MAX}")
+    if not 0 <= request_id < 1 << 64:
+        raise LocalProtocolError(f"request id {request_id} does not fit 64 bits")
+    fixed = _FIXED.pack(MAGIC, VERSION, int(Kind(kind)), 0, request_id, len(packed),
+                        payload_bytes, crc32c(payload) if payload_bytes else 0)
+    head = fixed + packed
+    return [head[:_FIXED.size] + struct.pack("<I", crc32c(head)) + packed, payload]
+
+
+def encode_bytes(kind, request_id, header, payload=b""):
+    """The whole frame as one bytes object (tests and small messages)."""
+    return b"".join(bytes(piece) for piece in encode(kind, request_id, header, payload))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+    """The decoded fixed part of a frame: what to read next and how to check it."""
+    kind: Kind
+    request_id: int
+    header_bytes: int
+    payload_bytes: int
+    payload_crc: int
+    header_crc: int
+    fixed: bytes
+
+
+def decode_prefix(fixed):
+    """Check the 32 fixed bytes; RemoteProtocolError names what is wrong."""
+    assert len(fixed) == FIXED_BYTES
+    magic, version, kind, _flags, request_id, header_bytes, payload_bytes, payload_crc = \
+        _FIXED.unpack_from(fixed)
+    (header_crc,) = struct.unpack_from("<I", fixed, _FIXED.size)
+    if magic != MAGIC:
+        raise RemoteProtocolError(f"not a cairn frame (starts {bytes(fixed[:8])!r}); is this "
+                                  "a cairn daemon's port?")
+    if version != VERSION:
+        raise RemoteProtocolError(f"frame version {version} is not supported (this build "
+                                  f"speaks {VERSION})")
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise RemoteProtocolError(f"unknown frame kind {kind}") from None
+    if header_bytes > HEADER_BYTES_MAX:
+        raise RemoteProtocolError(f"frame header of {header_bytes} bytes is over the limit "
+                                  f"({HEADER_BYTES_MAX})")
+    if payload_bytes > PAYLOAD_BYTES_MAX:
+        raise RemoteProtocolError(f"frame payload of {payload_bytes} bytes is over the limit "
+                                  f"({PAYLOAD_BYTES_MAX})")
+    return Prefix(kind, request_id, header_bytes, payload_bytes, payload_crc, header_crc,
+                  bytes(fixed[:_FIXED.size]))
+
+
+def decode_body(prefix, header_raw, payload):
+    """The Frame for a checked prefix and its body; RemoteProtocolError if it does not check."""
+    if crc32c(prefix.fixed + bytes(header_raw)) != prefix.header_crc:
+        raise RemoteProtocolError("frame header checksum mismatch (corrupted in flight?)")
+    if prefix.payload_bytes and crc32c(payload) != prefix.payload_crc:
+        raise RemoteProtocolError(f"frame payload checksum mismatch ({prefix.payload_bytes} "
+                                  "bytes)")
+    try:
+        header = msgpack.unpackb(header_raw, raw=False, strict_map_key=False)
+    except Exception as exc:        # msgpack raises several unrelated types on garbage
+        raise RemoteProtocolError(f"frame header is not msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise RemoteProtocolError(f"frame header is a {type(header).__name__}, not a map")
+    return Frame(prefix.kind, prefix.request_id, header, payload)
+
+
+class FrameDecoder:
+    """Bytes in, frames out. `feed(data)` returns every frame completed by `data`."""
+
+    def __init__(self):
+        self._buffer = bytearray()
+        self._prefix = None
+        self._poisoned = None
+
+    def feed(self, data):
+        if self._poisoned is not None:
+            raise RemoteProtocolError(f"decoder stopped after an earlier error: {self._poisoned}")
+        self._buffer += data
+        frames = []
+        try:
+            while True:
+                if self._prefix is None:
+                    if len(self._buffer) < FIXED_BYTES:
+                        break
+                    self._prefix = decode_prefix(bytes(self._buffer[:FIXED_BYTES]))
+                    del self._buffer[:FIXED_BYTES]
+                body_bytes = self._prefix.header_bytes + self._prefix.payload_bytes
+                if len(self._buffer) < body_bytes:
+                    break
+                header_raw = bytes(self._buffer[:self._prefix.header_bytes])
+                payload = bytes(self._buffer[self._prefix.header_bytes:body_bytes])
+                del self._buffer[:body_bytes]
+                frames.append(decode_body(self._prefix, header_raw, payload))
+                self._prefix = None
+        except RemoteProtocolError as exc:
+            self._poisoned = exc
+            raise
+        return frames
+
+    @property
+    def buffered_bytes(self):
+        return len(self._buffer)

@@ -1,0 +1,288 @@
+"""Request/reply messaging over TCP with cairn frames (the asyncio shell around `frame`).
+
+Two roles, one frame format:
+- `connect(addr)` gives a `Connection`: `await conn.request(header, payload)` sends a REQUEST
+  and returns the matching REPLY frame; an ERROR reply raises `RequestFailed` carrying the
+  remote's error code and message. PUSH frames (map updates) go to the `on_push` callback.
+- `serve(addr, handler)` accepts connections and calls `await handler(peer, frame)` for every
+  REQUEST; the handler returns `(header, payload)` or raises `RequestFailed` (sent back as an
+  ERROR frame). `peer.push(header, payload)` sends unsolicited frames on that connection.
+
+Malformed input (anything `frame` rejects) is answered with one ERROR frame whose code is
+`protocol` and the connection is closed; the server goes on serving everyone else. Every wait on
+the network has a deadline (`timeout_s`), and requests in flight on one connection are bounded.
+"""
+
+import asyncio
+import itertools
+import logging
+import os
+
+from cairn.common import frame
+from cairn.common.frame import Kind, RemoteProtocolError
+
+log = logging.getLogger("cairn.messenger")
+
+# Requests a server runs at once for one connection; more wait in the socket (TCP backpressure).
+# 64 covers a client's 16-64 ops in flight, as Ceph's ms_dispatch_throttle bounds bytes.
+SERVER_REQUESTS_PER_CONNECTION_MAX = 64
+# Default deadline of one request. Control messages answer in milliseconds; 10 s leaves room for
+# a monitor's fsync under load.
+REQUEST_TIMEOUT_S_DEFAULT = 10.0
+CONNECT_TIMEOUT_S_DEFAULT = 3.0
+
+
+class MessengerError(Exception):
+    """Base of messaging errors."""
+
+
+class ConnectionClosed(MessengerError):
+    """The connection closed (or never opened) before the reply came."""
+
+
+class RequestTimeout(MessengerError):
+    """No reply within the deadline."""
+
+
+class RequestFailed(MessengerError):
+    """The remote answered with an error: `code` (a short word) and a message for people."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def to_header(self):
+        return {"error": self.code, "message": self.message}
+
+
+def parse_addr(addr):
+    """'host:port' -> (host, port); ValueError names the bad part."""
+    host, sep, port = str(addr).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"address must be host:port (was {addr!r})")
+    return host, int(port)
+
+
+async def read_frame(reader):
+    """The next frame from `reader`; None at a clean end of stream; RemoteProtocolError."""
+    try:
+        fixed = await reader.readexactly(frame.FIXED_BYTES)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise RemoteProtocolError(f"connection closed inside a frame header "
+                                      f"({len(exc.partial)} of {frame.FIXED_BYTES} bytes)")
+        return None
+    prefix = frame.decode_prefix(fixed)
+    body_bytes = prefix.header_bytes + prefix.payload_bytes
+    try:
+        body = await reader.readexactly(body_bytes) if body_bytes else b""
+    except asyncio.IncompleteReadError as exc:
+        raise RemoteProtocolError(f"connection closed inside a frame body ({len(exc.partial)} "
+                                  f"of {body_bytes} bytes)") from None
+    view = memoryview(body)
+    return frame.decode_body(prefix, view[:prefix.header_bytes], view[prefix.header_bytes:])
+
+
+class Connection:
+    """One TCP connection on which we send requests (and may receive pushes)."""
+
+    def __init__(self, reader, writer, addr, on_push=None):
+        self.addr = addr
+        self._reader = reader
+        self._writer = writer
+        self._on_push = on_push
+        self._waiting = {}                  # request id -> future
+        self._ids = itertools.count(1)
+        self._closed = None                 # the reason, once closed
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @property
+    def closed(self):
+        return self._closed is not None
+
+    async def request(self, header, payload=b"", timeout_s=REQUEST_TIMEOUT_S_DEFAULT):
+        """Send a request; the REPLY frame. Raises RequestFailed, RequestTimeout,
+        ConnectionClosed."""
+        if self._closed is not None:
+            raise ConnectionClosed(f"connection to {self.addr} is closed: {self._closed}")
+        if self._writer.transport.is_closing():
+            self._close("closed by peer")
+            raise ConnectionClosed(f"connection to {self.addr} is closed")
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        try:
+            self._writer.writelines(frame.encode(Kind.REQUEST, request_id, header, payload))
+            async with asyncio.timeout(timeout_s):
+                await self._writer.drain()
+                reply = await future
+        except TimeoutError:
+            raise RequestTimeout(f"{header.get('op', 'request')} to {self.addr}: no reply in "
+                                 f"{timeout_s:g} s") from None
+        except (ConnectionError, OSError) as exc:
+            self._close(f"{exc}")
+            raise ConnectionClosed(f"connection to {self.addr} lost: {exc}") from None
+        finally:
+            self._waiting.pop(request_id, None)
+        if reply.kind == Kind.ERROR:
+            raise RequestFailed(str(reply.header.get("error", "error")),
+                                str(reply.header.get("message", "")))
+        return reply
+
+    async def _read_loop(self):
+        reason = "closed by peer"
+        try:
+            while True:
+                received = await read_frame(self._reader)
+                if received is None:
+                    break
+                if received.kind == Kind.PUSH:
+                    if self._on_push is not None:
+                        self._on_push(received)
+                    continue
+                future = self._waiting.get(received.request_id)
+                if future is not None and not future.done():
+                    future.set_result(received)
+        except RemoteProtocolError as exc:
+            reason = f"protocol error: {exc}"
+            log.warning("dropping connection to %s: %s", self.addr, exc)
+        except (ConnectionError, OSError) as exc:
+            reason = str(exc)
+        except asyncio.CancelledError:
+            reason = "closed"
+        finally:
+            self._close(reason)
+
+    def _close(self, reason):
+        if self._closed is None:
+            self._closed = reason
+            self._writer.close()
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionClosed(f"connection to {self.addr} lost: "
+                                                      f"{reason}"))
+
+    async def close(self):
+        self._close("closed")
+        self._reader_task.cancel()
+        try:
+            await self._reader_task
+        except asyncio.CancelledError:
+            pass
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+
+async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT):
+    """A Connection to 'host:port'; ConnectionClosed if it cannot be opened in time."""
+    host, port = parse_addr(addr)
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host, port)
+    except TimeoutError:
+        raise ConnectionClosed(f"cannot connect to {addr}: no answer in {timeout_s:g} s") \
+            from None
+    except OSError as exc:
+        raise ConnectionClosed(f"cannot connect to {addr}: {exc.strerror or exc}") from None
+    return Connection(reader, writer, addr, on_push)
+
+
+class Peer:
+    """The server's side of one accepted connection."""
+
+    def __init__(self, writer):
+        self._writer = writer
+        peername = writer.get_extra_info("peername")
+        self.addr = f"{peername[0]}:{peername[1]}" if peername else "?"
+        self.closed = False
+        self.state = {}                     # handlers keep per-connection facts here
+
+    def push(self, header, payload=b""):
+        """Queue a PUSH frame (no wait; a peer that stops reading is dropped by the server's
+        write-buffer limit)."""
+        self.send(Kind.PUSH, 0, header, payload)
+        if not self.closed and \
+                self._writer.transport.get_write_buffer_size() > frame.PAYLOAD_BYTES_MAX:
+            log.warning("dropping %s: it does not read its pushes", self.addr)
+            self.close()
+
+    def send(self, kind, request_id, header, payload=b""):
+        """Queue one frame; a connection the peer already closed just drops it."""
+        if self.closed or self._writer.transport.is_closing():
+            self.closed = True
+            return
+        self._writer.writelines(frame.encode(kind, request_id, header, payload))
+
+    def close(self):
+        if not self.closed:
+            self.closed = True
+            self._writer.close()
+
+
+async def serve(addr, handler, on_close=None):
+    """Start serving 'host:port' (port 0 picks one); the asyncio Server.
+
+    `handler(peer, frame)` -> (header, payload); `on_close(peer)` runs when a connection ends."""
+    host, port = parse_addr(addr)
+
+    async def on_connection(reader, writer):
+        peer = Peer(writer)
+        slots = asyncio.Semaphore(SERVER_REQUESTS_PER_CONNECTION_MAX)
+        tasks = set()
+        try:
+            while True:
+                try:
+                    received = await read_frame(reader)
+                except RemoteProtocolError as exc:
+                    log.warning("bad frame from %s: %s; dropping the connection", peer.addr, exc)
+                    peer.send(Kind.ERROR, 0, {"error": "protocol", "message": str(exc)})
+                    break
+                if received is None:
+                    break
+                if received.kind != Kind.REQUEST:
+                    peer.send(Kind.ERROR, received.request_id,
+                              {"error": "protocol",
+                               "message": f"a server expects requests, not {received.kind.name}"})
+                    break
+                await slots.acquire()
+                task = asyncio.get_running_loop().create_task(
+                    _answer(peer, handler, received, slots))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for task in list(tasks):
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            peer.close()
+            if on_close is not None:
+                on_close(peer)
+
+    return await asyncio.start_server(on_connection, host, port, reuse_address=True)
+
+
+async def _answer(peer, handler, received, slots):
+    try:
+        header, payload = await handler(peer, received)
+        peer.send(Kind.REPLY, received.request_id, header, payload)
+    except RequestFailed as exc:
+        peer.send(Kind.ERROR, received.request_id, exc.to_header())
+    except AssertionError:
+        # A broken invariant is a bug, not bad input: stop the daemon rather than serve on in an
+        # unknown state (STYLE.md 2.5). The cluster survives a dead daemon, not a lying one.
+        log.critical("invariant broken while answering %r", received.header.get("op"),
+                     exc_info=True)
+        os._exit(70)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:          # one request is one item: log, answer, keep serving
+        log.exception("request %r from %s failed", received.header.get("op"), peer.addr)
+        peer.send(Kind.ERROR, received.request_id,
+                  {"error": "internal", "message": f"{type(exc).__name__}: {exc}"})
+    finally:
+        slots.release()

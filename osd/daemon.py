@@ -1,0 +1,197 @@
+"""The OSD daemon's life cycle: open the store, register, heartbeat, follow the map, stop cleanly.
+
+    start:  open the device and its store -> listen -> osd_boot to the monitors (they assign an
+            id from our uuid, or keep the one we had) -> subscribe to the map
+    run:    every osd.heartbeat_interval_s: heartbeat to the monitor (if it says we are down
+            while we run, boot again: "wrongly marked down"), ping our peers (osd/heartbeat.py
+            chooses them) and report failures the PeerWatch core decides on
+    stop:   (SIGTERM) tell the monitor we are going down, then close the store
+
+Serving object data comes with the next issue; today the server answers `ping` and `status`.
+"""
+
+import asyncio
+import logging
+import time
+
+from cairn.common import config, messenger
+from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.common.monclient import MonClient, MonitorsUnavailable
+from cairn.native import open_device
+from cairn.osd.heartbeat import PeerWatch, choose_peers
+from cairn.osd.store import Store
+
+log = logging.getLogger("cairn.osd")
+
+NS_PER_S = 1_000_000_000
+# How long a clean stop waits for the monitor to acknowledge "going down"; after it, we stop
+# anyway and the monitor finds out through missed heartbeats.
+STOP_NOTICE_S_MAX = 3.0
+
+
+class OsdDaemon:
+    def __init__(self, device_path, mon_addrs, bind_addr, location, *, meta_dir=None,
+                 weight=1.0, osd_id=None):
+        self.device_path = device_path
+        self.meta_dir = meta_dir
+        self.bind_addr = bind_addr
+        self.location = dict(location)
+        self.weight = weight
+        self.id = osd_id
+        self.addr = None
+        self.monc = MonClient(mon_addrs, name="osd")
+        self.device = None
+        self.store = None
+        self._server = None
+        self._tasks = []
+        self._watch = PeerWatch()
+        self._peer_connections = {}         # peer id -> Connection
+        self._stopping = False
+        self.boots_total = 0
+
+    @property
+    def name(self):
+        return f"osd.{self.id}" if self.id is not None else "osd.?"
+
+    async def start(self):
+        self.device = open_device(self.device_path)
+        self.store = await Store.open(self.device, self.meta_dir)
+        self._server = await messenger.serve(self.bind_addr, self.handle)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.addr = f"{host}:{port}"
+        await self._boot()
+        self.monc.on_map(self._on_map)
+        await self.monc.subscribe()
+        self._on_map(self.monc.map)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._mon_heartbeat_loop()),
+                       loop.create_task(self._peer_ping_loop())]
+        log.info("%s up at %s: device %s (uuid %s), location %s, epoch %d", self.name,
+                 self.addr, self.device_path, self.store.superblock.uuid, self.location,
+                 self.monc.map.epoch)
+
+    async def _boot(self):
+        header = {"op": "osd_boot", "uuid": self.store.superblock.uuid,
+                  "location": self.location, "weight": self.weight, "addr": self.addr}
+        if self.id is not None:
+            header["id"] = self.id
+        reply = await self.monc.request(header)
+        self.id = reply.header["id"]
+        self.boots_total += 1
+        return reply.header["epoch"]
+
+    async def stop(self):
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.id is not None and self.monc.map is not None:
+            try:
+                async with asyncio.timeout(STOP_NOTICE_S_MAX):
+                    await self.monc.request({"op": "osd_stop", "id": self.id})
+                log.info("%s: the monitor marked us down", self.name)
+            except (TimeoutError, MonitorsUnavailable, RequestFailed) as exc:
+                log.warning("%s: could not tell the monitor we stop (%s)", self.name, exc)
+        for connection in self._peer_connections.values():
+            await connection.close()
+        await self.monc.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self.store is not None:
+            await self.store.close()
+        if self.device is not None:
+            await self.device.aclose()
+
+    # -- requests from peers and clients ---------------------------------------------------------
+
+    async def handle(self, peer, received):
+        op = received.header.get("op")
+        if op == "ping":
+            return {"id": self.id, "epoch": self.monc.map.epoch if self.monc.map else 0}, b""
+        if op == "status":
+            return {"id": self.id, "addr": self.addr, "uuid": self.store.superblock.uuid,
+                    "epoch": self.monc.map.epoch, "peers": self._watch.peers,
+                    "reported": sorted(self._watch.reported)}, b""
+        raise RequestFailed("unknown_op", f"an OSD does not serve {op!r} yet")
+
+    # -- the map ----------------------------------------------------------------------------------
+
+    def _on_map(self, cmap):
+        if self.id is None or cmap is None:
+            return
+        count = config.value(cmap.config, "osd.heartbeat_peers")
+        peers = choose_peers(cmap, self.id, count)
+        self._watch.set_peers(peers, time.monotonic_ns())
+
+    def _interval_s(self):
+        return config.value(self.monc.map.config, "osd.heartbeat_interval_s")
+
+    async def _mon_heartbeat_loop(self):
+        # Runs until stop().
+        while True:
+            await asyncio.sleep(self._interval_s())
+            try:
+                reply = await self.monc.request({"op": "osd_heartbeat", "id": self.id},
+                                                timeout_s=self._interval_s() * 2)
+            except (MonitorsUnavailable, RequestFailed) as exc:
+                log.warning("%s: heartbeat to the monitor failed: %s", self.name, exc)
+                continue
+            if not reply.header.get("up") and not self._stopping:
+                log.warning("%s: the map says we are down but we are running; booting again",
+                            self.name)
+                try:
+                    await self._boot()
+                except (MonitorsUnavailable, RequestFailed) as exc:
+                    log.warning("%s: boot failed: %s", self.name, exc)
+
+    async def _peer_ping_loop(self):
+        # Runs until stop().
+        while True:
+            interval_s = self._interval_s()
+            await asyncio.sleep(interval_s)
+            peers = self._watch.peers
+            for gone in [p for p in self._peer_connections if p not in peers]:
+                await self._peer_connections.pop(gone).close()
+            outcomes = await asyncio.gather(*(self._ping(peer, interval_s) for peer in peers))
+            now_ns = time.monotonic_ns()
+            reports = []
+            for peer, (ok, refused_reason) in zip(peers, outcomes):
+                if ok:
+                    reports.append(self._watch.answered(peer, now_ns))
+                elif refused_reason is not None:
+                    reports.append(self._watch.refused(peer, refused_reason))
+            grace_ns = int(config.value(self.monc.map.config, "mon.osd_grace_s") * NS_PER_S)
+            reports.extend(self._watch.tick(now_ns, grace_ns))
+            for report in filter(None, reports):
+                await self._send_report(report)
+
+    async def _ping(self, peer, timeout_s):
+        """(answered, refused reason or None) for one ping of `peer`."""
+        osd = self.monc.map.osds.get(peer)
+        if osd is None or not osd["addr"]:
+            return False, None
+        connection = self._peer_connections.get(peer)
+        try:
+            if connection is None or connection.closed or connection.addr != osd["addr"]:
+                if connection is not None:
+                    await connection.close()
+                connection = await messenger.connect(osd["addr"], timeout_s=timeout_s)
+                self._peer_connections[peer] = connection
+            await connection.request({"op": "ping", "from": self.id}, timeout_s=timeout_s)
+            return True, None
+        except ConnectionClosed as exc:
+            refused = "refused" in str(exc).lower() or "reset" in str(exc).lower()
+            return False, (str(exc) if refused else None)
+        except (RequestTimeout, RequestFailed):
+            return False, None
+
+    async def _send_report(self, report):
+        log.info("%s: reporting osd.%d %s (%s)", self.name, report.target,
+                 "failed" if report.failed else "alive", report.reason)
+        try:
+            await self.monc.request({"op": "osd_failure", "reporter": self.id,
+                                     "target": report.target, "failed": report.failed,
+                                     "reason": report.reason})
+        except (MonitorsUnavailable, RequestFailed) as exc:
+            log.warning("%s: failure report not delivered: %s", self.name, exc)
