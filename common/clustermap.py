@@ -295,6 +295,13 @@ def _pool_create(new, op):
     if domain not in new.types[:-1]:
         raise MapError(f"pool_create: failure domain {domain!r} is not one of "
                        f"{', '.join(new.types[:-1])}")
+    if domain != new.types[0] and new.osds and \
+            not any(domain in osd["location"] for osd in new.osds.values()):
+        # Without the type in the tree every OSD would be its own domain: copies could share a
+        # host. Refuse rather than place data unsafely.
+        raise MapError(f"pool_create: no OSD has a {domain} in its location; register OSDs "
+                       f"with a {domain} (cairn-osd run --{domain} NAME) or choose another "
+                       f"failure domain")
     pg_num = _int(op, "pg_num", 1, PG_NUM_MAX)
     if pg_num & (pg_num - 1):
         raise MapError(f"pool_create: pg_num must be a power of two (was {pg_num})")

@@ -257,9 +257,9 @@ async def serve(addr, handler, on_close=None):
         finally:
             for task in list(tasks):
                 task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
             peer.close()
+            if tasks:
+                await asyncio.wait(tasks)
             if on_close is not None:
                 on_close(peer)
 

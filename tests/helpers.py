@@ -15,3 +15,54 @@ def make_file(directory, size_bytes, name="device.img"):
 def run(coroutine):
     """Run a coroutine on a fresh event loop (tests stay plain functions, so hypothesis works)."""
     return asyncio.run(coroutine)
+
+
+class LocalCluster:
+    """A cluster brought up by `cairn-cluster up` in a test's directory (real processes)."""
+
+    def __init__(self, directory):
+        self.dir = directory
+
+    @property
+    def description(self):
+        import json
+        with open(os.path.join(self.dir, "cluster.json")) as handle:
+            return json.load(handle)
+
+    def cairn(self, *args, check=True):
+        """Run `cairn --cluster DIR --json ARGS`; (exit status, parsed JSON)."""
+        import json
+        import subprocess
+        import sys
+        result = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", self.dir,
+                                 "--json", *args], capture_output=True, text=True, timeout=60)
+        if check and result.returncode != 0:
+            raise AssertionError(f"cairn {' '.join(args)} failed ({result.returncode}): "
+                                 f"{result.stderr}")
+        return result.returncode, json.loads(result.stdout.strip().splitlines()[-1])
+
+    def script(self, *args):
+        """Run `cairn-cluster ARGS --dir DIR`; the CompletedProcess (must succeed)."""
+        import subprocess
+        import sys
+        result = subprocess.run([sys.executable, "-m", "cairn.cluster.cli", args[0], "--dir",
+                                 self.dir, *args[1:]], capture_output=True, text=True,
+                                timeout=120)
+        if result.returncode != 0:
+            raise AssertionError(f"cairn-cluster {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def osd(self, osd_id):
+        """This OSD's row of `cairn osd tree`."""
+        return next(o for o in self.cairn("osd", "tree")[1]["osds"] if o["id"] == osd_id)
+
+    def wait_for(self, what, predicate, timeout_s):
+        """Poll predicate() until true; seconds it took; AssertionError naming `what`."""
+        import time
+        started = time.monotonic()
+        while True:
+            if predicate():
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise AssertionError(f"{what}: not within {timeout_s} s")
+            time.sleep(0.1)

@@ -130,7 +130,9 @@ def test_superblock_round_trip_and_corruption():
 
 FORBIDDEN = {"asyncio", "socket", "os", "random", "time", "subprocess"}
 CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock",
-         "cairn.common.units", "cairn.common.limits"]
+         "cairn.common.units", "cairn.common.limits", "cairn.common.placement",
+         "cairn.common.clustermap", "cairn.common.config", "cairn.common.frame",
+         "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat"]
 
 
 @pytest.mark.parametrize("module", CORES)

@@ -1,0 +1,135 @@
+"""Real clusters from `cairn-cluster up`: status, OSD tree, pools on the right failure domains,
+object maps, config, and clear errors for bad requests (monitor and OSDs are real processes on
+127.0.0.N, devices are files)."""
+
+import asyncio
+import collections
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cairn.common import frame, messenger
+from cairn.common.frame import Kind
+from tests.helpers import run
+
+pytestmark = pytest.mark.cluster
+
+
+def test_small_cluster_status_tree_pools_map_config(local_cluster):
+    cluster = local_cluster(hosts=3, osds_per_host=2)
+    _, status = cluster.cairn("status")
+    assert status["health"] == "HEALTH_OK", status["checks"]
+    assert status["osds"] == {"total": 6, "up": 6, "in": 6}
+    assert status["pools"] == [] and status["checks"] == {}
+    assert status["mons"]["leader"] == "mon.0"
+    _, tree = cluster.cairn("osd", "tree")
+    assert [(o["id"], o["host"], o["up"], o["in"]) for o in tree["osds"]] == \
+        [(i, f"h{i // 2 + 1}", True, True) for i in range(6)]
+    assert all(o["weight"] == 1.0 and o["rack"] is None for o in tree["osds"])
+
+    cluster.cairn("pool", "create", "rbd", "--replicated", "3", "--pg-num", "64")
+    cluster.cairn("pool", "create", "ec", "--erasure", "4+2", "--osds-per-domain", "2",
+                  "--pg-num", "32")
+    _, pools = cluster.cairn("pool", "ls")
+    assert [(p["name"], p["kind"], p["size"], p["min_size"]) for p in pools["pools"]] == \
+        [("ec", "erasure", 6, 5), ("rbd", "replicated", 3, 2)]
+    host_of = {o["id"]: o["host"] for o in tree["osds"]}
+    for index in range(6):
+        _, where = cluster.cairn("map", "rbd", f"object-{index}")
+        assert len({host_of[i] for i in where["osds"]}) == 3          # one copy per host
+        assert where["primary"] == where["osds"][0] and 0 <= where["pg"] < 64
+    _, where = cluster.cairn("map", "ec", "checkpoint-0")
+    per_host = collections.Counter(host_of[i] for i in where["osds"])
+    assert len(where["osds"]) == 6 and set(per_host.values()) == {2}
+
+    cluster.cairn("config", "set", "osd.heartbeat_peers", "4")
+    _, value = cluster.cairn("config", "get", "osd.heartbeat_peers")
+    assert value["value"] == 4 and value["set"]
+    _, status = cluster.cairn("status")
+    assert status["pools"] == ["ec", "rbd"] and status["health"] == "HEALTH_OK"
+
+
+def test_bad_requests_get_clear_errors_and_the_monitor_lives_on(local_cluster):
+    cluster = local_cluster(hosts=3, osds_per_host=1)
+    cases = [
+        (["map", "nopool", "x"], "no pool named 'nopool'"),
+        (["pool", "rm", "nopool"], "no pool named 'nopool'"),
+        (["pool", "create", "p", "--replicated", "3", "--failure-domain", "planet"],
+         "failure domain 'planet' is not one of"),
+        (["pool", "create", "p", "--erasure", "18+6"], "needs 24 host failure domains"),
+        (["pool", "create", "p", "--replicated", "2", "--failure-domain", "rack"],
+         "no OSD has a rack in its location"),
+        (["pool", "create", "p", "--erasure", "4+2", "--osds-per-domain", "3"],
+         "would lose data when one host fails"),
+        (["pool", "create", "p", "--replicated", "3", "--pg-num", "96"], "power of two"),
+        (["osd", "out", "42"], "osd 42 does not exist"),
+        (["config", "set", "mon.osd_grace_s", "-1"], "within 1.0..3600.0"),
+        (["config", "get", "no.such"], "unknown config option"),
+    ]
+    for args, message in cases:
+        status, reply = cluster.cairn(*args, check=False)
+        assert status == 1, (args, reply)
+        assert message in reply["message"], (args, reply)
+    # Garbage on the monitor's port: one ERROR frame, then the connection is dropped.
+    mon_addr = cluster.description["mons"][0]["addr"]
+
+    async def send_garbage():
+        host, port = messenger.parse_addr(mon_addr)
+        for garbage in (b"\x16\x03\x01\x02\x00" + bytes(200),          # a TLS hello
+                        frame.encode_bytes(Kind.REQUEST, 1, {"op": "status"})[:40] + bytes(8),
+                        frame.encode_bytes(Kind.REQUEST, 1, {"op": "status"}, b"p")[:-1] + b"q"):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(garbage)
+            await writer.drain()
+            writer.write_eof()
+            answer = await asyncio.wait_for(messenger.read_frame(reader), 5)
+            assert answer.kind == Kind.ERROR and answer.header["error"] == "protocol", answer
+            writer.close()
+        connection = await messenger.connect(mon_addr)
+        with pytest.raises(messenger.RequestFailed, match="unknown request"):
+            await connection.request({"op": "drop_all_tables"})
+        await connection.close()
+    run(send_garbage())
+    _, status = cluster.cairn("status")
+    assert status["health"] == "HEALTH_OK" and status["pools"] == []
+
+
+def test_eight_hosts_by_three_hold_18_plus_6_and_rack_replicas(local_cluster):
+    """The issue's shape: 8 hosts x 3 OSDs in 2 racks; 18+6 with 3 shards per host survives a
+    host loss (3 <= m), and a replicated pool keeps its copies in different racks."""
+    cluster = local_cluster(hosts=8, osds_per_host=3, racks=2, device_size="128M")
+    _, status = cluster.cairn("status")
+    assert status["osds"] == {"total": 24, "up": 24, "in": 24}
+    _, tree = cluster.cairn("osd", "tree")
+    host_of = {o["id"]: o["host"] for o in tree["osds"]}
+    rack_of = {o["id"]: o["rack"] for o in tree["osds"]}
+    assert set(rack_of.values()) == {"r1", "r2"}
+    cluster.cairn("pool", "create", "ckpt", "--erasure", "18+6", "--osds-per-domain", "3",
+                  "--pg-num", "256")
+    cluster.cairn("pool", "create", "meta", "--replicated", "2", "--failure-domain", "rack")
+    for index in range(4):
+        _, where = cluster.cairn("map", "ckpt", f"shard-{index}")
+        assert len(set(where["osds"])) == 24
+        assert max(collections.Counter(host_of[i] for i in where["osds"]).values()) == 3
+        _, where = cluster.cairn("map", "meta", f"obj-{index}")
+        assert len({rack_of[i] for i in where["osds"]}) == 2
+    _, status = cluster.cairn("status")
+    assert status["health"] == "HEALTH_OK", status["checks"]
+
+
+def test_cluster_script_refuses_what_it_cannot_do(tmp_path, local_cluster):
+    cluster = local_cluster(hosts=1, osds_per_host=1)
+    again = subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "up", "--dir",
+                            cluster.dir], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "already running" in again.stderr
+    result = subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "kill", "--dir",
+                             cluster.dir, "osd.7"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no daemon 'osd.7'" in result.stderr
+    listing = json.loads(cluster.script("status", "--json").stdout)
+    assert [(d["name"], d["running"]) for d in listing["daemons"]] == \
+        [("mon.0", True), ("osd.0", True)]
+    result = subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "status", "--dir",
+                             str(tmp_path / "none")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no cluster in" in result.stderr

@@ -1,0 +1,175 @@
+"""Messaging and the monitor in one process over real loopback sockets: request/reply, errors,
+garbage input, pushes, and a MonClient that follows the map across a monitor restart."""
+
+import asyncio
+import socket
+
+import pytest
+
+from cairn.common import frame, messenger
+from cairn.common.frame import Kind
+from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
+from cairn.mon import store as mon_store
+from cairn.mon.monitor import Monitor
+from tests.helpers import run
+
+pytestmark = pytest.mark.unit
+
+
+async def echo_server():
+    async def handler(peer, received):
+        op = received.header.get("op")
+        if op == "echo":
+            return {"got": received.header.get("value")}, received.payload
+        if op == "fail":
+            raise RequestFailed("nope", "asked to fail")
+        if op == "slow":
+            await asyncio.sleep(5)
+        if op == "push":
+            peer.push({"op": "note", "n": 1})
+            return {}, b""
+        raise ValueError("boom")
+    return await messenger.serve("127.0.0.1:0", handler)
+
+
+def addr_of(server):
+    host, port = server.sockets[0].getsockname()[:2]
+    return f"{host}:{port}"
+
+
+def test_request_reply_errors_and_pushes():
+    async def main():
+        server = await echo_server()
+        addr = addr_of(server)
+        pushes = []
+        connection = await messenger.connect(addr, on_push=pushes.append)
+        try:
+            reply = await connection.request({"op": "echo", "value": 7}, b"x" * 100_000)
+            assert reply.header == {"got": 7} and reply.payload == b"x" * 100_000
+            many = await asyncio.gather(*(connection.request({"op": "echo", "value": i})
+                                          for i in range(200)))
+            assert [r.header["got"] for r in many] == list(range(200))
+            with pytest.raises(RequestFailed, match="asked to fail") as caught:
+                await connection.request({"op": "fail"})
+            assert caught.value.code == "nope"
+            with pytest.raises(RequestFailed, match="ValueError: boom") as caught:
+                await connection.request({"op": "other"})
+            assert caught.value.code == "internal"
+            with pytest.raises(RequestTimeout, match="no reply"):
+                await connection.request({"op": "slow"}, timeout_s=0.2)
+            await connection.request({"op": "push"})
+            await asyncio.sleep(0.05)
+            assert [p.header for p in pushes] == [{"op": "note", "n": 1}]
+        finally:
+            await connection.close()
+            server.close()
+            await server.wait_closed()
+        with pytest.raises(ConnectionClosed, match="closed"):
+            await connection.request({"op": "echo"})
+        with pytest.raises(ConnectionClosed, match="cannot connect"):
+            await messenger.connect(addr)
+    run(main())
+
+
+def test_garbage_gets_a_protocol_error_and_the_server_lives_on():
+    async def main():
+        server = await echo_server()
+        host, port = server.sockets[0].getsockname()[:2]
+        try:
+            for garbage in (b"GET / HTTP/1.1\r\n\r\n" + bytes(16), bytes(64),
+                            frame.encode_bytes(Kind.REPLY, 1, {}),
+                            frame.encode_bytes(Kind.REQUEST, 1, {"op": "echo"})[:-1] + b"\x00"):
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(garbage)
+                await writer.drain()
+                answer = await asyncio.wait_for(messenger.read_frame(reader), 2)
+                assert answer.kind == Kind.ERROR and answer.header["error"] == "protocol"
+                assert await asyncio.wait_for(reader.read(), 2) == b""        # then closed
+                writer.close()
+            connection = await messenger.connect(f"{host}:{port}")
+            assert (await connection.request({"op": "echo", "value": 1})).header == {"got": 1}
+            await connection.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+    run(main())
+
+
+def test_load_cluster(tmp_path):
+    (tmp_path / "cluster.json").write_text('{"mons": [{"addr": "127.0.0.1:1"}]}')
+    assert load_cluster(str(tmp_path)) == ["127.0.0.1:1"]
+    assert load_cluster(str(tmp_path / "cluster.json")) == ["127.0.0.1:1"]
+    assert load_cluster("127.0.0.1:5,127.0.0.2:6") == ["127.0.0.1:5", "127.0.0.2:6"]
+    with pytest.raises(ClusterNotFound, match="cairn-cluster up"):
+        load_cluster(str(tmp_path / "nothing"))
+    with pytest.raises(ClusterNotFound, match="host:port"):
+        load_cluster("nohost")
+    (tmp_path / "bad.json").write_text("[")
+    with pytest.raises(ClusterNotFound, match="not a cluster description"):
+        load_cluster(str(tmp_path / "bad.json"))
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_monclient_follows_the_map_across_a_monitor_restart(tmp_path):
+    """A subscriber sees every epoch; when the monitor stops and comes back on the same address
+    it reconnects by itself and catches up; requests made while it is away wait for it."""
+    directory = str(tmp_path / "mon.0")
+    mon_store.mkfs(directory)
+    addr = f"127.0.0.1:{free_port()}"
+
+    async def main():
+        monitor = Monitor(directory, addr)
+        await monitor.start()
+        client = MonClient([addr], deadline_s=5)
+        seen = []
+        client.on_map(lambda cmap: seen.append(cmap.epoch))
+        try:
+            cmap = await client.subscribe()
+            assert cmap.epoch == 1
+            reply = await client.request({"op": "osd_boot", "uuid": "u-a",
+                                          "location": {"host": "h1"}, "addr": "127.0.0.2:9"})
+            assert reply.header["id"] == 0
+            await client.request({"op": "config_set", "key": "osd.heartbeat_peers",
+                                  "value": "3"})
+            await client.wait_for_epoch(3, timeout_s=2)
+            assert seen == [1, 2, 3] and client.map.osds[0]["up"]
+            with pytest.raises(RequestFailed, match="unknown config option"):
+                await client.request({"op": "config_set", "key": "nope", "value": "1"})
+            with pytest.raises(RequestFailed, match="unknown request"):
+                await client.request({"op": "frobnicate"})
+            with pytest.raises(RequestFailed, match="needs 3 host failure domains"):
+                await client.request({"op": "pool_create", "name": "p", "kind": "replicated",
+                                      "size": 3, "pg_num": 8})
+            await monitor.stop()
+            monitor = Monitor(directory, addr)
+            await monitor.start()
+            assert monitor.map.epoch == 3
+            await monitor.propose([{"op": "osd_down", "id": 0}], why="test")
+            await client.wait_for_epoch(4, timeout_s=5)
+            assert not client.map.osds[0]["up"]
+            await monitor.stop()
+            restarted = asyncio.get_running_loop().create_task(restart_later(directory, addr))
+            reply = await client.request({"op": "status"})        # waits for the monitor
+            assert reply.header["epoch"] == 4
+            monitor = await restarted
+        finally:
+            await client.close()
+            await monitor.stop()
+        quick = MonClient([addr], deadline_s=0.5)
+        with pytest.raises(MonitorsUnavailable, match="no monitor answered"):
+            await quick.request({"op": "status"})
+        await quick.close()
+
+    async def restart_later(directory, addr):
+        await asyncio.sleep(0.5)
+        monitor = Monitor(directory, addr)
+        await monitor.start()
+        return monitor
+
+    run(main())

@@ -1,0 +1,202 @@
+"""Monitor and OSD control-plane cores with a fake clock: failure detection, peer heartbeats,
+health, config options; and the monitor's durable map log (reopened as after a crash)."""
+
+import pytest
+
+from cairn.common import config
+from cairn.common.clustermap import ClusterMap, Incremental
+from cairn.mon import health
+from cairn.mon.failure import NS_PER_S, FailureDetector
+from cairn.mon.store import FULL_MAP_EVERY_EPOCHS, LOG_EPOCHS_KEPT, MonStore, MonStoreError, mkfs
+from cairn.osd.heartbeat import PeerWatch, choose_peers
+
+pytestmark = pytest.mark.unit
+
+S = NS_PER_S
+
+
+def cluster(hosts=3, per_host=2, **config_values):
+    cmap = ClusterMap("fsid-test", epoch=1)
+    ops = []
+    for host in range(hosts):
+        for index in range(per_host):
+            osd_id = host * per_host + index
+            ops.append({"op": "osd_add", "id": osd_id, "uuid": f"u-{osd_id}",
+                        "location": {"host": f"h{host}"}})
+            ops.append({"op": "osd_boot", "id": osd_id, "addr": f"127.0.0.{host + 2}:{6800 + index}"})
+    ops += [{"op": "config_set", "key": key.replace("__", "."), "value": str(value)}
+            for key, value in config_values.items()]
+    return cmap.apply(Incremental(2, tuple(ops)))
+
+
+def step(cmap, *ops):
+    return cmap.apply(Incremental(cmap.epoch + 1, ops))
+
+
+def test_silent_osd_goes_down_after_grace_then_out_after_interval():
+    cmap = cluster(mon__osd_grace_s=10, mon__osd_down_out_interval_s=60)
+    detector = FailureDetector(0)
+    detector.observe(cmap, 0)
+    for second in range(0, 10):
+        for osd_id in cmap.osds:
+            if osd_id != 3:
+                detector.heartbeat(osd_id, second * S)
+        assert detector.tick(cmap, second * S) == []
+    assert detector.tick(cmap, 10 * S + 1) == [{"op": "osd_down", "id": 3}]
+    cmap = step(cmap, {"op": "osd_down", "id": 3})
+    detector.observe(cmap, 11 * S)
+    for osd_id in cmap.osds:
+        if osd_id != 3:
+            detector.heartbeat(osd_id, 70 * S)
+    assert detector.tick(cmap, 70 * S) == []                       # 59 s down: not yet out
+    assert detector.tick(cmap, 71 * S) == [{"op": "osd_out", "id": 3}]
+    cmap = step(cmap, {"op": "osd_out", "id": 3})
+    assert detector.tick(cmap, 200 * S) == [{"op": "osd_down", "id": i} for i in cmap.osds
+                                            if i != 3]   # everyone else went silent meanwhile
+
+
+def test_reports_from_two_other_hosts_mark_down_before_grace():
+    cmap = cluster(hosts=4, per_host=1, mon__osd_grace_s=20)
+    detector = FailureDetector(0)
+    detector.observe(cmap, 0)
+    detector.report(1, 0, True, 1 * S)
+    assert detector.tick(cmap, 1 * S) == []                         # one host is not enough
+    detector.report(1, 0, False, 2 * S)                             # withdrawn
+    detector.report(2, 0, True, 2 * S)
+    assert detector.tick(cmap, 2 * S) == []
+    detector.report(3, 0, True, 3 * S)
+    detector.report(1, 0, True, 3 * S)
+    assert detector.tick(cmap, 3 * S) == [{"op": "osd_down", "id": 0}]
+    # stale reports (older than the grace) do not count
+    detector2 = FailureDetector(0)
+    detector2.observe(cmap, 0)
+    detector2.report(2, 0, True, 0)
+    detector2.report(3, 0, True, 25 * S)
+    for osd_id in cmap.osds:
+        detector2.heartbeat(osd_id, 25 * S)
+    assert detector2.tick(cmap, 25 * S) == []
+
+
+def test_reports_from_the_same_host_do_not_count_and_two_hosts_suffice_alone():
+    cmap = cluster(hosts=2, per_host=2)
+    detector = FailureDetector(0)
+    detector.observe(cmap, 0)
+    detector.report(1, 0, True, S)                                  # same host h0
+    assert detector.tick(cmap, S) == []
+    detector.report(2, 0, True, S)                                  # the only other host
+    assert detector.tick(cmap, S) == [{"op": "osd_down", "id": 0}]
+
+
+def test_boot_clears_reports_and_restarts_grace_and_manual_out_sticks():
+    cmap = cluster(hosts=3, per_host=1, mon__osd_grace_s=5, mon__osd_down_out_interval_s=0)
+    detector = FailureDetector(0)
+    detector.observe(cmap, 0)
+    cmap = step(cmap, {"op": "osd_down", "id": 0})
+    detector.observe(cmap, S)
+    assert detector.tick(cmap, 10_000 * S) == [{"op": "osd_down", "id": 1},
+                                               {"op": "osd_down", "id": 2}]  # no auto-out (0)
+    cmap = step(cmap, {"op": "osd_boot", "id": 0, "addr": "127.0.0.2:1"})
+    detector.observe(cmap, 10_000 * S)
+    assert 0 not in detector.reports
+    assert {"op": "osd_down", "id": 0} not in detector.tick(cmap, 10_004 * S)
+
+
+def test_a_restarted_monitor_waits_a_full_interval():
+    cmap = step(cluster(hosts=3, per_host=1, mon__osd_down_out_interval_s=30),
+                {"op": "osd_down", "id": 1})
+    detector = FailureDetector(1000 * S)
+    detector.observe(cmap, 1000 * S)
+    for osd_id in (0, 2):
+        detector.heartbeat(osd_id, 1029 * S)
+    assert detector.tick(cmap, 1029 * S) == []
+    assert detector.tick(cmap, 1030 * S) == [{"op": "osd_out", "id": 1}]
+
+
+def test_peer_choice_prefers_other_hosts_in_ring_order():
+    cmap = cluster(hosts=3, per_host=2)
+    assert choose_peers(cmap, 0, 3) == [2, 3, 4]
+    assert choose_peers(cmap, 5, 10) == [0, 1, 2, 3, 4]
+    assert choose_peers(cmap, 2, 10) == [4, 5, 0, 1, 3]      # same-host peer last
+    cmap = step(cmap, {"op": "osd_down", "id": 3})
+    assert 3 not in choose_peers(cmap, 2, 10)
+    single = cluster(hosts=1, per_host=3)
+    assert choose_peers(single, 1, 5) == [2, 0]
+
+
+def test_peer_watch_reports_once_and_withdraws():
+    watch = PeerWatch()
+    watch.set_peers([1, 2], 0)
+    assert watch.tick(5 * S, 10 * S) == []
+    report = watch.refused(1, "connection refused")
+    assert report.target == 1 and report.failed
+    assert watch.refused(1, "again") is None                       # once
+    reports = watch.tick(11 * S, 10 * S)
+    assert [(r.target, r.failed) for r in reports] == [(2, True)]
+    assert watch.tick(12 * S, 10 * S) == []
+    back = watch.answered(2, 13 * S)
+    assert (back.target, back.failed) == (2, False)
+    assert watch.answered(2, 14 * S) is None
+    watch.set_peers([2, 3], 15 * S)
+    assert watch.peers == [2, 3] and watch.reported == set()
+    assert watch.answered(9, 16 * S) is None                       # not a peer
+
+
+def test_health_checks():
+    cmap = cluster(hosts=3, per_host=1)
+    assert health.evaluate(cmap).status == health.OK
+    assert health.evaluate(ClusterMap("f", 1)).checks.keys() == {"NO_OSDS"}
+    cmap = step(cmap, {"op": "pool_create", "name": "p", "kind": "replicated", "size": 3,
+                       "min_size": 2, "pg_num": 16})
+    down1 = step(cmap, {"op": "osd_down", "id": 0})
+    judged = health.evaluate(down1)
+    assert judged.status == health.WARN
+    assert set(judged.checks) == {"OSD_DOWN", "PG_DEGRADED"}
+    assert "osd.0" in judged.checks["OSD_DOWN"]
+    assert judged.pgs["p"] == {"total": 16, "degraded": 16, "unavailable": 0}
+    down2 = step(down1, {"op": "osd_down", "id": 1})
+    judged = health.evaluate(down2)
+    assert judged.status == health.ERR and "PG_UNAVAILABLE" in judged.checks
+    out_but_up = step(cmap, {"op": "osd_out", "id": 2, "manual": True})
+    assert "OSD_OUT" in health.evaluate(out_but_up).checks
+
+
+def test_config_options_are_checked_and_typed():
+    assert config.value({}, "mon.osd_grace_s") == 20.0
+    assert config.value({"osd.heartbeat_peers": "3"}, "osd.heartbeat_peers") == 3
+    with pytest.raises(ValueError, match="integer"):
+        config.check("osd.heartbeat_peers", "2.5")
+    with pytest.raises(KeyError, match="did you mean"):
+        config.check("osd.heartbeat_peer", "2")
+
+
+def test_mon_store_logs_every_epoch_durably_and_reloads(tmp_path):
+    directory = str(tmp_path / "mon")
+    fsid = mkfs(directory)
+    with pytest.raises(MonStoreError, match="already there"):
+        mkfs(directory)
+    store = MonStore.open(directory)
+    with pytest.raises(MonStoreError, match="in use"):
+        MonStore.open(directory)
+    cmap = store.load()
+    assert cmap.fsid == fsid and cmap.epoch == 1
+    total = LOG_EPOCHS_KEPT + FULL_MAP_EVERY_EPOCHS * 2 + 5
+    expected = []
+    for epoch in range(2, total + 2):
+        incremental = Incremental(epoch, ({"op": "config_set", "key": "osd.heartbeat_peers",
+                                           "value": str(epoch % 60 + 1)},))
+        cmap = cmap.apply(incremental)
+        store.append(incremental, cmap)
+        expected.append(incremental.to_dict())
+    head = cmap.epoch
+    assert store.incrementals(head - 3, head) == expected[-3:]
+    assert store.incrementals(head, head) == []
+    assert store.incrementals(2, head) is None                     # trimmed: send a full map
+    store.close()
+    reopened = MonStore.open(directory)          # as after a crash: everything appended is there
+    again = reopened.load()
+    assert again.to_dict() == cmap.to_dict()
+    assert reopened.incrementals(head - LOG_EPOCHS_KEPT, head) == \
+        expected[-LOG_EPOCHS_KEPT:]
+    reopened.close()
+    with pytest.raises(MonStoreError, match="cairn-mon mkfs"):
+        MonStore.open(str(tmp_path / "elsewhere"))
