@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 
+from cairn.cluster import isolated
 from cairn.common.units import format_size, parse_size
 
 MONITOR_IP = "127.0.0.1"
@@ -178,6 +179,33 @@ def stop_all(directory, entries, wait_s=STOP_GRACE_S):
     return [entry["name"] for entry in running]
 
 
+def undo_isolation(description):
+    """Clear faults, detach loop devices, remove namespaces and bridge; a summary or ''."""
+    isolation = description.get("isolation")
+    if not isolation:
+        return ""
+    clear_faults(description)
+    loops = [entry["device"] for entry in description["osds"]
+             if entry["device"].startswith("/dev/loop")]
+    for device in loops:
+        isolated.detach_loop(device)
+    isolated.destroy_network(isolation["tag"], isolation["hosts"])
+    return (f"removed bridge {isolation['bridge']}, {len(isolation['hosts'])} namespaces, "
+            f"{len(loops)} loop devices")
+
+
+def clear_faults(description):
+    isolation = description["isolation"]
+    for host in isolation["hosts"]:
+        isolated.clear_drops(isolation["tag"], host)
+    for fault in description.get("faults", []):
+        if fault["kind"] == "throttle":
+            isolated.unthrottle(fault["cgroup"], fault["device"])
+    cleared = len(description.get("faults", []))
+    description["faults"] = []
+    return cleared
+
+
 # -- up -------------------------------------------------------------------------------------------
 
 def layout(hosts, osds_per_host, racks):
@@ -206,8 +234,10 @@ def up(args):
         raise ClusterError(f"{directory} holds a stopped cluster; 'cairn-cluster down --dir "
                            f"{directory} --purge' removes it, or restart its daemons")
     if args.isolated:
-        raise ClusterError("--isolated (network namespaces, loop devices) is not built yet; "
-                           "run without it for local mode")
+        try:
+            isolated.require_root()
+        except isolated.IsolationError as exc:
+            raise ClusterError(str(exc)) from None
     if args.mons != 1:
         raise ClusterError("--mons 3 needs the monitors' Raft quorum, which is not built yet; "
                            "use --mons 1")
@@ -216,19 +246,38 @@ def up(args):
         os.makedirs(os.path.join(directory, sub), exist_ok=True)
     say = (lambda message: print(message, file=sys.stderr)) if args.json else print
     shape = layout(args.hosts, args.osds_per_host, args.racks)
-    description = {"mode": "local", "dir": directory, "created": time.strftime("%FT%T%z"),
-                   "hosts": [{"name": host, "rack": rack, "ip": ip, "osds": ids}
-                             for host, rack, ip, ids in shape],
-                   "mons": [], "osds": []}
+    mon_ip, mon_prefix = MONITOR_IP, []
+    description = {"mode": "isolated" if args.isolated else "local", "dir": directory,
+                   "created": time.strftime("%FT%T%z"), "mons": [], "osds": [], "faults": []}
+    if args.isolated:
+        tag, octet = isolated.choose_network(directory)
+        shape = [(host, rack, isolated.host_ip(octet, index + 1), ids)
+                 for index, (host, rack, _, ids) in enumerate(shape)]
+        mon_ip = isolated.host_ip(octet, None)
+        names = {"mon": mon_ip} | {host: ip for host, _, ip, _ in shape}
+        description["isolation"] = {"tag": tag, "octet": octet, "bridge": f"cb-{tag}",
+                                    "hosts": names}
+        save(directory, description)
+        try:
+            isolated.create_network(tag, octet, names)
+        except isolated.IsolationError as exc:
+            isolated.destroy_network(tag, names)
+            raise ClusterError(str(exc)) from None
+        mon_prefix = isolated.exec_prefix(tag, "mon")
+        say(f"network: bridge cb-{tag}, {len(names)} namespaces on "
+            f"{isolated.SUBNET_PREFIX}.{octet}.0/24")
+    description["hosts"] = [{"name": host, "rack": rack, "ip": ip, "osds": ids}
+                            for host, rack, ip, ids in shape]
     mon_dir = os.path.join(directory, "mon.0")
     subprocess.run(python_argv("cairn.mon.cli", "mkfs", "--dir", mon_dir), check=True,
                    stdout=subprocess.DEVNULL)
-    mon = {"name": "mon.0", "host": None, "ip": MONITOR_IP, "dir": mon_dir,
+    mon = {"name": "mon.0", "host": "mon" if args.isolated else None, "ip": mon_ip,
+           "dir": mon_dir,
            "log": os.path.join(directory, "logs", "mon.0.log"),
            "ready_file": os.path.join(directory, "run", "mon.0.ready")}
-    mon["argv"] = python_argv("cairn.mon.cli", "run", "--dir", mon_dir, "--bind",
-                              f"{MONITOR_IP}:0", "--name", "mon.0", "--ready-file",
-                              mon["ready_file"])
+    mon["argv"] = mon_prefix + python_argv("cairn.mon.cli", "run", "--dir", mon_dir, "--bind",
+                                           f"{mon_ip}:0", "--name", "mon.0", "--ready-file",
+                                           mon["ready_file"])
     description["mons"].append(mon)
     save(directory, description)
     process = launch(directory, mon)
@@ -237,12 +286,13 @@ def up(args):
         _start_daemons(args, directory, description, shape, process, say)
     except (ClusterError, KeyboardInterrupt):
         stop_all(directory, description["osds"] + description["mons"], wait_s=2.0)
+        undo_isolation(description)
         say(f"bring-up failed: stopped what had started; logs are in {directory}/logs")
         raise
     elapsed = time.monotonic() - started
     racks = f" in {args.racks} racks" if args.racks else ""
     say(f"cluster up in {elapsed:.1f} s: 1 monitor, {len(description['osds'])} OSDs on "
-        f"{args.hosts} hosts{racks} ({format_size(args.device_size)} file devices)")
+        f"{args.hosts} hosts{racks} ({format_size(args.device_size)} {'loop' if args.isolated else 'file'} devices)")
     say(f"  use it: export CAIRN_CLUSTER={directory}; cairn status")
     if args.json:
         print(json.dumps({"dir": directory, "seconds": round(elapsed, 2),
@@ -264,17 +314,24 @@ def _start_daemons(args, directory, description, shape, process, say):
     processes = []
     for host, rack, ip, ids in shape:
         for osd_id in ids:
-            device = os.path.join(directory, "devices", f"osd.{osd_id}.img")
-            with open(device, "wb") as handle:
+            image = os.path.join(directory, "devices", f"osd.{osd_id}.img")
+            with open(image, "wb") as handle:
                 handle.truncate(args.device_size)
             name = f"osd.{osd_id}"
             entry = {"name": name, "id": osd_id, "host": host, "rack": rack, "ip": ip,
-                     "device": device, "log": os.path.join(directory, "logs", f"{name}.log"),
+                     "image": image, "device": image, "meta": image + ".meta",
+                     "log": os.path.join(directory, "logs", f"{name}.log"),
                      "ready_file": os.path.join(directory, "run", f"{name}.ready")}
-            entry["argv"] = python_argv(
-                "cairn.osd.cli", "run", "--device", device, "--mkfs", "--cluster", directory,
-                "--bind", f"{ip}:0", "--host", host, "--id", str(osd_id),
-                "--ready-file", entry["ready_file"], *(["--rack", rack] if rack else []))
+            prefix = []
+            if args.isolated:
+                entry["device"] = isolated.attach_loop(image)
+                save(directory, description | {"osds": description["osds"] + [entry]})
+                prefix = isolated.exec_prefix(description["isolation"]["tag"], host)
+            entry["argv"] = prefix + python_argv(
+                "cairn.osd.cli", "run", "--device", entry["device"], "--meta", entry["meta"],
+                "--mkfs", "--cluster", directory, "--bind", f"{ip}:0", "--host", host,
+                "--id", str(osd_id), "--ready-file", entry["ready_file"],
+                *(["--rack", rack] if rack else []))
             description["osds"].append(entry)
     save(directory, description)
     for entry in description["osds"]:
@@ -313,6 +370,11 @@ def down(args):
     for group in (description["osds"], description["mons"]):
         stopped += len(stop_all(directory, group))
     print(f"stopped {stopped} daemons in {directory}")
+    undone = undo_isolation(description)
+    if undone:
+        print(undone)
+        description["faults"] = []
+        save(directory, description)
     if args.purge:
         shutil.rmtree(directory)
         print(f"removed {directory}")
@@ -359,6 +421,66 @@ def restart(args):
     wait_ready([process], [entry], DAEMON_READY_S_MAX)
     save(directory, description)
     print(f"restarted {args.name}: pid {entry['pid']}, {entry['addr']}")
+    return 0
+
+
+def fault(args):
+    directory = os.path.abspath(args.dir)
+    description = load(directory)
+    isolation = description.get("isolation")
+    if args.fault == "list":
+        print(json.dumps(description.get("faults", [])) if args.json else
+              "\n".join(json.dumps(f) for f in description.get("faults", [])) or "no faults")
+        return 0
+    if not isolation:
+        raise ClusterError("faults need an isolated cluster ('cairn-cluster up --isolated', as "
+                           "root): local mode shares one network and plain files")
+    tag, hosts = isolation["tag"], isolation["hosts"]
+
+    def host(name):
+        if name not in hosts:
+            raise ClusterError(f"no host {name!r} (hosts: {', '.join(hosts)})")
+        return name
+
+    try:
+        if args.fault == "clear":
+            count = clear_faults(description)
+            message = f"cleared {count} faults"
+        elif args.fault in ("loss", "partition"):
+            if args.fault == "loss":
+                groups = [[host(args.a)], [host(args.b)]]
+                percent = args.percent
+                if not 0 < percent <= 100:
+                    raise ClusterError(f"--percent must be within 0..100 (was {percent})")
+            else:
+                groups = [[host(h) for h in group.split(",") if h] for group in (args.a, args.b)]
+                percent = 100
+            for left in groups[0]:
+                for right in groups[1]:
+                    isolated.drop_between(tag, left, hosts[right], percent)
+                    isolated.drop_between(tag, right, hosts[left], percent)
+            description["faults"].append({"kind": args.fault, "groups": groups,
+                                          "percent": percent})
+            message = (f"dropping {percent:g}% of packets between {', '.join(groups[0])} and "
+                       f"{', '.join(groups[1])}")
+        elif args.fault == "throttle":
+            entry = find(description, args.a)
+            if not entry["name"].startswith("osd.") or not is_ours(entry.get("pid"), directory):
+                raise ClusterError(f"{args.a} is not a running OSD")
+            cgroup = isolated.throttle(tag, entry["name"], entry["pid"], entry["device"],
+                                       args.bps)
+            description["faults"].append({"kind": "throttle", "osd": entry["name"],
+                                          "device": entry["device"], "cgroup": cgroup,
+                                          "bytes_per_s": args.bps})
+            message = (f"throttled {entry['name']} ({entry['device']}) to "
+                       f"{format_size(args.bps)}/s reads and writes")
+        else:
+            raise ClusterError(f"unknown fault {args.fault!r}")
+    except isolated.IsolationError as exc:
+        raise ClusterError(str(exc)) from None
+    finally:
+        save(directory, description)
+    print(message)
     return 0
 
 
@@ -412,10 +534,26 @@ def build_parser():
     again = commands.add_parser("restart", help="stop (if running) and start one daemon")
     again.add_argument("--dir", required=True)
     again.add_argument("name", help="osd.N or mon.N")
+    faults = commands.add_parser("fault", help="isolated mode: packet loss, partitions, slow "
+                                 "disks, and their undo", description=(
+                                     "loss HOST HOST --percent P | partition H1,H2 H3,H4 | "
+                                     "throttle osd.N --bps 10M | clear | list. Hosts are h1.. "
+                                     "and mon."))
+    faults.add_argument("--dir", required=True)
+    faults.add_argument("fault", choices=("loss", "partition", "throttle", "clear", "list"))
+    faults.add_argument("a", nargs="?", help="loss: a host; partition: hosts of one side; "
+                        "throttle: osd.N")
+    faults.add_argument("b", nargs="?", help="loss: the other host; partition: the other side")
+    faults.add_argument("--percent", type=float, default=10.0, help="loss: percent dropped "
+                        "each way (default 10)")
+    faults.add_argument("--bps", type=_size, default=parse_size("10M"),
+                        help="throttle: bytes per second (default 10M)")
+    faults.add_argument("--json", action="store_true")
     return parser
 
 
-COMMANDS = {"up": up, "down": down, "status": status, "kill": kill, "restart": restart}
+COMMANDS = {"up": up, "down": down, "status": status, "kill": kill, "restart": restart,
+            "fault": fault}
 
 
 def main(argv=None):

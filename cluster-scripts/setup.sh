@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SYSTEM_PACKAGES=(liburing-dev fio gcc python3-dev python3-venv)
+SYSTEM_PACKAGES=(liburing-dev fio gcc python3-dev python3-venv iproute2 nftables mount)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
