@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from cairn.cluster import isolated
+from cairn.cluster import demo, isolated
 from cairn.common.units import format_size, parse_size
 
 MONITOR_IP = "127.0.0.1"
@@ -534,6 +534,15 @@ def build_parser():
     again = commands.add_parser("restart", help="stop (if running) and start one daemon")
     again.add_argument("--dir", required=True)
     again.add_argument("name", help="osd.N or mon.N")
+    show_off = commands.add_parser("demo", help="bring up a local cluster, show it working, "
+                                   "fault it, store real data, bring it down")
+    show_off.add_argument("--dir", help="cluster directory (default: a new one under "
+                          "$CAIRN_SCRATCH_DIR or /var/tmp, removed afterwards)")
+    show_off.add_argument("--hosts", type=_bounded(3, HOSTS_MAX), default=4)
+    show_off.add_argument("--osds-per-host", type=_bounded(2, OSDS_PER_HOST_MAX), default=2)
+    show_off.add_argument("--data", default="1G", help="bytes of objects to store and read "
+                          "back (default 1G)")
+    show_off.add_argument("--keep", action="store_true", help="keep the directory")
     faults = commands.add_parser("fault", help="isolated mode: packet loss, partitions, slow "
                                  "disks, and their undo", description=(
                                      "loss HOST HOST --percent P | partition H1,H2 H3,H4 | "
@@ -553,7 +562,7 @@ def build_parser():
 
 
 COMMANDS = {"up": up, "down": down, "status": status, "kill": kill, "restart": restart,
-            "fault": fault}
+            "fault": fault, "demo": lambda args: demo.demo(args)}
 
 
 def main(argv=None):
@@ -561,6 +570,9 @@ def main(argv=None):
     try:
         return COMMANDS[args.command](args)
     except ClusterError as exc:
+        print(f"cairn-cluster {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:
         print(f"cairn-cluster {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except subprocess.CalledProcessError as exc:

@@ -100,3 +100,15 @@ def test_monitor_sigkill_keeps_the_map_and_osds_reconnect(local_cluster):
     assert status["osds"] == {"total": 3, "up": 3, "in": 2}, status
     cluster.cairn("osd", "in", "0")
     assert cluster.osd(0)["in"]
+
+
+def test_sigterm_stops_an_osd_cleanly_and_the_monitor_knows_at_once(local_cluster):
+    """A clean stop tells the monitor first, so the OSD is down without waiting for the grace
+    period (20 s by default here: no fast config), and the store closes cleanly."""
+    cluster = local_cluster(hosts=3, osds_per_host=1)
+    cluster.script("kill", "osd.2", "--signal", "TERM")       # waits until the process is gone
+    assert not cluster.osd(2)["up"]
+    assert "epoch 5 (osd.2 stopping): osd_down id=2" in open(f"{cluster.dir}/logs/mon.0.log").read()
+    assert "osd.2 stopped cleanly" in open(f"{cluster.dir}/logs/osd.2.log").read()
+    listing = cluster.script("status").stdout
+    assert "osd.2    stopped" in listing and "3 of 4 daemons running" in listing
