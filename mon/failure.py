@@ -79,7 +79,8 @@ class FailureDetector:
             return True
         host = osd["location"].get("host")
         fresh = [reporter for reporter, when in self.reports.get(osd["id"], {}).items()
-                 if now_ns - when <= grace_ns and reporter in cmap.osds]
+                 if now_ns - when <= grace_ns and reporter in cmap.osds
+                 and cmap.osds[reporter]["up"]]
         hosts = {cmap.osds[reporter]["location"].get("host") for reporter in fresh} - {host}
         if not hosts:
             return False

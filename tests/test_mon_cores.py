@@ -83,7 +83,9 @@ def test_reports_from_the_same_host_do_not_count_and_two_hosts_suffice_alone():
     detector.observe(cmap, 0)
     detector.report(1, 0, True, S)                                  # same host h0
     assert detector.tick(cmap, S) == []
-    detector.report(2, 0, True, S)                                  # the only other host
+    down_reporter = step(cmap, {"op": "osd_down", "id": 2})
+    detector.report(2, 0, True, S)                                  # the only other host...
+    assert detector.tick(down_reporter, S) == []                   # ...but it is down
     assert detector.tick(cmap, S) == [{"op": "osd_down", "id": 0}]
 
 
