@@ -7,7 +7,8 @@
             chooses them) and report failures the PeerWatch core decides on
     stop:   (SIGTERM) tell the monitor we are going down, then close the store
 
-Serving object data comes with the next issue; today the server answers `ping` and `status`.
+Object ops (put, get, stat, delete, list and their replication) are served by
+`osd/service.py`; the daemon answers `ping` and `status` itself.
 """
 
 import asyncio
@@ -19,6 +20,7 @@ from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeo
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.native import open_device
 from cairn.osd.heartbeat import PeerWatch, choose_peers
+from cairn.osd.service import ObjectService
 from cairn.osd.store import Store
 
 log = logging.getLogger("cairn.osd")
@@ -48,6 +50,7 @@ class OsdDaemon:
         self._peer_connections = {}         # peer id -> Connection
         self._stopping = False
         self.boots_total = 0
+        self.service = ObjectService(self)
 
     @property
     def name(self):
@@ -94,6 +97,7 @@ class OsdDaemon:
                 log.warning("%s: could not tell the monitor we stop (%s)", self.name, exc)
         for connection in self._peer_connections.values():
             await connection.close()
+        await self.service.close()
         await self.monc.close()
         if self._server is not None:
             self._server.close()
@@ -113,7 +117,9 @@ class OsdDaemon:
             return {"id": self.id, "addr": self.addr, "uuid": self.store.superblock.uuid,
                     "epoch": self.monc.map.epoch, "peers": self._watch.peers,
                     "reported": sorted(self._watch.reported)}, b""
-        raise RequestFailed("unknown_op", f"an OSD does not serve {op!r} yet")
+        if op in ObjectService.OPS:
+            return await self.service.handle(received.header, received.payload)
+        raise RequestFailed("unknown_op", f"an OSD does not serve {op!r}")
 
     # -- the map ----------------------------------------------------------------------------------
 

@@ -559,6 +559,10 @@ class Store:
     def list_collections(self):
         return sorted(self._collections)
 
+    def has_collection(self, collection):
+        """True once a transaction creating `collection` has committed."""
+        return collection in self._collections
+
     def statfs(self):
         allocator = self.allocator
         return {"total_bytes": allocator.block_count * self.block_size,

@@ -1,0 +1,402 @@
+"""The client library: talk to a cairn cluster from asyncio code.
+
+    cluster = await Cluster.connect("/var/tmp/c1")       # a cluster dir, cluster.json, or addrs
+    pool = cluster.pool("checkpoints")
+    await pool.put("step-1000/rank-0", data)             # acknowledged once on every replica
+    data = await pool.get("step-1000/rank-0")            # or get(name, offset, length)
+    await pool.put_stream("big", open("model.bin", "rb"))  # striped over 4 MiB objects
+    async for chunk in pool.get_stream("big"): ...
+    await cluster.close()
+
+The client computes placement itself from the map (no metadata server in the data path), sends
+each op to the PG's primary, and when the map changes or an OSD does not answer it refreshes the
+map and retries against the new primary until the op's deadline. Errors are typed
+(client/errors.py).
+"""
+
+import asyncio
+import dataclasses
+import secrets
+
+from cairn.client import striping
+from cairn.client.errors import (ObjectNotFound, NoSpace, PoolNotFound, PoolUnavailable,
+                                 ProtocolError, Timeout)
+from cairn.common import messenger, pg as pgs
+from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.common.monclient import MonClient, MonitorsUnavailable, load_cluster
+from cairn.common.placement import stable_pg
+from cairn.native.checksum import crc32c
+
+# An op keeps retrying (map changes, an OSD restarting) until this deadline. Failure detection
+# takes up to the grace period (20 s by default), so the default covers one detection.
+OP_TIMEOUT_S_DEFAULT = 30.0
+# Stripe objects in flight for one put_stream/get_stream.
+STREAM_CONCURRENCY_DEFAULT = 8
+LIST_PAGE_DEFAULT = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectStat:
+    name: str
+    size: int
+    version: int
+    mtime_ns: int
+    striped: bool
+
+
+class Cluster:
+    """A connection to one cluster: its monitors (map subscription) and OSD connections."""
+
+    def __init__(self, monc, op_timeout_s):
+        self.monc = monc
+        self.op_timeout_s = op_timeout_s
+        self._connections = {}              # osd id -> Connection
+        self._acting_cache = {}
+
+    @classmethod
+    async def connect(cls, where=None, *, op_timeout_s=OP_TIMEOUT_S_DEFAULT):
+        """Connect to the cluster described by `where` (or $CAIRN_CLUSTER)."""
+        addrs = where if isinstance(where, (list, tuple)) else load_cluster(where)
+        monc = MonClient(addrs, name="client")
+        try:
+            await monc.subscribe()
+        except MonitorsUnavailable as exc:
+            await monc.close()
+            raise Timeout(str(exc)) from None
+        return cls(monc, op_timeout_s)
+
+    async def close(self):
+        for connection in self._connections.values():
+            await connection.close()
+        self._connections.clear()
+        await self.monc.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.close()
+
+    @property
+    def map(self):
+        return self.monc.map
+
+    def pool(self, name):
+        if name not in self.map.pools:
+            raise PoolNotFound(f"no pool named {name!r} (pools: "
+                               f"{', '.join(sorted(self.map.pools)) or 'none'})")
+        return Pool(self, name)
+
+    # -- routing ------------------------------------------------------------------------------------
+
+    def _acting(self, pool_name, pg_index):
+        cmap = self.map
+        key = (cmap.epoch, pool_name, pg_index)
+        acting = self._acting_cache.get(key)
+        if acting is None:
+            if len(self._acting_cache) > 100_000:
+                self._acting_cache.clear()
+            acting = self._acting_cache[key] = pgs.acting_set(cmap, pool_name, pg_index)
+        return acting
+
+    async def _connection(self, osd_id):
+        osd = self.map.osds[osd_id]
+        connection = self._connections.get(osd_id)
+        if connection is None or connection.closed or connection.addr != osd["addr"]:
+            if connection is not None:
+                await connection.close()
+            connection = await messenger.connect(osd["addr"])
+            self._connections[osd_id] = connection
+        return connection
+
+    async def _op(self, pool_name, name, header, payload=b""):
+        """Send one object op to its PG's primary, retrying across map changes; the reply."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.op_timeout_s
+        last_error = "no attempt"
+        while True:
+            cmap = self.map
+            pool = cmap.pools.get(pool_name)
+            if pool is None:
+                raise PoolNotFound(f"pool {pool_name!r} does not exist (epoch {cmap.epoch})")
+            pg_index = stable_pg(name, pool["pg_num"])
+            acting = self._acting(pool_name, pg_index)
+            if acting.primary is not None:
+                request = dict(header, pool=pool["id"], pg=pg_index, name=name,
+                               epoch=cmap.epoch)
+                try:
+                    connection = await self._connection(acting.primary)
+                    remaining = max(0.1, deadline - loop.time())
+                    return await connection.request(request, payload, timeout_s=remaining)
+                except RequestFailed as exc:
+                    self._raise_typed(exc)
+                    last_error = f"osd.{acting.primary}: {exc.message}"
+                except (ConnectionClosed, RequestTimeout) as exc:
+                    last_error = f"osd.{acting.primary}: {exc}"
+            else:
+                last_error = f"no OSD of pg {pool['id']}.{pg_index:x} is up"
+            if loop.time() >= deadline:
+                raise Timeout(f"{header['op']} {pool_name}/{name}: no answer within "
+                              f"{self.op_timeout_s:g} s (last: {last_error})")
+            await self._wait_for_newer_map(cmap.epoch, min(1.0, deadline - loop.time()))
+
+    async def _wait_for_newer_map(self, epoch, timeout_s):
+        try:
+            await self.monc.wait_for_epoch(epoch + 1, timeout_s=max(0.05, timeout_s))
+        except TimeoutError:
+            try:                              # a push may have been missed: ask
+                await asyncio.wait_for(self.monc.get_map(), timeout=2.0)
+            except (TimeoutError, MonitorsUnavailable, RequestFailed):
+                pass
+
+    @staticmethod
+    def _raise_typed(exc):
+        if exc.code == "not_found":
+            raise ObjectNotFound(exc.message) from None
+        if exc.code == "no_space":
+            raise NoSpace(exc.message) from None
+        if exc.code == "pool_unavailable":
+            raise PoolUnavailable(exc.message) from None
+        if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error"):
+            raise ProtocolError(f"{exc.code}: {exc.message}") from None
+        # wrong_primary, again: retry after the map moves
+
+
+class Pool:
+    """Object operations on one pool. Get one from `cluster.pool(name)`."""
+
+    def __init__(self, cluster, name):
+        self.cluster = cluster
+        self.name = name
+
+    async def put(self, name, data):
+        """Create or replace object `name` with `data` (bytes-like, at most 64 MiB; use
+        put_stream for more). Returns the PG version once every replica has it."""
+        reply = await self.cluster._op(self.name, name, {"op": "put"}, data)
+        return reply.header["version"]
+
+    async def get(self, name, offset=0, length=None):
+        """The object's bytes (or `length` bytes from `offset`). A striped object (written by
+        put_stream) is reassembled."""
+        header = {"op": "get", "offset": offset}
+        if length is not None:
+            header["length"] = length
+        if offset == 0 and length is None:
+            reply = await self.cluster._op(self.name, name, header)
+            if reply.header.get("manifest"):
+                manifest = striping.Manifest.decode(reply.payload)
+                return b"".join([chunk async for chunk in self._stripes(name, manifest)])
+            return bytes(reply.payload)
+        info = await self.stat(name)
+        if info.striped:
+            return await self._ranged_striped(name, offset, length)
+        reply = await self.cluster._op(self.name, name, header)
+        return bytes(reply.payload)
+
+    async def stat(self, name):
+        reply = await self.cluster._op(self.name, name, {"op": "stat"})
+        size = reply.header["size"]
+        if reply.header.get("manifest"):
+            size = striping.Manifest.decode(
+                (await self.cluster._op(self.name, name, {"op": "get"})).payload).size
+        return ObjectStat(name, size, reply.header["version"], reply.header["mtime_ns"],
+                          bool(reply.header.get("manifest")))
+
+    async def delete(self, name):
+        """Delete `name` (and its stripes if it was written by put_stream)."""
+        manifest = None
+        try:
+            reply = await self.cluster._op(self.name, name, {"op": "get"})
+            if reply.header.get("manifest"):
+                manifest = striping.Manifest.decode(reply.payload)
+        except ObjectNotFound:
+            raise
+        await self.cluster._op(self.name, name, {"op": "delete"})
+        if manifest is not None:
+            await self._delete_stripes(name, manifest)
+
+    async def list(self, prefix="", page=None, limit=LIST_PAGE_DEFAULT):
+        """(names, next_page): up to `limit` object names starting with `prefix`, PG by PG
+        (names are in order within a PG, not across PGs). Pass next_page back for more; it is
+        None at the end. Stripe objects are not listed."""
+        pool = self.cluster.map.pools.get(self.name)
+        if pool is None:
+            raise PoolNotFound(f"pool {self.name!r} does not exist")
+        pg_index, start_after = page if page is not None else (0, None)
+        names = []
+        while pg_index < pool["pg_num"] and len(names) < limit:
+            reply = await self._list_pg(pg_index, prefix, start_after, limit - len(names))
+            names.extend(n for n in reply.header["names"] if not striping.is_stripe_name(n))
+            start_after = reply.header["next"]
+            if start_after is None:
+                pg_index += 1
+        if pg_index >= pool["pg_num"]:
+            return names, None
+        return names, (pg_index, start_after)
+
+    async def _list_pg(self, pg_index, prefix, start_after, limit):
+        cluster = self.cluster
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cluster.op_timeout_s
+        while True:
+            cmap = cluster.map
+            pool = cmap.pools[self.name]
+            acting = cluster._acting(self.name, pg_index)
+            if acting.primary is not None:
+                try:
+                    connection = await cluster._connection(acting.primary)
+                    return await connection.request(
+                        {"op": "list", "pool": pool["id"], "pg": pg_index, "prefix": prefix,
+                         "start_after": start_after, "limit": limit, "epoch": cmap.epoch})
+                except RequestFailed as exc:
+                    cluster._raise_typed(exc)
+                except (ConnectionClosed, RequestTimeout):
+                    pass
+            if loop.time() >= deadline:
+                raise Timeout(f"list {self.name}: pg {pg_index:x} did not answer in "
+                              f"{cluster.op_timeout_s:g} s")
+            await cluster._wait_for_newer_map(cmap.epoch, 1.0)
+
+    # -- streams ----------------------------------------------------------------------------------
+
+    async def put_stream(self, name, source, stripe_bytes=striping.STRIPE_BYTES_DEFAULT,
+                         concurrency=STREAM_CONCURRENCY_DEFAULT, progress=None):
+        """Write everything `source` holds (bytes-like, or a binary file object) as object
+        `name`, striped over objects of `stripe_bytes` written `concurrency` at a time, the
+        manifest last. `progress(done_bytes)` is called as stripes complete. Returns the size."""
+        token = secrets.token_hex(6)
+        crcs = []
+        total = 0
+        in_flight = set()
+        failure = None
+
+        async def write_stripe(index, chunk):
+            await self.put(striping.stripe_name(name, token, index), chunk)
+            return len(chunk)
+
+        written = 0
+
+        def finished(task):
+            nonlocal failure, written
+            in_flight.discard(task)
+            if task.cancelled():
+                return
+            if task.exception() is not None:
+                failure = failure or task.exception()
+                return
+            written += task.result()
+            if progress is not None:
+                progress(written)
+
+        loop = asyncio.get_running_loop()
+        try:
+            for index, chunk in enumerate(_chunks(source, stripe_bytes)):
+                while len(in_flight) >= concurrency and failure is None:
+                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                if failure is not None:
+                    break
+                crcs.append(crc32c(chunk))
+                total += len(chunk)
+                task = loop.create_task(write_stripe(index, chunk))
+                in_flight.add(task)
+                task.add_done_callback(finished)
+            if in_flight:
+                await asyncio.wait(in_flight)
+        finally:
+            for task in in_flight:
+                task.cancel()
+        if failure is not None:
+            await self._delete_stripes(name, striping.Manifest(total, stripe_bytes, token,
+                                                               tuple(crcs)), quiet=True)
+            raise failure
+        manifest = striping.Manifest(total, stripe_bytes, token, tuple(crcs))
+        previous = None
+        try:
+            reply = await self.cluster._op(self.name, name, {"op": "get"})
+            if reply.header.get("manifest"):
+                previous = striping.Manifest.decode(reply.payload)
+        except ObjectNotFound:
+            pass
+        await self.cluster._op(self.name, name, {"op": "put", "manifest": True},
+                               manifest.encode())
+        if previous is not None and previous.token != token:
+            await self._delete_stripes(name, previous, quiet=True)
+        return total
+
+    async def get_stream(self, name, concurrency=STREAM_CONCURRENCY_DEFAULT):
+        """Yield the object's bytes in order, chunk by chunk (stripes fetched ahead in
+        parallel). A plain object is yielded whole."""
+        reply = await self.cluster._op(self.name, name, {"op": "get"})
+        if not reply.header.get("manifest"):
+            yield bytes(reply.payload)
+            return
+        manifest = striping.Manifest.decode(reply.payload)
+        async for chunk in self._stripes(name, manifest, concurrency):
+            yield chunk
+
+    async def _stripes(self, name, manifest, concurrency=STREAM_CONCURRENCY_DEFAULT):
+        loop = asyncio.get_running_loop()
+        pending = {}
+        try:
+            for index in range(manifest.count):
+                for ahead in range(index, min(index + concurrency, manifest.count)):
+                    if ahead not in pending:
+                        pending[ahead] = loop.create_task(
+                            self._get_plain(manifest.stripe_name(name, ahead)))
+                chunk = await pending.pop(index)
+                offset, length = manifest.stripe_range(index)
+                if len(chunk) != length or crc32c(chunk) != manifest.crcs[index]:
+                    raise ProtocolError(f"{self.name}/{name}: stripe {index} does not match "
+                                        f"its manifest ({len(chunk)} bytes, expected {length})")
+                yield chunk
+        finally:
+            for task in pending.values():
+                task.cancel()
+
+    async def _get_plain(self, name, offset=0, length=None):
+        header = {"op": "get", "offset": offset}
+        if length is not None:
+            header["length"] = length
+        return bytes((await self.cluster._op(self.name, name, header)).payload)
+
+    async def _ranged_striped(self, name, offset, length):
+        reply = await self.cluster._op(self.name, name, {"op": "get"})
+        manifest = striping.Manifest.decode(reply.payload)
+        end = manifest.size if length is None else min(manifest.size, offset + length)
+        pieces = []
+        position = offset
+        while position < end:
+            index = position // manifest.stripe_bytes
+            start, size = manifest.stripe_range(index)
+            take = min(end, start + size) - position
+            pieces.append(self._get_plain(manifest.stripe_name(name, index), position - start,
+                                          take))
+            position += take
+        return b"".join(await asyncio.gather(*pieces))
+
+    async def _delete_stripes(self, name, manifest, quiet=False):
+        async def delete_one(index):
+            try:
+                await self.cluster._op(self.name, manifest.stripe_name(name, index),
+                                       {"op": "delete"})
+            except ObjectNotFound:
+                pass
+        results = await asyncio.gather(*(delete_one(i) for i in range(manifest.count)),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors and not quiet:
+            raise errors[0]
+
+
+def _chunks(source, size):
+    """Chunks of `size` bytes from a bytes-like object or a binary file object."""
+    if hasattr(source, "read"):
+        while True:
+            chunk = source.read(size)
+            if not chunk:
+                return
+            yield chunk
+        return
+    view = memoryview(source)
+    for start in range(0, view.nbytes, size):
+        yield view[start:start + size]

@@ -1,0 +1,39 @@
+"""Errors of the client library. Each says what happened and what to do next.
+
+- ObjectNotFound: no such object (or it was deleted).
+- PoolNotFound: no such pool in the cluster map.
+- NoSpace: an OSD holding the object is full; free space or add OSDs.
+- PoolUnavailable: the object's PG has fewer members up than min_size; writes are refused until
+  OSDs return (reads may still work).
+- Timeout: no answer within the op's deadline (OSDs or monitors unreachable).
+- ProtocolError: a daemon sent something we do not understand, or refused the request as
+  malformed.
+"""
+
+
+class ClientError(Exception):
+    """Base of every client library error."""
+
+
+class ObjectNotFound(ClientError):
+    pass
+
+
+class PoolNotFound(ClientError):
+    pass
+
+
+class NoSpace(ClientError):
+    pass
+
+
+class PoolUnavailable(ClientError):
+    pass
+
+
+class Timeout(ClientError):
+    pass
+
+
+class ProtocolError(ClientError):
+    pass

@@ -1,0 +1,76 @@
+"""Placement groups: acting sets, versions, store names (pure: no I/O; clients and OSDs).
+
+- A PG is (pool id, PG index). Its objects live in the store collection `pg.POOL.INDEX` (index in
+  hex), so a PG's objects can be listed, moved and removed together.
+- The acting set of a PG at an epoch is its placement (common/placement.py) with the OSDs that
+  are down removed; the primary is the first member left. Positions are kept for indep rules
+  (erasure coding), with None where a member is missing.
+- A PG version orders writes: (map epoch << 32) | sequence. The primary assigns it; the epoch
+  part makes versions from a later primary (every change of primary is a new epoch) compare
+  greater than anything an earlier one wrote.
+- Every object in a PG carries its version in the attribute `_v` (8 bytes, big-endian), so
+  replicas can be compared object by object; a stripe manifest (client/striping.py) also carries
+  `_m`.
+"""
+
+import dataclasses
+import struct
+
+VERSION_ATTR = "_v"
+MANIFEST_ATTR = "_m"
+SEQUENCE_BITS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Acting:
+    members: tuple          # OSD ids in placement order, None where no OSD is up
+    primary: object         # the first member up, or None
+    size: int               # the pool's size
+    min_size: int
+
+    @property
+    def up_members(self):
+        return [member for member in self.members if member is not None]
+
+    @property
+    def writable(self):
+        """Enough members up to accept writes (DESIGN.md: never fewer than min_size)."""
+        return self.primary is not None and len(self.up_members) >= self.min_size
+
+
+def collection(pool_id, pg_index):
+    return f"pg.{pool_id}.{pg_index:x}"
+
+
+def make_version(epoch, sequence):
+    assert 0 < sequence < 1 << SEQUENCE_BITS, sequence
+    assert epoch >= 0, epoch
+    return (epoch << SEQUENCE_BITS) | sequence
+
+
+def version_bytes(version):
+    return struct.pack(">Q", version)
+
+
+def version_of(attrs):
+    raw = attrs.get(VERSION_ATTR)
+    return struct.unpack(">Q", raw)[0] if raw is not None else 0
+
+
+def acting_set(cmap, pool_name, pg_index):
+    """The Acting set of one PG in this map (ValueError-free: the pool must exist)."""
+    pool = cmap.pools[pool_name]
+    placed = cmap.placement().map_pg(pool_name, pg_index)
+    members = tuple(m if m is not None and cmap.osds[m]["up"] else None for m in placed)
+    if pool["kind"] == "replicated":
+        members = tuple(m for m in members if m is not None)
+    primary = next((m for m in members if m is not None), None)
+    return Acting(members, primary, pool["size"], pool["min_size"])
+
+
+def pool_by_id(cmap, pool_id):
+    """The pool dict with this id, or None."""
+    for pool in cmap.pools.values():
+        if pool["id"] == pool_id:
+            return pool
+    return None
