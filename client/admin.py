@@ -162,12 +162,12 @@ def main(args):
     try:
         result, formatter = asyncio.run(run(args))
     except (ClusterNotFound, MonitorsUnavailable, ValueError) as exc:
-        return _fail(args, "unavailable" if isinstance(exc, MonitorsUnavailable) else "usage",
+        return fail(args, "unavailable" if isinstance(exc, MonitorsUnavailable) else "usage",
                      str(exc), 2)
     except messenger.RequestFailed as exc:
-        return _fail(args, exc.code, exc.message, 1)
+        return fail(args, exc.code, exc.message, 1)
     except (LookupError, PlacementError) as exc:
-        return _fail(args, "not_found", str(exc.args[0] if exc.args else exc), 1)
+        return fail(args, "not_found", str(exc.args[0] if exc.args else exc), 1)
     if args.json:
         print(json.dumps(result))
     else:
@@ -175,7 +175,7 @@ def main(args):
     return 0
 
 
-def _fail(args, code, message, status):
+def fail(args, code, message, status):
     if args.json:
         print(json.dumps({"error": code, "message": message}))
     print(f"cairn {args.command}: error: {message}", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 - `cairn status`, `cairn osd tree|out|in|down`, `cairn pool create|ls|rm`, `cairn map POOL OBJECT`,
   `cairn config set|get|rm`: cluster administration through the monitors (client/admin.py).
+- `cairn put|get|ls|rm|stat POOL [NAME] [FILE]`: objects through the client library
+  (client/objects_cli.py); `cairn bench cluster ...`: throughput like `rados bench`.
 - `cairn placement test --map FILE --pool NAME [--compare FILE]`: offline placement report.
 - `cairn bench device|store ...`: the local benchmarks. Those drive an OSD's store engine
   directly, and the client never imports the OSD (DESIGN.md, "Layout"), so they run in the
@@ -12,7 +14,7 @@ import argparse
 import os
 import sys
 
-from cairn.client import admin, placement_tool
+from cairn.client import admin, bench_cluster, objects_cli, placement_tool
 
 
 def build_parser():
@@ -22,15 +24,22 @@ def build_parser():
                     "--cluster DIR or $CAIRN_CLUSTER and print one JSON object with --json.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     admin.add_parsers(commands, admin.common_options(top_level=False))
-    commands.add_parser("bench", help="benchmarks: 'cairn bench device|store --help'",
-                        add_help=False)
+    objects_cli.add_parsers(commands, admin.common_options(top_level=False))
+    bench = commands.add_parser("bench", help="benchmarks: 'cairn bench cluster|device|store "
+                                "--help'")
+    kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
+    bench_cluster.add_parser(kinds)
+    for kind in ("device", "store"):
+        kinds.add_parser(kind, help=f"the {kind} benchmark of cairn-osd (see 'cairn-osd bench "
+                         f"{kind} --help')", add_help=False)
     placement_tool.add_parser(commands)
     return parser
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
+    if argv[:1] == ["bench"] and argv[1:2] != ["cluster"] and argv[1:2] not in (["-h"],
+                                                                                 ["--help"]):
         os.execv(sys.executable, [sys.executable, "-m", "cairn.osd.cli", "bench", *argv[1:]])
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -38,6 +47,10 @@ def main(argv=None):
         return placement_tool.main(args)
     if args.command in admin.COMMANDS:
         return admin.main(args)
+    if args.command in objects_cli.COMMANDS:
+        return objects_cli.main(args)
+    if args.command == "bench":
+        return bench_cluster.main(args)
     parser.error(f"unknown command {args.command}")
 
 

@@ -50,7 +50,7 @@ class Cluster:
     def __init__(self, monc, op_timeout_s):
         self.monc = monc
         self.op_timeout_s = op_timeout_s
-        self._connections = {}              # osd id -> Connection
+        self._connections = messenger.ConnectionPool()      # osd id -> Connection
         self._acting_cache = {}
 
     @classmethod
@@ -66,9 +66,7 @@ class Cluster:
         return cls(monc, op_timeout_s)
 
     async def close(self):
-        for connection in self._connections.values():
-            await connection.close()
-        self._connections.clear()
+        await self._connections.close()
         await self.monc.close()
 
     async def __aenter__(self):
@@ -100,14 +98,7 @@ class Cluster:
         return acting
 
     async def _connection(self, osd_id):
-        osd = self.map.osds[osd_id]
-        connection = self._connections.get(osd_id)
-        if connection is None or connection.closed or connection.addr != osd["addr"]:
-            if connection is not None:
-                await connection.close()
-            connection = await messenger.connect(osd["addr"])
-            self._connections[osd_id] = connection
-        return connection
+        return await self._connections.get(osd_id, self.map.osds[osd_id]["addr"])
 
     async def _op(self, pool_name, name, header, payload=b""):
         """Send one object op to its PG's primary, retrying across map changes; the reply."""

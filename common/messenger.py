@@ -190,6 +190,43 @@ async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT):
     return Connection(reader, writer, addr, on_push)
 
 
+class ConnectionPool:
+    """One Connection per peer key (an OSD id), opened on first use and reopened when closed
+    or when the peer's address changed. Concurrent callers share one connection attempt."""
+
+    def __init__(self, connect_timeout_s=CONNECT_TIMEOUT_S_DEFAULT):
+        self.connect_timeout_s = connect_timeout_s
+        self._connections = {}
+        self._locks = {}
+
+    async def get(self, key, addr):
+        connection = self._connections.get(key)
+        if connection is not None and not connection.closed and connection.addr == addr:
+            return connection
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            connection = self._connections.get(key)
+            if connection is not None and not connection.closed and connection.addr == addr:
+                return connection
+            if connection is not None:
+                await connection.close()
+            connection = await connect(addr, timeout_s=self.connect_timeout_s)
+            self._connections[key] = connection
+            return connection
+
+    async def discard(self, key):
+        connection = self._connections.pop(key, None)
+        if connection is not None:
+            await connection.close()
+
+    def keys(self):
+        return list(self._connections)
+
+    async def close(self):
+        for key in list(self._connections):
+            await self.discard(key)
+
+
 class Peer:
     """The server's side of one accepted connection."""
 

@@ -47,7 +47,7 @@ class OsdDaemon:
         self._server = None
         self._tasks = []
         self._watch = PeerWatch()
-        self._peer_connections = {}         # peer id -> Connection
+        self._peer_connections = messenger.ConnectionPool()   # peer id -> Connection
         self._stopping = False
         self.boots_total = 0
         self.service = ObjectService(self)
@@ -95,8 +95,7 @@ class OsdDaemon:
                 log.info("%s: the monitor marked us down", self.name)
             except (TimeoutError, MonitorsUnavailable, RequestFailed) as exc:
                 log.warning("%s: could not tell the monitor we stop (%s)", self.name, exc)
-        for connection in self._peer_connections.values():
-            await connection.close()
+        await self._peer_connections.close()
         await self.service.close()
         await self.monc.close()
         if self._server is not None:
@@ -157,8 +156,8 @@ class OsdDaemon:
             interval_s = self._interval_s()
             await asyncio.sleep(interval_s)
             peers = self._watch.peers
-            for gone in [p for p in self._peer_connections if p not in peers]:
-                await self._peer_connections.pop(gone).close()
+            for gone in [p for p in self._peer_connections.keys() if p not in peers]:
+                await self._peer_connections.discard(gone)
             outcomes = await asyncio.gather(*(self._ping(peer, interval_s) for peer in peers))
             now_ns = time.monotonic_ns()
             reports = []
@@ -177,13 +176,8 @@ class OsdDaemon:
         osd = self.monc.map.osds.get(peer)
         if osd is None or not osd["addr"]:
             return False, None
-        connection = self._peer_connections.get(peer)
         try:
-            if connection is None or connection.closed or connection.addr != osd["addr"]:
-                if connection is not None:
-                    await connection.close()
-                connection = await messenger.connect(osd["addr"], timeout_s=timeout_s)
-                self._peer_connections[peer] = connection
+            connection = await self._peer_connections.get(peer, osd["addr"])
             await connection.request({"op": "ping", "from": self.id}, timeout_s=timeout_s)
             return True, None
         except ConnectionClosed as exc:

@@ -45,7 +45,7 @@ class ObjectService:
         self._object_locks = {}             # (collection, name) -> [lock, users]
         self._collection_lock = asyncio.Lock()
         self._sequence = {}                 # collection -> last sequence used
-        self._replica_connections = {}      # osd id -> Connection
+        self._replica_connections = messenger.ConnectionPool()
         self.ops_total = 0
 
     @property
@@ -204,11 +204,8 @@ class ObjectService:
         osd = self.map.osds.get(osd_id)
         if osd is None or not osd["addr"]:
             raise RequestFailed("again", f"replica osd.{osd_id} has no address; retry")
-        connection = self._replica_connections.get(osd_id)
         try:
-            if connection is None or connection.closed or connection.addr != osd["addr"]:
-                connection = await messenger.connect(osd["addr"])
-                self._replica_connections[osd_id] = connection
+            connection = await self._replica_connections.get(osd_id, osd["addr"])
             await connection.request(header, payload, timeout_s=REPLICA_TIMEOUT_S)
         except (ConnectionClosed, RequestTimeout) as exc:
             raise RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
@@ -291,5 +288,4 @@ class ObjectService:
         return {}, b""
 
     async def close(self):
-        for connection in self._replica_connections.values():
-            await connection.close()
+        await self._replica_connections.close()
