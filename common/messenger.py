@@ -125,6 +125,8 @@ class Connection:
             raise ConnectionClosed(f"connection to {self.addr} lost: {exc}") from None
         finally:
             self._waiting.pop(request_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()          # retrieved: a close may have failed it meanwhile
         if reply.kind == Kind.ERROR:
             raise RequestFailed(str(reply.header.get("error", "error")),
                                 str(reply.header.get("message", "")))

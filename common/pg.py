@@ -59,8 +59,10 @@ def version_of(attrs):
 
 def acting_set(cmap, pool_name, pg_index):
     """The Acting set of one PG in this map (ValueError-free: the pool must exist)."""
-    pool = cmap.pools[pool_name]
-    placed = cmap.placement().map_pg(pool_name, pg_index)
+    return _acting(cmap, cmap.pools[pool_name], cmap.placement().map_pg(pool_name, pg_index))
+
+
+def _acting(cmap, pool, placed):
     members = tuple(m if m is not None and cmap.osds[m]["up"] else None for m in placed)
     if pool["kind"] == "replicated":
         members = tuple(m for m in members if m is not None)
@@ -74,3 +76,18 @@ def pool_by_id(cmap, pool_id):
         if pool["id"] == pool_id:
             return pool
     return None
+
+
+def acting_sets(cmap, pool_name):
+    """The Acting set of every PG of a pool in this map, computed together (list by index)."""
+    pool = cmap.pools[pool_name]
+    return [_acting(cmap, pool, placed) for placed in cmap.placement().map_pool(pool_name)]
+
+
+def log_collection(pool_id, pg_index):
+    """The PG log: one empty object per write, named by its version (16 hex digits)."""
+    return f"pglog.{pool_id}.{pg_index:x}"
+
+
+def log_entry_name(version):
+    return f"{version:016x}"

@@ -22,6 +22,8 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     status, osd_tree, pool_ls             -> views for the CLI
     osd_mark {id, state: out|in|down}, pool_create {...}, pool_delete {name},
     config_set {key, value}, config_get {key}
+    pg_last_active {pool, pg}             -> record [epoch, acting] or None (osd/peering.py)
+    pg_set_active {pool, pg, epoch, acting}  (durable before the reply)
 """
 
 import asyncio
@@ -60,6 +62,7 @@ class Monitor:
         self._lock = asyncio.Lock()
         self._subscribers = set()
         self._health_cache = (None, None)
+        self._pg_states = {}                # osd id -> {state: PGs it is primary of}
         self._tick_task = None
         self.proposals_total = 0
 
@@ -192,6 +195,10 @@ class Monitor:
     async def _osd_heartbeat(self, peer, header):
         osd_id = self._known_osd(header)
         self._detector.heartbeat(osd_id, time.monotonic_ns())
+        states = header.get("pg_states")
+        if isinstance(states, dict):
+            self._pg_states[osd_id] = {str(k): int(v) for k, v in states.items()
+                                       if isinstance(v, int)}
         return {"epoch": self.map.epoch, "up": self.map.osds[osd_id]["up"]}, b""
 
     async def _osd_failure(self, peer, header):
@@ -271,7 +278,41 @@ class Monitor:
                          "addrs": {self.name: self.addr}},
                 "osds": {"total": len(self.map.osds), "up": sum(o["up"] for o in osds),
                          "in": sum(o["in"] for o in osds)},
-                "pools": sorted(self.map.pools)}, b""
+                "pools": sorted(self.map.pools), "pg_states": self._pg_state_totals()}, b""
+
+    def _pg_state_totals(self):
+        totals = {}
+        for osd_id, states in self._pg_states.items():
+            if osd_id in self.map.osds and self.map.osds[osd_id]["up"]:
+                for state, count in states.items():
+                    totals[state] = totals.get(state, 0) + count
+        return dict(sorted(totals.items()))
+
+    async def _pg_last_active(self, peer, header):
+        pool_id, pg_index = self._pg_key(header)
+        record = self.store.pg_active(pool_id, pg_index)
+        return {"record": list(record) if record else None}, b""
+
+    async def _pg_set_active(self, peer, header):
+        pool_id, pg_index = self._pg_key(header)
+        epoch, acting = header.get("epoch"), header.get("acting")
+        if not isinstance(epoch, int) or not isinstance(acting, list) or \
+                not all(isinstance(m, int) for m in acting):
+            raise RequestFailed("invalid", "pg_set_active needs epoch and acting (OSD ids)")
+        async with self._lock:
+            current = self.store.pg_active(pool_id, pg_index)
+            if current is not None and current[0] > epoch:
+                raise RequestFailed("stale", f"pg {pool_id}.{pg_index:x} went active at epoch "
+                                    f"{current[0]}, after {epoch}")
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.store.set_pg_active, pool_id, pg_index, epoch, acting)
+        return {}, b""
+
+    def _pg_key(self, header):
+        pool_id, pg_index = header.get("pool"), header.get("pg")
+        if not isinstance(pool_id, int) or not isinstance(pg_index, int) or pg_index < 0:
+            raise RequestFailed("invalid", "a PG is named by pool (id) and pg (index)")
+        return pool_id, pg_index
 
     async def _osd_tree(self, peer, header):
         return {"epoch": self.map.epoch, "osds": self.map.osd_tree()}, b""
@@ -285,6 +326,7 @@ _REQUESTS = {
     "pool_delete": Monitor._pool_delete, "pool_ls": Monitor._pool_ls,
     "config_set": Monitor._config_set, "config_get": Monitor._config_get,
     "status": Monitor._status, "osd_tree": Monitor._osd_tree,
+    "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
 }
 
 

@@ -10,6 +10,7 @@ Keys (epochs as 8-byte big-endian, so key order is epoch order):
     meta/fsid            the cluster's fsid (utf-8)
     full/<epoch>         msgpack of ClusterMap.to_dict()
     log/<epoch>          msgpack of Incremental.to_dict()
+    pgact/<pool><pg>     msgpack [epoch, acting]: the PG's last activation (osd/peering.py)
 
 The next issue replicates exactly this log with Raft; nothing else in the monitor is durable.
 """
@@ -31,6 +32,7 @@ LOG_EPOCHS_KEPT = 500
 assert FULL_MAP_EVERY_EPOCHS < LOG_EPOCHS_KEPT
 
 KEY_FSID = b"meta/fsid"
+PREFIX_PG_ACTIVE = b"pgact/"
 PREFIX_FULL = b"full/"
 PREFIX_LOG = b"log/"
 
@@ -171,6 +173,23 @@ class MonStore:
         if len(found) != through_epoch - after_epoch:
             return None
         return found
+
+    # -- PG activation records (osd/peering.py) ----------------------------------------------------
+
+    def pg_active(self, pool_id, pg_index):
+        """(epoch, acting tuple) of the PG's last activation, or None."""
+        raw = self._db.get(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index))
+        if raw is None:
+            return None
+        epoch, acting = msgpack.unpackb(raw)
+        return epoch, tuple(acting)
+
+    def set_pg_active(self, pool_id, pg_index, epoch, acting):
+        """Durably record that the PG went active at `epoch` with `acting` (fsync)."""
+        batch = WriteBatch(raw_mode=True)
+        batch.put(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index),
+                  msgpack.packb([epoch, list(acting)]))
+        self._db.write(batch, self._sync)
 
     def close(self):
         self._db.close()

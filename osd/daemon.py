@@ -20,6 +20,7 @@ from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeo
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.native import open_device
 from cairn.osd.heartbeat import PeerWatch, choose_peers
+from cairn.osd.pgs import PgRegistry
 from cairn.osd.service import ObjectService
 from cairn.osd.store import Store
 
@@ -51,6 +52,7 @@ class OsdDaemon:
         self._stopping = False
         self.boots_total = 0
         self.service = ObjectService(self)
+        self.pgs = PgRegistry(self)
 
     @property
     def name(self):
@@ -59,6 +61,7 @@ class OsdDaemon:
     async def start(self):
         self.device = open_device(self.device_path)
         self.store = await Store.open(self.device, self.meta_dir)
+        self.pgs.load_local()
         self._server = await messenger.serve(self.bind_addr, self.handle)
         host, port = self._server.sockets[0].getsockname()[:2]
         self.addr = f"{host}:{port}"
@@ -88,6 +91,7 @@ class OsdDaemon:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.pgs.stop()
         if self.id is not None and self.monc.map is not None:
             try:
                 async with asyncio.timeout(STOP_NOTICE_S_MAX):
@@ -125,6 +129,7 @@ class OsdDaemon:
     def _on_map(self, cmap):
         if self.id is None or cmap is None:
             return
+        self.pgs.on_map(cmap)
         count = config.value(cmap.config, "osd.heartbeat_peers")
         peers = choose_peers(cmap, self.id, count)
         self._watch.set_peers(peers, time.monotonic_ns())
@@ -137,7 +142,8 @@ class OsdDaemon:
         while True:
             await asyncio.sleep(self._interval_s())
             try:
-                reply = await self.monc.request({"op": "osd_heartbeat", "id": self.id},
+                reply = await self.monc.request({"op": "osd_heartbeat", "id": self.id,
+                                                 "pg_states": self.pgs.states()},
                                                 timeout_s=self._interval_s() * 2)
             except (MonitorsUnavailable, RequestFailed) as exc:
                 log.warning("%s: heartbeat to the monitor failed: %s", self.name, exc)

@@ -10,8 +10,12 @@ A client sends each op to the PG's primary (it computes placement itself). The p
    member in parallel, and acknowledges only when every acting member has committed.
 
 Replicas check the sender is the primary of their map for that PG (waiting for a newer map if
-the message's epoch is ahead) and apply the same transaction. Every object carries its PG version
-in the `_v` attribute.
+the message's epoch is ahead) and that the epoch is not older than the PG's `min_epoch` (raised
+when a new primary queries it: osd/peering.py), and apply the same transaction. Every write also
+adds a PG log entry (osd/pgs.py). Every object carries its PG version in the `_v` attribute.
+
+Peering and recovery use the `pg_*` ops: pg_query (last_update; raises min_epoch), pg_list
+(object versions), pg_read, pg_push, pg_remove and pg_mark (records a last_update).
 
 Errors go back as codes the client library turns into typed exceptions: not_found, no_space,
 pool_unavailable, wrong_primary, again (retry soon), invalid, io_error.
@@ -24,8 +28,7 @@ from cairn.common import messenger
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common import pg as pgs
-from cairn.osd.errors import (ChecksumError, CollectionExists, InvalidArgument, NoSpace,
-                              ObjectNotFound)
+from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
@@ -41,11 +44,9 @@ LIST_PAGE_DEFAULT = 1000
 class ObjectService:
     def __init__(self, daemon):
         self.daemon = daemon
-        self._acting_cache = {}             # (epoch, pool id, pg) -> Acting
         self._object_locks = {}             # (collection, name) -> [lock, users]
-        self._collection_lock = asyncio.Lock()
-        self._sequence = {}                 # collection -> last sequence used
-        self._replica_connections = messenger.ConnectionPool()
+        self.collection_lock = asyncio.Lock()
+        self.connections = messenger.ConnectionPool()     # osd id -> Connection
         self.ops_total = 0
 
     @property
@@ -56,9 +57,14 @@ class ObjectService:
     def map(self):
         return self.daemon.monc.map
 
+    @property
+    def registry(self):
+        return self.daemon.pgs
+
     # -- dispatch ---------------------------------------------------------------------------------
 
-    OPS = ("put", "get", "stat", "delete", "list", "rep_put", "rep_delete")
+    OPS = ("put", "get", "stat", "delete", "list", "rep_put", "rep_delete", "pg_query", "pg_list",
+           "pg_read", "pg_push", "pg_remove", "pg_mark")
 
     async def handle(self, header, payload):
         op = header["op"]
@@ -76,7 +82,7 @@ class ObjectService:
     # -- map checks -------------------------------------------------------------------------------
 
     async def _pg_of(self, header, as_primary=True):
-        """(pool dict, pg index, Acting) for the op's PG, after the map checks."""
+        """(pool dict, PgShell) for the op's PG, after the map checks."""
         epoch = header.get("epoch", 0)
         if not isinstance(epoch, int) or epoch < 0:
             raise RequestFailed("invalid", f"epoch must be a non-negative integer (was {epoch!r})")
@@ -94,17 +100,13 @@ class ObjectService:
         if not isinstance(pg_index, int) or not 0 <= pg_index < pool["pg_num"]:
             raise RequestFailed("invalid", f"pg {pg_index!r} is not in pool {pool['name']} "
                                 f"({pool['pg_num']} PGs)")
-        key = (cmap.epoch, pool_id, pg_index)
-        acting = self._acting_cache.get(key)
-        if acting is None:
-            if len(self._acting_cache) > 100_000:
-                self._acting_cache.clear()
-            acting = self._acting_cache[key] = pgs.acting_set(cmap, pool["name"], pg_index)
-        if as_primary and acting.primary != self.daemon.id:
+        pg = self.registry.pgs.get((pool_id, pg_index))
+        acting = pg.interval[1] if pg is not None and pg.interval else None
+        if as_primary and (acting is None or acting.primary != self.daemon.id):
             raise RequestFailed("wrong_primary", f"osd.{self.daemon.id} is not the primary of "
                                 f"pg {pool_id}.{pg_index:x} at epoch {cmap.epoch} (primary: "
-                                f"{acting.primary})")
-        return pool, pg_index, acting
+                                f"{acting.primary if acting else 'elsewhere'})")
+        return pool, pg
 
     def _name(self, header):
         name = header.get("name")
@@ -128,164 +130,209 @@ class ObjectService:
         if entry[1] == 0:
             del self._object_locks[key]
 
-    async def _ensure_collection(self, collection):
-        if self.store.has_collection(collection):
-            return
-        async with self._collection_lock:
-            if not self.store.has_collection(collection):
-                try:
-                    await self.store.apply(Transaction().create_collection(collection))
-                except CollectionExists:
-                    pass
-
     # -- primary ops --------------------------------------------------------------------------------
 
     async def _put(self, header, payload):
-        pool, pg_index, acting = await self._pg_of(header)
+        pool, pg = await self._pg_of(header)
         name = self._name(header)
         if len(payload) > OBJECT_SIZE_BYTES_MAX:
             raise RequestFailed("invalid", f"object of {len(payload)} bytes is over the limit "
                                 f"({OBJECT_SIZE_BYTES_MAX}); stripe it (put_stream)")
-        manifest = bool(header.get("manifest"))
-        return await self._replicated_write(pool, pg_index, acting, name, payload, delete=False,
-                                            manifest=manifest)
+        return await self._replicated_write(pool, pg, name, payload, delete=False,
+                                            manifest=bool(header.get("manifest")))
 
     async def _delete(self, header, payload):
-        pool, pg_index, acting = await self._pg_of(header)
-        name = self._name(header)
-        return await self._replicated_write(pool, pg_index, acting, name, None, delete=True)
+        pool, pg = await self._pg_of(header)
+        return await self._replicated_write(pool, pg, self._name(header), None, delete=True)
 
-    async def _replicated_write(self, pool, pg_index, acting, name, payload, delete,
-                                manifest=False):
+    async def _replicated_write(self, pool, pg, name, payload, delete, manifest=False):
+        acting = pg.interval[1]
         if not acting.writable:
-            raise RequestFailed("pool_unavailable", f"pg {pool['id']}.{pg_index:x} of pool "
+            raise RequestFailed("pool_unavailable", f"pg {pool['id']}.{pg.key[1]:x} of pool "
                                 f"{pool['name']} has {len(acting.up_members)} members up, "
                                 f"fewer than min_size {pool['min_size']}: writes refused")
-        collection = pgs.collection(pool["id"], pg_index)
-        await self._ensure_collection(collection)
-        key = (collection, name)
+        pg = await self.registry.wait_active(pg.key)
+        key = (pg.collection, name)
         entry = await self._locked(key)
         try:
+            if pg.interval[1] is not acting:
+                raise RequestFailed("again", "the acting set changed; retry")
             epoch = self.map.epoch
-            sequence = self._sequence.get(collection, 0) + 1
-            self._sequence[collection] = sequence
-            version = pgs.make_version(epoch, sequence)
+            self.registry.load_log(pg)
+            version = max(pgs.make_version(epoch, 1), pg.last_update + 1, pg.assigned + 1)
+            pg.assigned = version
             if delete:
-                self.store.stat(collection, name)          # ObjectNotFound before any change
+                self.store.stat(pg.collection, name)       # ObjectNotFound before any change
             header = {"op": "rep_delete" if delete else "rep_put", "pool": pool["id"],
-                      "pg": pg_index, "name": name, "version": version, "epoch": epoch,
+                      "pg": pg.key[1], "name": name, "version": version, "epoch": epoch,
                       "from": self.daemon.id, "manifest": manifest}
             replicas = [m for m in acting.up_members if m != self.daemon.id]
-            local = self._apply_local(collection, name, payload, version, delete, manifest)
+            local = self._apply_local(pg, name, payload, version, delete, manifest)
             remote = [self._replicate(osd_id, header, payload or b"") for osd_id in replicas]
             results = await asyncio.gather(local, *remote, return_exceptions=True)
             failures = [result for result in results if isinstance(result, BaseException)]
             if failures:
-                # Not acknowledged. Members that did commit keep the new version; peering
-                # reconciles them (an unacknowledged write may appear whole or not at all).
+                # Not acknowledged. Members that did commit keep the new version; the next
+                # peering reconciles them (an unacknowledged write may appear whole or not).
                 raise failures[0]
             self.ops_total += 1
             return {"version": version, "epoch": epoch}, b""
         finally:
             self._unlock(key, entry)
 
-    async def _apply_local(self, collection, name, payload, version, delete, manifest=False):
+    async def _apply_local(self, pg, name, payload, version, delete, manifest=False):
+        await self.registry.ensure_collections(pg)
         txn = Transaction()
         if delete:
-            txn.delete(collection, name)
+            txn.delete(pg.collection, name)
         else:
             attrs = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
             if manifest:
                 attrs[pgs.MANIFEST_ATTR] = b"1"
-            txn.put(collection, name, payload, attrs=attrs)
+            txn.put(pg.collection, name, payload, attrs=attrs)
+        self.registry.log_ops(pg, txn, version, name, delete)
         await self.store.apply(txn)
+        self.registry.applied(pg, version)
 
     async def _replicate(self, osd_id, header, payload):
         osd = self.map.osds.get(osd_id)
         if osd is None or not osd["addr"]:
             raise RequestFailed("again", f"replica osd.{osd_id} has no address; retry")
         try:
-            connection = await self._replica_connections.get(osd_id, osd["addr"])
+            connection = await self.connections.get(osd_id, osd["addr"])
             await connection.request(header, payload, timeout_s=REPLICA_TIMEOUT_S)
         except (ConnectionClosed, RequestTimeout) as exc:
             raise RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
                                 "retry after the map changes") from None
         except RequestFailed as exc:
-            if exc.code in ("no_space", "not_found"):
+            if exc.code == "no_space":
                 raise
             raise RequestFailed("again", f"replica osd.{osd_id}: {exc.message}") from None
 
     async def _get(self, header, payload):
-        pool, pg_index, acting = await self._pg_of(header)
+        pool, pg = await self._pg_of(header)
         name = self._name(header)
-        collection = pgs.collection(pool["id"], pg_index)
-        if not self.store.has_collection(collection):
+        pg = await self.registry.wait_active(pg.key)
+        if not self.store.has_collection(pg.collection):
             raise RequestFailed("not_found", f"object {name!r} not found")
-        offset = header.get("offset", 0)
-        length = header.get("length")
-        key = (collection, name)
+        key = (pg.collection, name)
         entry = await self._locked(key)            # no read of a write not yet everywhere
         try:
-            record = self.store.stat(collection, name)
-            data = await self.store.read_bytes(collection, name, offset, length)
+            record = self.store.stat(pg.collection, name)
+            data = await self.store.read_bytes(pg.collection, name, header.get("offset", 0),
+                                               header.get("length"))
         finally:
             self._unlock(key, entry)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
                 "manifest": pgs.MANIFEST_ATTR in record.attrs}, data
 
     async def _stat(self, header, payload):
-        pool, pg_index, acting = await self._pg_of(header)
+        pool, pg = await self._pg_of(header)
         name = self._name(header)
-        collection = pgs.collection(pool["id"], pg_index)
-        if not self.store.has_collection(collection):
+        pg = await self.registry.wait_active(pg.key)
+        if not self.store.has_collection(pg.collection):
             raise RequestFailed("not_found", f"object {name!r} not found")
-        record = self.store.stat(collection, name)
+        record = self.store.stat(pg.collection, name)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
                 "mtime_ns": record.mtime_ns, "manifest": pgs.MANIFEST_ATTR in record.attrs}, b""
 
     async def _list(self, header, payload):
-        pool, pg_index, acting = await self._pg_of(header)
-        collection = pgs.collection(pool["id"], pg_index)
-        if not self.store.has_collection(collection):
+        pool, pg = await self._pg_of(header)
+        pg = await self.registry.wait_active(pg.key)
+        if not self.store.has_collection(pg.collection):
             return {"names": [], "next": None}, b""
-        limit = header.get("limit", LIST_PAGE_DEFAULT)
-        names, following = self.store.list_objects(collection, header.get("prefix", ""),
-                                                   header.get("start_after"), limit)
+        names, following = self.store.list_objects(pg.collection, header.get("prefix", ""),
+                                                   header.get("start_after"),
+                                                   header.get("limit", LIST_PAGE_DEFAULT))
         return {"names": names, "next": following}, b""
 
     # -- replica ops ------------------------------------------------------------------------------
 
-    async def _check_from_primary(self, header):
-        pool, pg_index, acting = await self._pg_of(header, as_primary=False)
-        if acting.primary != header.get("from"):
+    async def _from_primary(self, header):
+        """The PgShell, if `from` is the PG's primary in our map and the epoch is current."""
+        pool, pg = await self._pg_of(header, as_primary=False)
+        acting = pg.interval[1] if pg is not None and pg.interval else None
+        if acting is None or acting.primary != header.get("from"):
             raise RequestFailed("wrong_primary", f"osd.{header.get('from')} is not the primary "
-                                f"of pg {pool['id']}.{pg_index:x} at epoch {self.map.epoch}")
-        if self.daemon.id not in acting.up_members:
-            raise RequestFailed("wrong_primary", f"osd.{self.daemon.id} is not in the acting "
-                                f"set of pg {pool['id']}.{pg_index:x} at epoch {self.map.epoch}")
+                                f"of pg {header.get('pool')}.{header.get('pg'):x} at epoch "
+                                f"{self.map.epoch}")
+        if header.get("epoch", 0) < pg.min_epoch:
+            raise RequestFailed("stale", f"epoch {header.get('epoch')} is older than this PG's "
+                                f"peering (epoch {pg.min_epoch})")
+        return pg
+
+    def _version(self, header):
         version = header.get("version")
         if not isinstance(version, int) or version <= 0:
             raise RequestFailed("invalid", "a replicated op carries its PG version")
-        return pool, pg_index, version
+        return version
 
     async def _rep_put(self, header, payload):
-        pool, pg_index, version = await self._check_from_primary(header)
-        collection = pgs.collection(pool["id"], pg_index)
-        await self._ensure_collection(collection)
-        await self._apply_local(collection, self._name(header), payload, version, delete=False,
-                                manifest=bool(header.get("manifest")))
+        pg = await self._from_primary(header)
+        await self._apply_local(pg, self._name(header), payload, self._version(header),
+                                delete=False, manifest=bool(header.get("manifest")))
         return {}, b""
 
     async def _rep_delete(self, header, payload):
-        pool, pg_index, version = await self._check_from_primary(header)
-        collection = pgs.collection(pool["id"], pg_index)
+        pg = await self._from_primary(header)
+        try:
+            await self._apply_local(pg, self._name(header), None, self._version(header),
+                                    delete=True)
+        except ObjectNotFound:
+            pass                        # already gone here: the delete's effect holds
+        return {}, b""
+
+    # -- peering and recovery ops -------------------------------------------------------------------
+
+    async def _pg_query(self, header, payload):
+        pg = await self._from_primary(header)
+        pg.min_epoch = max(pg.min_epoch, header.get("epoch", 0))
+        self.registry.load_log(pg)
+        return {"last_update": pg.last_update}, b""
+
+    async def _pg_list(self, header, payload):
+        pg = await self._from_primary(header)
+        entries, following = self.registry.listing(pg, header.get("start_after"),
+                                                   header.get("limit", LIST_PAGE_DEFAULT))
+        self.registry.load_log(pg)
+        return {"entries": entries, "next": following, "last_update": pg.last_update}, b""
+
+    async def _pg_read(self, header, payload):
+        pg = await self._from_primary(header)
         name = self._name(header)
-        if self.store.has_collection(collection):
-            try:
-                await self._apply_local(collection, name, None, version, delete=True)
-            except ObjectNotFound:
-                pass                    # already gone here: the delete's effect holds
+        record = self.store.stat(pg.collection, name)
+        data = await self.store.read_bytes(pg.collection, name)
+        return {"version": pgs.version_of(record.attrs),
+                "manifest": pgs.MANIFEST_ATTR in record.attrs}, data
+
+    async def _pg_push(self, header, payload):
+        pg = await self._from_primary(header)
+        await self.registry.ensure_collections(pg)
+        attrs = {pgs.VERSION_ATTR: pgs.version_bytes(self._version(header))}
+        if header.get("manifest"):
+            attrs[pgs.MANIFEST_ATTR] = b"1"
+        await self.store.apply(Transaction().put(pg.collection, self._name(header), payload,
+                                                 attrs=attrs))
+        return {}, b""
+
+    async def _pg_remove(self, header, payload):
+        pg = await self._from_primary(header)
+        try:
+            await self.store.apply(Transaction().delete(pg.collection, self._name(header)))
+        except ObjectNotFound:
+            pass
+        return {}, b""
+
+    async def _pg_mark(self, header, payload):
+        pg = await self._from_primary(header)
+        version = self._version(header) if header.get("version") else 0
+        if version:
+            await self.registry.ensure_collections(pg)
+            txn = Transaction()
+            self.registry.log_ops(pg, txn, version, "~recovered", delete=False)
+            await self.store.apply(txn)
+            self.registry.applied(pg, version)
         return {}, b""
 
     async def close(self):
-        await self._replica_connections.close()
+        await self.connections.close()

@@ -1,0 +1,340 @@
+"""The OSD's placement groups: intervals, PG logs, peering and recovery (the shell around
+osd/peering.py).
+
+On every new map the registry recomputes the acting set of every PG of every pool. A PG whose
+acting set or primary changed starts a new interval: if this OSD is its primary, a peering task
+runs the `Peering` core (query members, pick the authority, recover members by comparing object
+versions, record the activation at the monitor) and the PG serves writes only once ACTIVE. A
+queried OSD raises the PG's `min_epoch`, refusing replicated writes from older epochs.
+
+Each PG keeps a log: an empty object per write in `pglog.POOL.PG`, named by version, so the
+highest version an OSD applied (deletes included) survives restarts. The newest LOG_ENTRIES_KEPT
+are kept.
+"""
+
+import asyncio
+import collections
+import logging
+
+from cairn.common import pg as pgs
+from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.common.monclient import MonitorsUnavailable
+from cairn.osd import peering
+from cairn.osd.errors import CollectionExists, ObjectNotFound
+from cairn.osd.store import Transaction
+
+log = logging.getLogger("cairn.osd")
+
+# Log entries kept per PG (Ceph keeps 3000 by default, osd_max_pg_log_entries); trimmed in
+# batches so most writes carry no deletes.
+LOG_ENTRIES_KEPT = 1024
+LOG_TRIM_BATCH = 256
+# How long a client op waits for its PG to finish peering before answering `again`.
+ACTIVE_WAIT_S_MAX = 5.0
+# Pause before peering again after a failure (an OSD that did not answer, a refused record).
+PEERING_RETRY_S = 1.0
+RECOVERY_LIST_PAGE = 1000
+
+
+class PgShell:
+    """What this OSD knows about one PG."""
+
+    def __init__(self, key):
+        self.key = key                                  # (pool id, pg index)
+        self.collection = pgs.collection(*key)
+        self.log_collection = pgs.log_collection(*key)
+        self.interval = None                            # (epoch, Acting)
+        self.state = "stray"
+        self.min_epoch = 0
+        self.active = asyncio.Event()
+        self.task = None
+        self.log_names = None                           # deque of entry names, oldest first
+        self.last_update = 0
+        self.assigned = 0                               # the last version handed out (primary)
+        self.recovered_objects = 0
+
+
+class PgRegistry:
+    def __init__(self, daemon):
+        self.daemon = daemon
+        self.pgs = {}                                   # key -> PgShell
+        self.recovery_bytes_total = 0
+
+    @property
+    def me(self):
+        return self.daemon.id
+
+    @property
+    def store(self):
+        return self.daemon.store
+
+    def load_local(self):
+        """Know every PG that has a copy in the local store, so a stray copy can answer
+        peering queries after a restart."""
+        for name in self.store.list_collections():
+            parts = name.split(".")
+            if len(parts) == 3 and parts[0] == "pg":
+                try:
+                    self.shell((int(parts[1]), int(parts[2], 16)))
+                except ValueError:
+                    continue
+
+    def shell(self, key):
+        found = self.pgs.get(key)
+        if found is None:
+            found = self.pgs[key] = PgShell(key)
+        return found
+
+    # -- map changes ------------------------------------------------------------------------------
+
+    def on_map(self, cmap):
+        """Recompute intervals; start peering where this OSD became (or stays) a new
+        interval's primary."""
+        live = set()
+        for pool in cmap.pools.values():
+            for pg_index, acting in enumerate(pgs.acting_sets(cmap, pool["name"])):
+                key = (pool["id"], pg_index)
+                live.add(key)
+                if self.me not in acting.members and key not in self.pgs:
+                    continue
+                pg = self.shell(key)
+                previous = pg.interval[1] if pg.interval else None
+                if previous is not None and previous.members == acting.members:
+                    continue
+                self._new_interval(pg, cmap.epoch, acting, cmap)
+        for key in [k for k in self.pgs if k not in live]:        # pool deleted
+            self._stop_task(self.pgs.pop(key))
+
+    def _new_interval(self, pg, epoch, acting, cmap):
+        pg.interval = (epoch, acting)
+        pg.active.clear()
+        self._stop_task(pg)
+        if acting.primary != self.me:
+            pg.state = "replica" if self.me in acting.members else "stray"
+            return
+        if not acting.writable:
+            pg.state = "inactive"                # below min_size: wait for OSDs to return
+            return
+        up = {osd_id for osd_id, osd in cmap.osds.items() if osd["up"]}
+        pg.state = "peering"
+        pg.task = asyncio.get_running_loop().create_task(
+            self._peer(pg, epoch, tuple(acting.up_members), up))
+
+    @staticmethod
+    def _stop_task(pg):
+        if pg.task is not None and not pg.task.done():
+            pg.task.cancel()
+        pg.task = None
+
+    async def stop(self):
+        tasks = [pg.task for pg in self.pgs.values() if pg.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def wait_active(self, key):
+        pg = self.pgs.get(key)
+        if pg is None:
+            raise RequestFailed("again", f"pg {key[0]}.{key[1]:x} is not known here yet")
+        if pg.active.is_set():
+            return pg
+        try:
+            await asyncio.wait_for(pg.active.wait(), ACTIVE_WAIT_S_MAX)
+        except TimeoutError:
+            raise RequestFailed("again", f"pg {key[0]}.{key[1]:x} is {pg.state}, not active; "
+                                "retry") from None
+        return pg
+
+    def states(self):
+        """{state: count} of the PGs this OSD is primary of (reported to the monitor)."""
+        counts = collections.Counter()
+        for pg in self.pgs.values():
+            if pg.interval and pg.interval[1].primary == self.me:
+                degraded = len(pg.interval[1].up_members) < pg.interval[1].size
+                state = pg.state + ("+degraded" if degraded and pg.state == "active" else "")
+                counts[state] += 1
+        return dict(counts)
+
+    # -- peering ----------------------------------------------------------------------------------
+
+    async def _peer(self, pg, epoch, acting, up):
+        # Runs until the PG is active or a new interval cancels it; retries after failures.
+        while True:
+            core = peering.Peering(epoch, acting, up, self.me)
+            try:
+                reply = await self.daemon.monc.request({"op": "pg_last_active", "pool": pg.key[0],
+                                                        "pg": pg.key[1]})
+                record = reply.header["record"]
+                effects = core.start((record[0], tuple(record[1])) if record else None)
+                done = await self._run(pg, core, effects, epoch)
+            except (MonitorsUnavailable, RequestFailed) as exc:
+                done = False
+                log.warning("pg %d.%x peering: %s", *pg.key, exc)
+            if done:
+                return
+            await asyncio.sleep(PEERING_RETRY_S)
+
+    async def _run(self, pg, core, effects, epoch):
+        """Carry out effects until the core is active (True) or must restart (False)."""
+        queue = list(effects)
+        while queue:
+            effect = queue.pop(0)
+            if isinstance(effect, peering.Query):
+                queries = [effect] + [e for e in queue if isinstance(e, peering.Query)]
+                queue = [e for e in queue if not isinstance(e, peering.Query)]
+                results = await asyncio.gather(*(self._query(pg, q.osd, epoch) for q in queries),
+                                               return_exceptions=True)
+                for query, result in zip(queries, results):
+                    if isinstance(result, Exception):
+                        queue += core.failed(query.osd, str(result))
+                    else:
+                        queue += core.info(query.osd, result)
+            elif isinstance(effect, peering.Recover):
+                recoveries = [effect] + [e for e in queue if isinstance(e, peering.Recover)]
+                queue = [e for e in queue if not isinstance(e, peering.Recover)]
+                pg.state = "recovering"
+                results = await asyncio.gather(*(self._recover(pg, r.source, r.target, epoch)
+                                                 for r in recoveries), return_exceptions=True)
+                for recovery, result in zip(recoveries, results):
+                    if isinstance(result, Exception):
+                        queue += core.failed(recovery.target, str(result))
+                    else:
+                        queue += core.recovered(recovery.target)
+            elif isinstance(effect, peering.Activate):
+                pg.state = "activating"
+                await self.daemon.monc.request({"op": "pg_set_active", "pool": pg.key[0],
+                                                "pg": pg.key[1], "epoch": effect.epoch,
+                                                "acting": list(effect.acting)})
+                core.activated()
+                pg.state = "active"
+                pg.active.set()
+                return True
+            elif isinstance(effect, peering.Incomplete):
+                pg.state = "incomplete"
+                log.warning("pg %d.%x incomplete: %s", *pg.key, effect.reason)
+                return True                 # wait for the next map, not a retry loop
+            elif isinstance(effect, peering.Restart):
+                pg.state = "peering"
+                log.info("pg %d.%x peering again: %s", *pg.key, effect.reason)
+                return False
+        return False
+
+    # -- talking to members -------------------------------------------------------------------------
+
+    async def call(self, osd_id, header, payload=b""):
+        """Send an op to `osd_id` (handled locally when it is us); the reply (header, payload)."""
+        if osd_id == self.me:
+            return await self.daemon.service.handle(dict(header), payload)
+        osd = self.daemon.monc.map.osds.get(osd_id)
+        if osd is None or not osd["addr"]:
+            raise RequestFailed("again", f"osd.{osd_id} has no address")
+        try:
+            connection = await self.daemon.service.connections.get(osd_id, osd["addr"])
+            reply = await connection.request(header, payload, timeout_s=30.0)
+        except (ConnectionClosed, RequestTimeout) as exc:
+            raise RequestFailed("again", f"osd.{osd_id}: {exc}") from None
+        return reply.header, reply.payload
+
+    def _header(self, pg, op, epoch, **fields):
+        return {"op": op, "pool": pg.key[0], "pg": pg.key[1], "epoch": epoch, "from": self.me,
+                **fields}
+
+    async def _query(self, pg, osd_id, epoch):
+        header, _ = await self.call(osd_id, self._header(pg, "pg_query", epoch))
+        return header["last_update"]
+
+    async def _listing(self, pg, osd_id, epoch):
+        versions, start_after = {}, None
+        while True:
+            header, _ = await self.call(osd_id, self._header(pg, "pg_list", epoch,
+                                                             start_after=start_after,
+                                                             limit=RECOVERY_LIST_PAGE))
+            versions.update((name, version) for name, version in header["entries"])
+            start_after = header["next"]
+            if start_after is None:
+                return versions, header["last_update"]
+
+    async def _recover(self, pg, source, target, epoch):
+        """Make `target`'s copy of the PG equal to `source`'s (backfill by object versions)."""
+        wanted, source_last_update = await self._listing(pg, source, epoch)
+        have, _ = await self._listing(pg, target, epoch)
+        copied = removed = 0
+        for name, version in sorted(wanted.items()):
+            if have.get(name) == version:
+                continue
+            header, payload = await self.call(source, self._header(pg, "pg_read", epoch,
+                                                                   name=name))
+            await self.call(target, self._header(pg, "pg_push", epoch, name=name,
+                                                 version=header["version"],
+                                                 manifest=header.get("manifest", False)),
+                            payload)
+            self.recovery_bytes_total += len(payload)
+            copied += 1
+        for name in sorted(have.keys() - wanted.keys()):
+            await self.call(target, self._header(pg, "pg_remove", epoch, name=name))
+            removed += 1
+        await self.call(target, self._header(pg, "pg_mark", epoch, version=source_last_update))
+        if copied or removed:
+            log.info("pg %d.%x: recovered osd.%d from osd.%d: %d objects copied, %d removed",
+                     *pg.key, target, source, copied, removed)
+        pg.recovered_objects += copied + removed
+
+    # -- the log ----------------------------------------------------------------------------------
+
+    async def ensure_collections(self, pg):
+        """Create the PG's object and log collections on first use."""
+        if self.store.has_collection(pg.collection):
+            return
+        async with self.daemon.service.collection_lock:
+            if self.store.has_collection(pg.collection):
+                return
+            try:
+                await self.store.apply(Transaction().create_collection(pg.collection)
+                                       .create_collection(pg.log_collection))
+            except CollectionExists:
+                pass
+
+    def load_log(self, pg):
+        if pg.log_names is not None:
+            return
+        names, start_after = [], None
+        if self.store.has_collection(pg.log_collection):
+            while True:
+                batch, start_after = self.store.list_objects(pg.log_collection,
+                                                             start_after=start_after,
+                                                             limit=RECOVERY_LIST_PAGE)
+                names.extend(batch)
+                if start_after is None:
+                    break
+        pg.log_names = collections.deque(names)
+        pg.last_update = max(pg.last_update, int(names[-1], 16) if names else 0)
+
+    def log_ops(self, pg, txn, version, name, delete):
+        """Add this write's log entry (and a trim when due) to `txn`."""
+        self.load_log(pg)
+        entry = pgs.log_entry_name(version)
+        txn.put(pg.log_collection, entry, b"", attrs={"n": name.encode(),
+                                                       "o": b"d" if delete else b"p"})
+        pg.log_names.append(entry)
+        if len(pg.log_names) > LOG_ENTRIES_KEPT + LOG_TRIM_BATCH:
+            oldest = sorted(pg.log_names)
+            for old in oldest[:LOG_TRIM_BATCH]:
+                txn.delete(pg.log_collection, old)
+            pg.log_names = collections.deque(oldest[LOG_TRIM_BATCH:])
+
+    def applied(self, pg, version):
+        pg.last_update = max(pg.last_update, version)
+
+    def listing(self, pg, start_after, limit):
+        """([(name, version)], next start_after) of the PG's objects here."""
+        if not self.store.has_collection(pg.collection):
+            return [], None
+        names, following = self.store.list_objects(pg.collection, start_after=start_after,
+                                                    limit=limit)
+        entries = []
+        for name in names:
+            try:
+                entries.append((name, pgs.version_of(self.store.stat(pg.collection, name).attrs)))
+            except ObjectNotFound:
+                continue
+        return entries, following
