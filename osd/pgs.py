@@ -112,13 +112,10 @@ class PgRegistry:
         if acting.primary != self.me:
             pg.state = "replica" if self.me in acting.members else "stray"
             return
-        if not acting.writable:
-            pg.state = "inactive"                # below min_size: wait for OSDs to return
-            return
         up = {osd_id for osd_id, osd in cmap.osds.items() if osd["up"]}
         pg.state = "peering"
         pg.task = asyncio.get_running_loop().create_task(
-            self._peer(pg, epoch, tuple(acting.up_members), up))
+            self._peer(pg, epoch, tuple(acting.up_members), up, acting.writable))
 
     @staticmethod
     def _stop_task(pg):
@@ -157,7 +154,7 @@ class PgRegistry:
 
     # -- peering ----------------------------------------------------------------------------------
 
-    async def _peer(self, pg, epoch, acting, up):
+    async def _peer(self, pg, epoch, acting, up, writable):
         # Runs until the PG is active or a new interval cancels it; retries after failures.
         while True:
             core = peering.Peering(epoch, acting, up, self.me)
@@ -166,7 +163,7 @@ class PgRegistry:
                                                         "pg": pg.key[1]})
                 record = reply.header["record"]
                 effects = core.start((record[0], tuple(record[1])) if record else None)
-                done = await self._run(pg, core, effects, epoch)
+                done = await self._run(pg, core, effects, epoch, writable)
             except (MonitorsUnavailable, RequestFailed) as exc:
                 done = False
                 log.warning("pg %d.%x peering: %s", *pg.key, exc)
@@ -174,8 +171,11 @@ class PgRegistry:
                 return
             await asyncio.sleep(PEERING_RETRY_S)
 
-    async def _run(self, pg, core, effects, epoch):
-        """Carry out effects until the core is active (True) or must restart (False)."""
+    async def _run(self, pg, core, effects, epoch, writable):
+        """Carry out effects until the core is active (True) or must restart (False).
+
+        Below min_size the PG still peers, so reads go on, but it records no activation:
+        it will accept no write, so the last active set stays the one that holds them all."""
         queue = list(effects)
         while queue:
             effect = queue.pop(0)
@@ -202,11 +202,12 @@ class PgRegistry:
                         queue += core.recovered(recovery.target)
             elif isinstance(effect, peering.Activate):
                 pg.state = "activating"
-                await self.daemon.monc.request({"op": "pg_set_active", "pool": pg.key[0],
-                                                "pg": pg.key[1], "epoch": effect.epoch,
-                                                "acting": list(effect.acting)})
+                if writable:
+                    await self.daemon.monc.request({"op": "pg_set_active", "pool": pg.key[0],
+                                                    "pg": pg.key[1], "epoch": effect.epoch,
+                                                    "acting": list(effect.acting)})
                 core.activated()
-                pg.state = "active"
+                pg.state = "active" if writable else "active+readonly"
                 pg.active.set()
                 return True
             elif isinstance(effect, peering.Incomplete):

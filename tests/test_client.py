@@ -1,0 +1,143 @@
+"""The client library and `cairn put/get/...` against a real local cluster (3 hosts x 1 OSD,
+replicated size 3, min_size 2)."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cairn.client import errors
+from cairn.client.cluster import Cluster
+from tests.helpers import run
+
+pytestmark = pytest.mark.cluster
+
+FAST = ("mon.osd_grace_s=3", "osd.heartbeat_interval_s=0.5")
+
+
+def test_objects_round_trip_with_stripes_ranges_listing_and_typed_errors(local_cluster):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST)
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "16")
+
+    async def main():
+        async with await Cluster.connect(cluster.dir) as client:
+            pool = client.pool("data")
+            blobs = {f"obj-{i}": os.urandom(i * 1000 + 1) for i in range(40)}
+            versions = await asyncio.gather(*(pool.put(n, b) for n, b in blobs.items()))
+            assert all(isinstance(v, int) and v > 0 for v in versions)
+            for name, blob in blobs.items():
+                assert await pool.get(name) == blob
+            assert await pool.get("obj-30", 100, 50) == blobs["obj-30"][100:150]
+            stat = await pool.stat("obj-7")
+            assert stat.size == 7001 and not stat.striped
+            await pool.put("obj-7", b"replaced")
+            assert await pool.get("obj-7") == b"replaced"
+            assert (await pool.stat("obj-7")).version > stat.version
+
+            big = os.urandom(9 * 1024 * 1024 + 123)
+            assert await pool.put_stream("big", big, stripe_bytes=1024 * 1024) == len(big)
+            assert await pool.get("big") == big
+            chunks = [chunk async for chunk in pool.get_stream("big")]
+            assert len(chunks) == 10 and b"".join(chunks) == big
+            assert await pool.get("big", 1024 * 1024 - 10, 30) == big[1024 * 1024 - 10:
+                                                                       1024 * 1024 + 20]
+            assert (await pool.stat("big")).size == len(big)
+            smaller = os.urandom(100)
+            await pool.put_stream("big", smaller, stripe_bytes=1024 * 1024)   # overwrite
+            assert await pool.get("big") == smaller
+
+            names, page = [], None
+            while True:
+                batch, page = await pool.list(page=page, limit=7)
+                names += batch
+                if page is None:
+                    break
+            assert sorted(names) == sorted([*blobs, "big"])         # no stripe objects listed
+            prefixed, _ = await pool.list(prefix="obj-3")
+            assert sorted(prefixed) == sorted(n for n in blobs if n.startswith("obj-3"))
+
+            await pool.delete("big")
+            await pool.delete("obj-1")
+            with pytest.raises(errors.ObjectNotFound):
+                await pool.get("obj-1")
+            with pytest.raises(errors.ObjectNotFound):
+                await pool.get("big")
+            with pytest.raises(errors.ObjectNotFound):
+                await pool.delete("never-was")
+            with pytest.raises(errors.PoolNotFound):
+                client.pool("nopool")
+            leftovers, _ = await pool.list(limit=1000)
+            assert "big" not in leftovers and len(leftovers) == 39
+    run(main())
+
+    # The command line, with a file bigger than one stripe.
+    source = os.path.join(cluster.dir, "model.bin")
+    with open(source, "wb") as handle:
+        handle.write(os.urandom(6 * 1024 * 1024 + 5))
+    _, stored = cluster.cairn("put", "data", "model.bin", source)
+    assert stored["size"] == 6 * 1024 * 1024 + 5
+    target = os.path.join(cluster.dir, "model.back")
+    cluster.cairn("get", "data", "model.bin", target)
+    assert open(target, "rb").read() == open(source, "rb").read()
+    _, info = cluster.cairn("stat", "data", "model.bin")
+    assert info["striped"] and info["size"] == stored["size"]
+    _, listing = cluster.cairn("ls", "data", "--prefix", "model")
+    assert listing["names"] == ["model.bin"]
+    cluster.cairn("rm", "data", "model.bin")
+    status, reply = cluster.cairn("get", "data", "model.bin", target, check=False)
+    assert status == 1 and reply["error"] == "not_found"
+    piped = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
+                            "put", "data", "piped"], input=b"from stdin", capture_output=True,
+                           timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    out = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
+                          "get", "data", "piped"], capture_output=True, timeout=60)
+    assert out.stdout == b"from stdin"
+
+
+def test_writes_below_min_size_are_refused_and_reads_continue(local_cluster):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="256M", config=FAST)
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--min-size", "2",
+                  "--pg-num", "8")
+
+    async def write_all(pool, value):
+        await asyncio.gather(*(pool.put(f"k{i}", value) for i in range(20)))
+
+    async def main():
+        async with await Cluster.connect(cluster.dir, op_timeout_s=20) as client:
+            pool = client.pool("data")
+            await write_all(pool, b"one")
+            cluster.script("kill", "osd.1")
+            cluster.script("kill", "osd.2")
+            cluster.wait_for("two OSDs down", lambda: cluster.cairn("status")[1]["osds"]["up"]
+                             == 1, 15)
+            with pytest.raises(errors.PoolUnavailable, match="min_size"):
+                await pool.put("k0", b"two")
+            assert [await pool.get(f"k{i}") for i in range(20)] == [b"one"] * 20
+            _, status = cluster.cairn("status")
+            assert status["health"] == "HEALTH_ERR" and "PG_UNAVAILABLE" in status["checks"]
+            cluster.script("restart", "osd.1")
+            await write_all(pool, b"three")             # retried until the PGs are active
+            cluster.script("restart", "osd.2")
+            cluster.wait_for("all active", lambda: cluster.cairn("status")[1]["pg_states"]
+                             == {"active": 8}, 20)
+            for i in range(20):
+                assert await pool.get(f"k{i}") == b"three"
+    run(main())
+    bench = subprocess.run([sys.executable, "-m", "cairn.client.cli", "bench", "cluster",
+                            "--cluster", cluster.dir, "--pool", "data", "--op", "write",
+                            "--size", "64K", "--concurrency", "4", "--seconds", "1", "--json"],
+                           capture_output=True, text=True, timeout=60)
+    assert bench.returncode == 0, bench.stderr
+    result = json.loads(bench.stdout.strip().splitlines()[-1])
+    assert result["op"] == "write" and result["ops"] > 0 and result["size_bytes"] == 65536
+    assert set(result) >= {"MBps", "iops", "lat_ms_avg", "lat_ms_p99", "lat_ms_max", "seconds"}
+    seq = subprocess.run([sys.executable, "-m", "cairn.client.cli", "bench", "cluster",
+                          "--cluster", cluster.dir, "--pool", "data", "--op", "seq", "--size",
+                          "64K", "--seconds", "1", "--json", "--cleanup"], capture_output=True,
+                         text=True, timeout=60)
+    assert seq.returncode == 0, seq.stderr
+    assert json.loads(seq.stdout.strip().splitlines()[-1])["ops"] > 0
