@@ -101,10 +101,15 @@ class Cluster:
         return await self._connections.get(osd_id, self.map.osds[osd_id]["addr"])
 
     async def _op(self, pool_name, name, header, payload=b""):
-        """Send one object op to its PG's primary, retrying across map changes; the reply."""
+        """Send one object op to its PG's primary, retrying across map changes; the reply.
+
+        A delete whose earlier attempt may have been applied (the connection dropped before the
+        reply, or a replica failed after the primary deleted) and whose retry finds no object
+        has succeeded: it returns None."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.op_timeout_s
         last_error = "no attempt"
+        maybe_applied = False
         while True:
             cmap = self.map
             pool = cmap.pools.get(pool_name)
@@ -120,10 +125,16 @@ class Cluster:
                     remaining = max(0.1, deadline - loop.time())
                     return await connection.request(request, payload, timeout_s=remaining)
                 except RequestFailed as exc:
+                    if exc.code == "not_found" and maybe_applied and header["op"] == "delete":
+                        return None
                     self._raise_typed(exc)
                     last_error = f"osd.{acting.primary}: {exc.message}"
+                    # `again` can follow a partial apply (a replica failed); wrong_primary and
+                    # stale are refusals before any change.
+                    maybe_applied = maybe_applied or exc.code == "again"
                 except (ConnectionClosed, RequestTimeout) as exc:
                     last_error = f"osd.{acting.primary}: {exc}"
+                    maybe_applied = True
             else:
                 last_error = f"no OSD of pg {pool['id']}.{pg_index:x} is up"
             if loop.time() >= deadline:

@@ -201,6 +201,8 @@ class PgRegistry:
                     else:
                         queue += core.recovered(recovery.target)
             elif isinstance(effect, peering.Activate):
+                log.debug("pg %d.%x epoch %d: infos %s authority osd.%s", *pg.key, epoch,
+                          core.infos, core.authority)
                 pg.state = "activating"
                 if writable:
                     await self.daemon.monc.request({"op": "pg_set_active", "pool": pg.key[0],

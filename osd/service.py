@@ -71,7 +71,8 @@ class ObjectService:
         try:
             return await getattr(self, f"_{op}")(header, payload)
         except ObjectNotFound as exc:
-            raise RequestFailed("not_found", f"object {exc.name!r} not found") from None
+            raise RequestFailed("not_found", f"object {exc.name!r} not found (osd.{self.daemon.id}"
+                                f", epoch {self.map.epoch})") from None
         except NoSpace as exc:
             raise RequestFailed("no_space", str(exc)) from None
         except ChecksumError as exc:
