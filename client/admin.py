@@ -198,6 +198,16 @@ def _format_status(status):
     for name, pgs in status.get("pgs", {}).items():
         lines.append(f"    {name}: {pgs['total']} PGs, {pgs['degraded']} degraded, "
                      f"{pgs['unavailable']} unavailable")
+    if status.get("pg_states"):
+        lines.append("  pgs:    " + ", ".join(f"{count} {state}" for state, count
+                                              in status["pg_states"].items()))
+    recovery = status.get("recovery")
+    if recovery:
+        limit = (f"{recovery['max_bytes_per_s'] / 1e6:.0f} MB/s" if recovery["max_bytes_per_s"]
+                 else "unlimited")
+        lines.append(f"  recovery: {recovery['bytes_per_s'] / 1e6:.1f} MB/s now; budget {limit}, "
+                     f"{recovery['max_active']} PGs at once per OSD (window: "
+                     f"{recovery['window']})")
     lines.append(f"  map epoch {status['epoch']}")
     return "\n".join(lines)
 

@@ -8,6 +8,10 @@ stored), and daemons read typed values with `value(config, name)`.
 
 import dataclasses
 import difflib
+import json
+
+from cairn.common import throttle
+from cairn.common.units import parse_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,8 +22,14 @@ class Option:
     low: object
     high: object
     help: str
+    convert: object = None      # for kind str: text -> value, ValueError when invalid
 
     def parse(self, text):
+        if self.convert is not None:
+            try:
+                return self.convert(text)
+            except ValueError as exc:
+                raise ValueError(f"{self.name}: {exc}") from None
         try:
             value = self.kind(text)
         except (TypeError, ValueError):
@@ -44,7 +54,23 @@ OPTIONS = {option.name: option for option in [
            "how often an OSD heartbeats to the monitor and pings its peers"),
     Option("osd.heartbeat_peers", int, 6, 1, 64,
            "how many peer OSDs (on other hosts) each OSD pings"),
+    Option("recovery.windows", str, [], None, None,
+           "recovery budgets by time of day: a JSON list of {days, start, end, "
+           "max_bytes_per_s, max_active}; the first matching window wins",
+           convert=throttle.parse_windows),
+    Option("recovery.max_bytes_per_s", str, 0, None, None,
+           "recovery and backfill bytes per second per OSD outside every window (0: unlimited)",
+           convert=lambda text: _non_negative_size(text)),
+    Option("recovery.max_active", int, 4, 1, 64,
+           "PGs one OSD recovers at once outside every window"),
 ]}
+
+
+def _non_negative_size(text):
+    value = parse_size(text)
+    if value < 0:
+        raise ValueError(f"must not be negative (was {text!r})")
+    return value
 
 
 def option(name):
@@ -68,3 +94,13 @@ def value(config, name):
     found = option(name)
     text = config.get(name)
     return found.default if text is None else found.parse(text)
+
+
+def display(config, name):
+    """The value of `name` as a person or a JSON reader wants it: the text that was set for
+    options given as text (windows, sizes), the typed value otherwise."""
+    found = option(name)
+    text = config.get(name)
+    if found.kind is str:
+        return text if text is not None else json.dumps(found.default)
+    return value(config, name)

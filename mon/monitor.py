@@ -27,12 +27,13 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
 """
 
 import asyncio
+import collections
 import logging
 import time
 
 import msgpack
 
-from cairn.common import config
+from cairn.common import config, throttle
 from cairn.common import messenger
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.messenger import RequestFailed
@@ -63,6 +64,7 @@ class Monitor:
         self._subscribers = set()
         self._health_cache = (None, None)
         self._pg_states = {}                # osd id -> {state: PGs it is primary of}
+        self._recovery = {}                 # osd id -> deque of (when, recovery bytes total)
         self._tick_task = None
         self.proposals_total = 0
 
@@ -195,6 +197,10 @@ class Monitor:
     async def _osd_heartbeat(self, peer, header):
         osd_id = self._known_osd(header)
         self._detector.heartbeat(osd_id, time.monotonic_ns())
+        recovered = header.get("recovery_bytes")
+        if isinstance(recovered, int):
+            self._recovery.setdefault(osd_id, collections.deque(maxlen=64)).append(
+                (time.monotonic(), recovered))
         states = header.get("pg_states")
         if isinstance(states, dict):
             self._pg_states[osd_id] = {str(k): int(v) for k, v in states.items()
@@ -256,12 +262,12 @@ class Monitor:
         key = header.get("key")
         if key is None:
             return {"epoch": self.map.epoch,
-                    "config": {name: {"value": config.value(self.map.config, name),
+                    "config": {name: {"value": config.display(self.map.config, name),
                                       "set": name in self.map.config,
                                       "help": option.help}
                                for name, option in sorted(config.OPTIONS.items())}}, b""
         try:
-            value = config.value(self.map.config, key)
+            value = config.display(self.map.config, key)
         except KeyError as exc:
             raise RequestFailed("not_found", exc.args[0]) from None
         return {"epoch": self.map.epoch, "key": key, "value": value,
@@ -278,7 +284,25 @@ class Monitor:
                          "addrs": {self.name: self.addr}},
                 "osds": {"total": len(self.map.osds), "up": sum(o["up"] for o in osds),
                          "in": sum(o["in"] for o in osds)},
-                "pools": sorted(self.map.pools), "pg_states": self._pg_state_totals()}, b""
+                "pools": sorted(self.map.pools), "pg_states": self._pg_state_totals(),
+                "recovery": self._recovery_view()}, b""
+
+    def _recovery_view(self):
+        """Cluster recovery rate over the last ~10 s of heartbeats, and the budget in force
+        (by this monitor's clock)."""
+        now = time.monotonic()
+        rate = 0.0
+        for osd_id, samples in self._recovery.items():
+            recent = [(when, total) for when, total in samples if now - when <= 10.0]
+            if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
+                rate += (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
+        local = time.localtime()
+        in_force = throttle.budget(config.value(self.map.config, "recovery.windows"),
+                                   config.value(self.map.config, "recovery.max_bytes_per_s"),
+                                   config.value(self.map.config, "recovery.max_active"),
+                                   local.tm_wday, local.tm_hour * 60 + local.tm_min)
+        return {"bytes_per_s": round(rate), "window": in_force.window,
+                "max_bytes_per_s": in_force.max_bytes_per_s, "max_active": in_force.max_active}
 
     def _pg_state_totals(self):
         totals = {}

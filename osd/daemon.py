@@ -119,6 +119,8 @@ class OsdDaemon:
         if op == "status":
             return {"id": self.id, "addr": self.addr, "uuid": self.store.superblock.uuid,
                     "epoch": self.monc.map.epoch, "peers": self._watch.peers,
+                    "recovery_bytes": self.pgs.recovery_bytes_total,
+                    "pg_states": self.pgs.states(),
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:
             return await self.service.handle(received.header, received.payload)
@@ -143,7 +145,8 @@ class OsdDaemon:
             await asyncio.sleep(self._interval_s())
             try:
                 reply = await self.monc.request({"op": "osd_heartbeat", "id": self.id,
-                                                 "pg_states": self.pgs.states()},
+                                                 "pg_states": self.pgs.states(),
+                                                 "recovery_bytes": self.pgs.recovery_bytes_total},
                                                 timeout_s=self._interval_s() * 2)
             except (MonitorsUnavailable, RequestFailed) as exc:
                 log.warning("%s: heartbeat to the monitor failed: %s", self.name, exc)

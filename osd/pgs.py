@@ -15,7 +15,9 @@ are kept.
 import asyncio
 import collections
 import logging
+import time
 
+from cairn.common import config, throttle
 from cairn.common import pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonitorsUnavailable
@@ -54,11 +56,58 @@ class PgShell:
         self.recovered_objects = 0
 
 
+class RecoveryThrottle:
+    """Recovery traffic within the budget in force (common/throttle.py): bytes per second
+    through a token bucket, and at most max_active PGs recovering at once. Both follow the
+    cluster config and the local time at every call, so a change applies within seconds."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+        self.bucket = throttle.TokenBucket(0, time.monotonic())
+        self.active = 0
+        self._changed = asyncio.Condition()
+        self._parsed = (None, None)                     # (epoch, windows)
+
+    def budget(self):
+        cmap = self.daemon.monc.map
+        if self._parsed[0] != cmap.epoch:
+            self._parsed = (cmap.epoch, config.value(cmap.config, "recovery.windows"))
+        now = time.localtime()
+        return throttle.budget(self._parsed[1],
+                               config.value(cmap.config, "recovery.max_bytes_per_s"),
+                               config.value(cmap.config, "recovery.max_active"),
+                               now.tm_wday, now.tm_hour * 60 + now.tm_min)
+
+    async def take(self, size_bytes):
+        """Wait until `size_bytes` of recovery traffic fit the budget."""
+        now = time.monotonic()
+        self.bucket.set_rate(self.budget().max_bytes_per_s, now)
+        delay = self.bucket.wait_s(size_bytes, now)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def slot(self):
+        """Wait for one of the budget's max_active recovery slots."""
+        async with self._changed:
+            while self.active >= self.budget().max_active:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), 1.0)    # the budget may move
+                except TimeoutError:
+                    pass
+            self.active += 1
+
+    async def release(self):
+        async with self._changed:
+            self.active -= 1
+            self._changed.notify_all()
+
+
 class PgRegistry:
     def __init__(self, daemon):
         self.daemon = daemon
         self.pgs = {}                                   # key -> PgShell
         self.recovery_bytes_total = 0
+        self.throttle = RecoveryThrottle(daemon)
 
     @property
     def me(self):
@@ -258,7 +307,15 @@ class PgRegistry:
                 return versions, header["last_update"]
 
     async def _recover(self, pg, source, target, epoch):
-        """Make `target`'s copy of the PG equal to `source`'s (backfill by object versions)."""
+        """Make `target`'s copy of the PG equal to `source`'s (backfill by object versions),
+        within the recovery budget."""
+        await self.throttle.slot()
+        try:
+            await self._backfill(pg, source, target, epoch)
+        finally:
+            await self.throttle.release()
+
+    async def _backfill(self, pg, source, target, epoch):
         wanted, source_last_update = await self._listing(pg, source, epoch)
         have, _ = await self._listing(pg, target, epoch)
         copied = removed = 0
@@ -267,6 +324,7 @@ class PgRegistry:
                 continue
             header, payload = await self.call(source, self._header(pg, "pg_read", epoch,
                                                                    name=name))
+            await self.throttle.take(len(payload))
             await self.call(target, self._header(pg, "pg_push", epoch, name=name,
                                                  version=header["version"],
                                                  manifest=header.get("manifest", False)),
