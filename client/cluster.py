@@ -159,7 +159,8 @@ class Cluster:
             raise NoSpace(exc.message) from None
         if exc.code == "pool_unavailable":
             raise PoolUnavailable(exc.message) from None
-        if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error"):
+        if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error",
+                        "unsupported"):
             raise ProtocolError(f"{exc.code}: {exc.message}") from None
         # wrong_primary, again: retry after the map moves
 

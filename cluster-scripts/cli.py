@@ -540,8 +540,8 @@ def build_parser():
                           "$CAIRN_SCRATCH_DIR or /var/tmp, removed afterwards)")
     show_off.add_argument("--hosts", type=_bounded(3, HOSTS_MAX), default=4)
     show_off.add_argument("--osds-per-host", type=_bounded(2, OSDS_PER_HOST_MAX), default=2)
-    show_off.add_argument("--data", default="1G", help="bytes of objects to store and read "
-                          "back (default 1G)")
+    show_off.add_argument("--data", default="2G", help="bytes to store and read back "
+                          "(default 2G)")
     show_off.add_argument("--keep", action="store_true", help="keep the directory")
     faults = commands.add_parser("fault", help="isolated mode: packet loss, partitions, slow "
                                  "disks, and their undo", description=(

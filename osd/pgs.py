@@ -141,6 +141,8 @@ class PgRegistry:
         interval's primary."""
         live = set()
         for pool in cmap.pools.values():
+            if pool["kind"] != "replicated":
+                continue                    # erasure-coded pools are served by a later issue
             for pg_index, acting in enumerate(pgs.acting_sets(cmap, pool["name"])):
                 key = (pool["id"], pg_index)
                 live.add(key)

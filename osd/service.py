@@ -101,6 +101,9 @@ class ObjectService:
         if not isinstance(pg_index, int) or not 0 <= pg_index < pool["pg_num"]:
             raise RequestFailed("invalid", f"pg {pg_index!r} is not in pool {pool['name']} "
                                 f"({pool['pg_num']} PGs)")
+        if pool["kind"] != "replicated":
+            raise RequestFailed("unsupported", f"pool {pool['name']} is erasure-coded; this "
+                                "version serves objects in replicated pools only")
         pg = self.registry.pgs.get((pool_id, pg_index))
         acting = pg.interval[1] if pg is not None and pg.interval else None
         if as_primary and (acting is None or acting.primary != self.daemon.id):
