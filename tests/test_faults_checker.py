@@ -2,7 +2,8 @@
 
 Method: random puts, overwrites, deletes and reads go through the client library against an
 in-memory model of what each object must hold, while the test SIGKILLs and restarts random OSDs
-(size 3, min_size 2, one down at a time). An op that fails (timeout, refused) leaves its object
+(size 3, min_size 2): one down at a time for the first part of the run, then two at a time (the
+PGs drop below min_size: writes are refused, reads go on). An op that fails (timeout, refused) leaves its object
 *uncertain*: either the old or the new value may be there, as for any unacknowledged write. Every
 read must return the model's value (or one of the candidates while uncertain): never wrong bytes.
 At the end every OSD is up, every PG active, and every object reads back as the model says.
@@ -22,7 +23,7 @@ from tests.helpers import run
 pytestmark = pytest.mark.faults
 
 FAST = ("mon.osd_grace_s=3", "osd.heartbeat_interval_s=0.5")
-RUN_S = 25.0
+RUN_S = 36.0
 OBJECTS = 40
 
 
@@ -109,14 +110,18 @@ def test_checker_survives_osd_kills(local_cluster):
     stats = {"puts": 0, "deletes": 0, "reads": 0, "failed": 0, "kills": 0}
 
     async def faults(stop_at):
+        two_from = stop_at - RUN_S / 3
         while time.monotonic() < stop_at - 6:
             await asyncio.sleep(rng.uniform(1.0, 3.0))
-            victim = f"osd.{rng.randrange(3)}"
-            await asyncio.to_thread(cluster.script, "kill", victim)
-            model.note("kills", victim)
-            stats["kills"] += 1
+            victims = [f"osd.{i}" for i in rng.sample(range(3),
+                                                       2 if time.monotonic() > two_from else 1)]
+            for victim in victims:
+                await asyncio.to_thread(cluster.script, "kill", victim)
+                model.note("kills", victim)
+                stats["kills"] += 1
             await asyncio.sleep(rng.uniform(1.0, 4.0))
-            await asyncio.to_thread(cluster.script, "restart", victim)
+            for victim in victims:
+                await asyncio.to_thread(cluster.script, "restart", victim)
             model.note("kills", "restarted")
 
     async def main():

@@ -107,3 +107,44 @@ def test_recovery_obeys_the_window_and_runs_faster_outside_it(local_cluster):
     print(f"outside it: recovery took {fast_s:.1f} s, fastest OSD {fastest / 1e6:.2f} MB/s")
     assert fastest > LIMIT, f"outside the window: {fastest / 1e6:.2f} MB/s"
     assert fast_s < slow_s, (fast_s, slow_s)
+
+
+def test_out_osd_is_backfilled_elsewhere_and_data_flows_back_when_it_returns(local_cluster):
+    """osd.0 out: its PGs move to osd.3, which must get full copies (proved by reading every
+    object with osd.1 and osd.2 stopped, osd.3 alone holding them). Then osd.0 comes back in
+    after more writes: it must get the new versions (proved by reading with osd.3 stopped)."""
+    cluster = local_cluster(hosts=4, osds_per_host=1, device_size="256M", config=FAST)
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "16")
+
+    def all_active():
+        return cluster.cairn("status")[1].get("pg_states") == {"active": 16}
+
+    async def put_all(value):
+        async with await Cluster.connect(cluster.dir) as client:
+            pool = client.pool("data")
+            await asyncio.gather(*(pool.put(f"k{i}", value + b"%d" % i) for i in range(30)))
+
+    async def read_all():
+        async with await Cluster.connect(cluster.dir, op_timeout_s=20) as client:
+            pool = client.pool("data")
+            return [await pool.get(f"k{i}") for i in range(30)]
+
+    run(put_all(b"first-"))
+    cluster.cairn("osd", "out", "0")
+    cluster.wait_for("PGs active after osd.0 out", all_active, 30)
+    cluster.script("kill", "osd.1", "--signal", "TERM")
+    cluster.script("kill", "osd.2", "--signal", "TERM")
+    assert run(read_all()) == [b"first-%d" % i for i in range(30)]     # from osd.3 alone
+    cluster.script("restart", "osd.1")
+    cluster.script("restart", "osd.2")
+    cluster.wait_for("PGs active again", all_active, 30)
+    run(put_all(b"second-"))
+    cluster.cairn("osd", "in", "0")
+    cluster.wait_for("PGs active after osd.0 in", all_active, 30)
+    cluster.script("kill", "osd.3", "--signal", "TERM")       # down but in: PGs degraded
+
+    def serving():
+        states = cluster.cairn("status")[1].get("pg_states", {})
+        return set(states) <= {"active", "active+degraded"} and sum(states.values()) == 16
+    cluster.wait_for("PGs active without osd.3", serving, 30)
+    assert run(read_all()) == [b"second-%d" % i for i in range(30)]
