@@ -275,6 +275,12 @@ async def serve(addr, handler, on_close=None):
             while True:
                 try:
                     received = await read_frame(reader)
+                except asyncio.CancelledError:
+                    # uvloop cancels a reader's waiter when the server closes under it; only a
+                    # cancellation of this task itself must propagate.
+                    if asyncio.current_task().cancelling():
+                        raise
+                    break
                 except RemoteProtocolError as exc:
                     log.warning("bad frame from %s: %s; dropping the connection", peer.addr, exc)
                     peer.send(Kind.ERROR, 0, {"error": "protocol", "message": str(exc)})

@@ -103,9 +103,8 @@ class Peering:
         return [Query(osd) for osd in sorted(probe)]
 
     def info(self, osd, last_update):
-        assert self.state is State.QUERYING, self.state
-        if osd not in self.pending_queries:
-            return []
+        if self.state is not State.QUERYING or osd not in self.pending_queries:
+            return []                   # late: peering already failed or moved on
         self.pending_queries.discard(osd)
         self.infos[osd] = last_update
         if self.pending_queries:
@@ -142,7 +141,8 @@ class Peering:
         return [Recover(self.authority, osd) for osd in behind]
 
     def recovered(self, target):
-        assert self.state is State.RECOVERING, self.state
+        if self.state is not State.RECOVERING:
+            return []                   # late: a recovery beside it failed
         self.pending_recoveries.discard(target)
         if self.pending_recoveries:
             return []

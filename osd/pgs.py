@@ -15,6 +15,7 @@ are kept.
 import asyncio
 import collections
 import logging
+import os
 import time
 
 from cairn.common import config, throttle
@@ -36,6 +37,18 @@ ACTIVE_WAIT_S_MAX = 5.0
 # Pause before peering again after a failure (an OSD that did not answer, a refused record).
 PEERING_RETRY_S = 1.0
 RECOVERY_LIST_PAGE = 1000
+# Deadline of one peering or recovery call to another OSD; a member that does not answer in
+# time makes peering start again.
+PEER_CALL_TIMEOUT_S = 10.0
+
+
+def _crash_on_error(task):
+    """A peering task that died of anything but cancellation hit a bug: stop the daemon rather
+    than leave the PG stuck in peering with nobody noticing (STYLE.md 2.5)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    log.critical("peering task failed", exc_info=task.exception())
+    os._exit(70)
 
 
 class PgShell:
@@ -167,6 +180,7 @@ class PgRegistry:
         pg.state = "peering"
         pg.task = asyncio.get_running_loop().create_task(
             self._peer(pg, epoch, tuple(acting.up_members), up, acting.writable))
+        pg.task.add_done_callback(_crash_on_error)
 
     @staticmethod
     def _stop_task(pg):
@@ -230,6 +244,7 @@ class PgRegistry:
         queue = list(effects)
         while queue:
             effect = queue.pop(0)
+            log.debug("pg %d.%x epoch %d: %s", *pg.key, epoch, effect)
             if isinstance(effect, peering.Query):
                 queries = [effect] + [e for e in queue if isinstance(e, peering.Query)]
                 queue = [e for e in queue if not isinstance(e, peering.Query)]
@@ -237,6 +252,8 @@ class PgRegistry:
                                                return_exceptions=True)
                 for query, result in zip(queries, results):
                     if isinstance(result, Exception):
+                        log.info("pg %d.%x epoch %d: query of osd.%d failed: %r", *pg.key, epoch,
+                                 query.osd, result)
                         queue += core.failed(query.osd, str(result))
                     else:
                         queue += core.info(query.osd, result)
@@ -284,7 +301,7 @@ class PgRegistry:
             raise RequestFailed("again", f"osd.{osd_id} has no address")
         try:
             connection = await self.daemon.service.connections.get(osd_id, osd["addr"])
-            reply = await connection.request(header, payload, timeout_s=30.0)
+            reply = await connection.request(header, payload, timeout_s=PEER_CALL_TIMEOUT_S)
         except (ConnectionClosed, RequestTimeout) as exc:
             raise RequestFailed("again", f"osd.{osd_id}: {exc}") from None
         return reply.header, reply.payload

@@ -84,6 +84,8 @@ class ObjectService:
 
     async def _pg_of(self, header, as_primary=True):
         """(pool dict, PgShell) for the op's PG, after the map checks."""
+        if self.map is None:
+            raise RequestFailed("again", f"osd.{self.daemon.id} is starting (no map yet)")
         epoch = header.get("epoch", 0)
         if not isinstance(epoch, int) or epoch < 0:
             raise RequestFailed("invalid", f"epoch must be a non-negative integer (was {epoch!r})")

@@ -116,8 +116,11 @@ def test_out_osd_is_backfilled_elsewhere_and_data_flows_back_when_it_returns(loc
     cluster = local_cluster(hosts=4, osds_per_host=1, device_size="256M", config=FAST)
     cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "16")
 
+    seen = {}
+
     def all_active():
-        return cluster.cairn("status")[1].get("pg_states") == {"active": 16}
+        seen["pg_states"] = cluster.cairn("status")[1].get("pg_states")
+        return seen["pg_states"] == {"active": 16}
 
     async def put_all(value):
         async with await Cluster.connect(cluster.dir) as client:
@@ -137,7 +140,10 @@ def test_out_osd_is_backfilled_elsewhere_and_data_flows_back_when_it_returns(loc
     assert run(read_all()) == [b"first-%d" % i for i in range(30)]     # from osd.3 alone
     cluster.script("restart", "osd.1")
     cluster.script("restart", "osd.2")
-    cluster.wait_for("PGs active again", all_active, 30)
+    try:
+        cluster.wait_for("PGs active again", all_active, 30)
+    except AssertionError:
+        raise AssertionError(f"PGs not active in 30 s: {seen}") from None
     run(put_all(b"second-"))
     cluster.cairn("osd", "in", "0")
     cluster.wait_for("PGs active after osd.0 in", all_active, 30)

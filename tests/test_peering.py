@@ -57,11 +57,13 @@ def test_incomplete_when_no_member_of_the_last_active_set_is_up_or_answers():
     assert core.state is State.INCOMPLETE                         # ...did not answer
 
 
-def test_a_failed_acting_member_restarts_peering():
-    core = peering.Peering(epoch=3, acting=(1, 2), up_osds={1, 2}, me=1)
+def test_a_failed_acting_member_restarts_peering_and_late_answers_are_ignored():
+    core = peering.Peering(epoch=3, acting=(1, 2, 3), up_osds={1, 2, 3}, me=1)
     core.start(None)
     assert isinstance(core.failed(2, "connection refused")[0], Restart)
     assert core.state is State.FAILED
+    assert core.info(1, 7) == [] and core.info(3, 7) == []        # answers after the failure
+    assert core.recovered(3) == [] and core.state is State.FAILED
 
 
 # -- the simulation ----------------------------------------------------------------------------
