@@ -275,12 +275,6 @@ async def serve(addr, handler, on_close=None):
             while True:
                 try:
                     received = await read_frame(reader)
-                except asyncio.CancelledError:
-                    # uvloop cancels a reader's waiter when the server closes under it; only a
-                    # cancellation of this task itself must propagate.
-                    if asyncio.current_task().cancelling():
-                        raise
-                    break
                 except RemoteProtocolError as exc:
                     log.warning("bad frame from %s: %s; dropping the connection", peer.addr, exc)
                     peer.send(Kind.ERROR, 0, {"error": "protocol", "message": str(exc)})
@@ -298,6 +292,11 @@ async def serve(addr, handler, on_close=None):
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         except (ConnectionError, OSError):
+            pass
+        except asyncio.CancelledError:
+            # The daemon is shutting down. This task is asyncio's, not ours: Python 3.11's
+            # start_server callback calls task.exception() without checking for cancellation
+            # and logs a spurious error, so the connection ends here quietly instead.
             pass
         finally:
             for task in list(tasks):
