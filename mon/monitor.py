@@ -22,8 +22,8 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     status, osd_tree, pool_ls             -> views for the CLI
     osd_mark {id, state: out|in|down}, pool_create {...}, pool_delete {name},
     config_set {key, value}, config_get {key}
-    pg_last_active {pool, pg}             -> record [epoch, acting] or None (osd/peering.py)
-    pg_set_active {pool, pg, epoch, acting}  (durable before the reply)
+    pg_last_active {pool, pg}             -> record [epoch, acting, complete] or None
+    pg_set_active {pool, pg, epoch, acting, complete}  (durable before the reply; peering.py)
 """
 
 import asyncio
@@ -314,22 +314,25 @@ class Monitor:
 
     async def _pg_last_active(self, peer, header):
         pool_id, pg_index = self._pg_key(header)
-        record = self.store.pg_active(pool_id, pg_index)
-        return {"record": list(record) if record else None}, b""
+        return {"record": self.store.pg_active(pool_id, pg_index)}, b""
 
     async def _pg_set_active(self, peer, header):
         pool_id, pg_index = self._pg_key(header)
         epoch, acting = header.get("epoch"), header.get("acting")
+        complete = header.get("complete", acting)
         if not isinstance(epoch, int) or not isinstance(acting, list) or \
-                not all(isinstance(m, int) for m in acting):
-            raise RequestFailed("invalid", "pg_set_active needs epoch and acting (OSD ids)")
+                not isinstance(complete, list) or \
+                not all(isinstance(m, int) for m in acting + complete) or \
+                not set(complete) <= set(acting):
+            raise RequestFailed("invalid", "pg_set_active needs epoch, acting (OSD ids) and "
+                                "complete (a subset of acting)")
         async with self._lock:
             current = self.store.pg_active(pool_id, pg_index)
             if current is not None and current[0] > epoch:
                 raise RequestFailed("stale", f"pg {pool_id}.{pg_index:x} went active at epoch "
                                     f"{current[0]}, after {epoch}")
             await asyncio.get_running_loop().run_in_executor(
-                None, self.store.set_pg_active, pool_id, pg_index, epoch, acting)
+                None, self.store.set_pg_active, pool_id, pg_index, epoch, acting, complete)
         return {}, b""
 
     def _pg_key(self, header):

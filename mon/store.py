@@ -10,7 +10,8 @@ Keys (epochs as 8-byte big-endian, so key order is epoch order):
     meta/fsid            the cluster's fsid (utf-8)
     full/<epoch>         msgpack of ClusterMap.to_dict()
     log/<epoch>          msgpack of Incremental.to_dict()
-    pgact/<pool><pg>     msgpack [epoch, acting]: the PG's last activation (osd/peering.py)
+    pgact/<pool><pg>     msgpack [epoch, acting, complete]: the PG's last activation
+                         (osd/peering.py)
 
 The next issue replicates exactly this log with Raft; nothing else in the monitor is durable.
 """
@@ -177,18 +178,16 @@ class MonStore:
     # -- PG activation records (osd/peering.py) ----------------------------------------------------
 
     def pg_active(self, pool_id, pg_index):
-        """(epoch, acting tuple) of the PG's last activation, or None."""
+        """[epoch, acting, complete] of the PG's last activation, or None."""
         raw = self._db.get(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index))
-        if raw is None:
-            return None
-        epoch, acting = msgpack.unpackb(raw)
-        return epoch, tuple(acting)
+        return None if raw is None else msgpack.unpackb(raw)
 
-    def set_pg_active(self, pool_id, pg_index, epoch, acting):
-        """Durably record that the PG went active at `epoch` with `acting` (fsync)."""
+    def set_pg_active(self, pool_id, pg_index, epoch, acting, complete):
+        """Durably record that the PG went active at `epoch` with `acting`, of which
+        `complete` hold every acknowledged write (fsync)."""
         batch = WriteBatch(raw_mode=True)
         batch.put(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index),
-                  msgpack.packb([epoch, list(acting)]))
+                  msgpack.packb([epoch, list(acting), list(complete)]))
         self._db.write(batch, self._sync)
 
     def close(self):

@@ -1,32 +1,37 @@
 """Peering of one placement group on its primary (pure: no I/O, no clock).
 
 Theory of operation. A write is acknowledged only when every member of the PG's acting set has
-committed it, and a PG accepts writes only while it is ACTIVE. Whenever the acting set changes
+committed it, and a PG accepts writes only while it is active. Whenever the acting set changes
 (a new interval), the new primary must rebuild a state that holds every acknowledged write
-before it accepts any new one:
+before it accepts any new one.
 
-1. It asks the monitor for the PG's last *activation record*: the acting set that last went
-   active. Only members of that set can hold every acknowledged write, because writes happen only
-   while that set is active and each one is on all of them.
-2. It queries its own acting set and every up member of the last active set for their PG info
-   (last_update: the highest PG version they applied, deletes included). A queried OSD refuses
-   from then on any replicated write from an older epoch, so no write can still be
-   acknowledged by the old set after we looked.
-3. If no member of the last active set answers, the PG is INCOMPLETE: it waits for the map to
+The monitor keeps, per PG, the last *activation record*: (epoch, acting set, complete members).
+A complete member holds every acknowledged write: it was recovered from the authority before
+the PG went active (or is the authority), and as an acting member it receives every write since.
+Members still being recovered are in the acting set but not complete.
+
+1. The primary asks the monitor for the record, then queries its acting set and every up
+   complete member of the record for their last_update (the highest PG version they applied,
+   deletes included). A queried OSD refuses from then on any replicated write from an older
+   epoch, so no write can still be acknowledged by the old set after we looked.
+2. If no complete member of the record answers, the PG is INCOMPLETE: it waits for the map to
    change (an OSD returning) rather than go active without the newest data.
-4. The authority is the answering member of the last active set with the highest last_update
-   (any answering member when there is no record yet: a new PG).
-5. Every acting member whose state differs from the authority's is recovered from it (objects
-   copied by version, extras deleted). Then the activation record for this epoch and acting set
-   is written at the monitor (durably), and only then does the PG become ACTIVE.
+3. The authority is the answering complete member with the highest last_update (any answering
+   member when there is no record yet: a new PG).
+4. If the primary is not the authority it is recovered from it first (the PG is not active
+   meanwhile). Then the activation record (this epoch, the acting set, complete = the primary
+   and the authority if it is acting) is written at the monitor and the PG becomes ACTIVE: it
+   serves reads and writes while the other members are recovered from the primary in the
+   background, each object under the primary's object lock so no client write interleaves. Each
+   member that finishes is added to the record's complete set; when all have, the PG is clean.
 
 Any step failing (an OSD gone, a newer map) restarts peering at the next interval or retry.
 
 `Peering` is driven by events and answers with effects, which the shell carries out in order:
     start(record)          -> [Query(osd)...] or [Incomplete]
-    info(osd, last_update) -> [] or [Recover(source, target)..., or Activate]
-    recovered(target)      -> [] or [Activate]
-    activated()            -> state ACTIVE
+    info(osd, last_update) -> [] or [Recover(authority, me)] or [Activate, Recover...]
+    recovered(target)      -> [] or [Activate, Recover...] or [Complete]
+    activated()            -> state ACTIVE (recoveries continue in the background)
     failed(osd)            -> [Restart] (the shell retries after a delay or a new map)
 """
 
@@ -35,13 +40,29 @@ import enum
 
 
 class State(enum.Enum):
-    WAITING_RECORD = "peering"          # asking the monitor for the last activation record
+    WAITING_RECORD = "waiting_record"   # asking the monitor for the last activation record
     QUERYING = "peering"
-    RECOVERING = "recovering"
+    RECOVERING_PRIMARY = "recovering_primary"   # the primary catches up before activation
     ACTIVATING = "activating"
-    ACTIVE = "active"
+    ACTIVE = "active"                   # serving; members may still be recovering
     INCOMPLETE = "incomplete"
     FAILED = "peering_failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    epoch: int
+    acting: tuple
+    complete: tuple
+
+    @classmethod
+    def from_list(cls, raw):
+        """A record as the monitor stores it: [epoch, acting] or [epoch, acting, complete]."""
+        if raw is None:
+            return None
+        epoch, acting = raw[0], tuple(raw[1])
+        complete = tuple(raw[2]) if len(raw) > 2 else acting
+        return cls(epoch, acting, complete)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +80,15 @@ class Recover:
 class Activate:
     epoch: int
     acting: tuple
+    complete: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Complete:
+    """Record that more members are complete (same epoch and acting set)."""
+    epoch: int
+    acting: tuple
+    complete: tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,20 +114,27 @@ class Peering:
         self.record = None
         self.infos = {}
         self.pending_queries = set()
-        self.pending_recoveries = set()
         self.authority = None
+        self.complete = set()
+        self.pending_recoveries = set()
+
+    @property
+    def clean(self):
+        """Active with every acting member complete."""
+        return self.state is State.ACTIVE and self.complete == set(self.acting)
 
     def start(self, record):
-        """`record`: the last activation record (epoch, acting tuple) or None for a new PG."""
-        assert self.state is State.WAITING_RECORD
+        """`record`: the last activation Record, or None for a new PG."""
+        assert self.state is State.WAITING_RECORD, self.state
         self.record = record
         probe = set(self.acting)
         if record is not None:
-            probe |= {osd for osd in record[1] if osd in self.up_osds}
-            if not probe & set(record[1]):
+            up_complete = {osd for osd in record.complete if osd in self.up_osds}
+            if not up_complete:
                 self.state = State.INCOMPLETE
-                return [Incomplete(f"none of the last active set {list(record[1])} (epoch "
-                                   f"{record[0]}) is up")]
+                return [Incomplete(f"no complete member of the last active set "
+                                   f"{list(record.complete)} (epoch {record.epoch}) is up")]
+            probe |= up_complete
         self.state = State.QUERYING
         self.pending_queries = set(probe)
         return [Query(osd) for osd in sorted(probe)]
@@ -113,44 +150,52 @@ class Peering:
 
     def failed(self, osd, reason):
         """A query or recovery involving `osd` failed."""
-        if self.state in (State.ACTIVE, State.INCOMPLETE):
+        if self.state in (State.INCOMPLETE, State.FAILED):
             return []
         if self.state is State.QUERYING and osd not in self.acting and osd in self.pending_queries:
-            # A past member that does not answer is not needed if another past member does.
+            # A past member that does not answer is not needed if another one does.
             self.pending_queries.discard(osd)
             return [] if self.pending_queries else self._choose()
+        if self.state is State.ACTIVE and osd in self.pending_recoveries:
+            # A member being recovered failed: it stays incomplete; the PG goes on serving
+            # and the map change that follows (it went down) peers again.
+            self.pending_recoveries.discard(osd)
+            return []
         self.state = State.FAILED
         return [Restart(f"osd.{osd}: {reason}")]
 
     def _choose(self):
         candidates = self.infos
         if self.record is not None:
-            candidates = {osd: lu for osd, lu in self.infos.items() if osd in self.record[1]}
+            candidates = {osd: lu for osd, lu in self.infos.items()
+                          if osd in self.record.complete}
             if not candidates:
                 self.state = State.INCOMPLETE
-                return [Incomplete(f"no member of the last active set {list(self.record[1])} "
-                                   f"answered")]
+                return [Incomplete(f"no complete member of the last active set "
+                                   f"{list(self.record.complete)} answered")]
         # Highest last_update wins; ties go to the primary (no copy needed), then lowest id.
         self.authority = max(candidates, key=lambda osd: (candidates[osd], osd == self.me,
                                                           -osd))
-        behind = [osd for osd in self.acting if osd != self.authority]
-        self.pending_recoveries = set(behind)
-        if not behind:
-            return self._activate()
-        self.state = State.RECOVERING
-        return [Recover(self.authority, osd) for osd in behind]
+        if self.authority != self.me:
+            self.state = State.RECOVERING_PRIMARY
+            return [Recover(self.authority, self.me)]
+        return self._activate()
 
     def recovered(self, target):
-        if self.state is not State.RECOVERING:
-            return []                   # late: a recovery beside it failed
-        self.pending_recoveries.discard(target)
-        if self.pending_recoveries:
-            return []
-        return self._activate()
+        if self.state is State.RECOVERING_PRIMARY and target == self.me:
+            return self._activate()
+        if self.state is State.ACTIVE and target in self.pending_recoveries:
+            self.pending_recoveries.discard(target)
+            self.complete.add(target)
+            return [Complete(self.epoch, self.acting, tuple(sorted(self.complete)))]
+        return []                       # late: a recovery beside it failed
 
     def _activate(self):
         self.state = State.ACTIVATING
-        return [Activate(self.epoch, self.acting)]
+        self.complete = {self.me} | ({self.authority} & set(self.acting))
+        self.pending_recoveries = set(self.acting) - self.complete
+        effects = [Activate(self.epoch, self.acting, tuple(sorted(self.complete)))]
+        return effects + [Recover(self.me, osd) for osd in sorted(self.pending_recoveries)]
 
     def activated(self):
         assert self.state is State.ACTIVATING, self.state

@@ -37,6 +37,8 @@ ACTIVE_WAIT_S_MAX = 5.0
 # Pause before peering again after a failure (an OSD that did not answer, a refused record).
 PEERING_RETRY_S = 1.0
 RECOVERY_LIST_PAGE = 1000
+# Tries of one member's background recovery before it is left incomplete until the map changes.
+RECOVERY_ATTEMPTS_MAX = 5
 # Deadline of one peering or recovery call to another OSD; a member that does not answer in
 # time makes peering start again.
 PEER_CALL_TIMEOUT_S = 10.0
@@ -220,27 +222,30 @@ class PgRegistry:
     # -- peering ----------------------------------------------------------------------------------
 
     async def _peer(self, pg, epoch, acting, up, writable):
-        # Runs until the PG is active or a new interval cancels it; retries after failures.
+        # Runs until the PG is active and clean, incomplete, or a new interval cancels it;
+        # retries after failures.
         while True:
             core = peering.Peering(epoch, acting, up, self.me)
             try:
                 reply = await self.daemon.monc.request({"op": "pg_last_active", "pool": pg.key[0],
                                                         "pg": pg.key[1]})
-                record = reply.header["record"]
-                effects = core.start((record[0], tuple(record[1])) if record else None)
+                effects = core.start(peering.Record.from_list(reply.header["record"]))
                 done = await self._run(pg, core, effects, epoch, writable)
             except (MonitorsUnavailable, RequestFailed) as exc:
                 done = False
                 log.warning("pg %d.%x peering: %s", *pg.key, exc)
             if done:
                 return
+            if pg.active.is_set():
+                return                  # serving; a failed background recovery waits for the map
             await asyncio.sleep(PEERING_RETRY_S)
 
     async def _run(self, pg, core, effects, epoch, writable):
-        """Carry out effects until the core is active (True) or must restart (False).
+        """Carry out effects until the PG is active and every member recovered (True), or
+        peering must restart (False).
 
         Below min_size the PG still peers, so reads go on, but it records no activation:
-        it will accept no write, so the last active set stays the one that holds them all."""
+        it will accept no write, so the last record stays the one that names who holds them."""
         queue = list(effects)
         while queue:
             effect = queue.pop(0)
@@ -257,29 +262,35 @@ class PgRegistry:
                         queue += core.failed(query.osd, str(result))
                     else:
                         queue += core.info(query.osd, result)
-            elif isinstance(effect, peering.Recover):
-                recoveries = [effect] + [e for e in queue if isinstance(e, peering.Recover)]
+            elif isinstance(effect, peering.Recover) and core.state is peering.State.ACTIVE:
+                background = [effect] + [e for e in queue if isinstance(e, peering.Recover)]
                 queue = [e for e in queue if not isinstance(e, peering.Recover)]
-                pg.state = "recovering"
-                results = await asyncio.gather(*(self._recover(pg, r.source, r.target, epoch)
-                                                 for r in recoveries), return_exceptions=True)
-                for recovery, result in zip(recoveries, results):
-                    if isinstance(result, Exception):
-                        queue += core.failed(recovery.target, str(result))
-                    else:
-                        queue += core.recovered(recovery.target)
+                pg.state = "active+recovering"
+                await asyncio.gather(*(self._recover_in_background(pg, core, r, epoch, writable)
+                                       for r in background))
+                pg.state = "active" if core.clean else "active+degraded"
+                if not writable:
+                    pg.state = "active+readonly"
+                return True
+            elif isinstance(effect, peering.Recover):
+                pg.state = "recovering"             # the primary catches up first
+                try:
+                    await self._recover(pg, effect.source, effect.target, epoch)
+                except RequestFailed as exc:
+                    queue += core.failed(effect.source, str(exc))
+                else:
+                    queue += core.recovered(effect.target)
             elif isinstance(effect, peering.Activate):
                 log.debug("pg %d.%x epoch %d: infos %s authority osd.%s", *pg.key, epoch,
                           core.infos, core.authority)
                 pg.state = "activating"
                 if writable:
-                    await self.daemon.monc.request({"op": "pg_set_active", "pool": pg.key[0],
-                                                    "pg": pg.key[1], "epoch": effect.epoch,
-                                                    "acting": list(effect.acting)})
+                    await self._record(pg, effect)
                 core.activated()
                 pg.state = "active" if writable else "active+readonly"
                 pg.active.set()
-                return True
+                if not queue:
+                    return True
             elif isinstance(effect, peering.Incomplete):
                 pg.state = "incomplete"
                 log.warning("pg %d.%x incomplete: %s", *pg.key, effect.reason)
@@ -289,6 +300,33 @@ class PgRegistry:
                 log.info("pg %d.%x peering again: %s", *pg.key, effect.reason)
                 return False
         return False
+
+    async def _record(self, pg, effect):
+        """Write the activation record (or its growing complete set) at the monitor."""
+        await self.daemon.monc.request({"op": "pg_set_active", "pool": pg.key[0],
+                                        "pg": pg.key[1], "epoch": effect.epoch,
+                                        "acting": list(effect.acting),
+                                        "complete": list(effect.complete)})
+
+    async def _recover_in_background(self, pg, core, recover, epoch, writable):
+        for attempt in range(RECOVERY_ATTEMPTS_MAX):
+            try:
+                await self._recover(pg, recover.source, recover.target, epoch, locked=True)
+                break
+            except RequestFailed as exc:
+                log.info("pg %d.%x: recovery of osd.%d failed (attempt %d): %s", *pg.key,
+                         recover.target, attempt + 1, exc)
+                if attempt + 1 == RECOVERY_ATTEMPTS_MAX:
+                    core.failed(recover.target, str(exc))   # it stays incomplete
+                    return
+                await asyncio.sleep(PEERING_RETRY_S * 2 ** attempt)
+        for effect in core.recovered(recover.target):
+            if isinstance(effect, peering.Complete) and writable:
+                try:
+                    await self._record(pg, effect)
+                except (MonitorsUnavailable, RequestFailed) as exc:
+                    log.warning("pg %d.%x: could not record osd.%d complete: %s", *pg.key,
+                                recover.target, exc)
 
     # -- talking to members -------------------------------------------------------------------------
 
@@ -325,33 +363,49 @@ class PgRegistry:
             if start_after is None:
                 return versions, header["last_update"]
 
-    async def _recover(self, pg, source, target, epoch):
+    async def _recover(self, pg, source, target, epoch, locked=False):
         """Make `target`'s copy of the PG equal to `source`'s (backfill by object versions),
-        within the recovery budget."""
+        within the recovery budget. `locked`: the PG is serving and `source` is this primary;
+        each object is copied or removed under the primary's object lock, so no client write
+        interleaves, and objects written after the listing are left alone."""
         await self.throttle.slot()
         try:
-            await self._backfill(pg, source, target, epoch)
+            await self._backfill(pg, source, target, epoch, locked)
         finally:
             await self.throttle.release()
 
-    async def _backfill(self, pg, source, target, epoch):
+    async def _backfill(self, pg, source, target, epoch, locked):
         wanted, source_last_update = await self._listing(pg, source, epoch)
         have, _ = await self._listing(pg, target, epoch)
         copied = removed = 0
+        service = self.daemon.service
         for name, version in sorted(wanted.items()):
             if have.get(name) == version:
                 continue
-            header, payload = await self.call(source, self._header(pg, "pg_read", epoch,
-                                                                   name=name))
-            await self.throttle.take(len(payload))
-            await self.call(target, self._header(pg, "pg_push", epoch, name=name,
-                                                 version=header["version"],
-                                                 manifest=header.get("manifest", False)),
-                            payload)
+            async with service.object_lock(pg.collection, name, locked):
+                try:
+                    header, payload = await self.call(source, self._header(pg, "pg_read", epoch,
+                                                                           name=name))
+                except RequestFailed as exc:
+                    if exc.code == "not_found" and locked:
+                        continue            # deleted since the listing: on the target too
+                    raise
+                await self.throttle.take(len(payload))
+                await self.call(target, self._header(pg, "pg_push", epoch, name=name,
+                                                     version=header["version"],
+                                                     manifest=header.get("manifest", False)),
+                                payload)
             self.recovery_bytes_total += len(payload)
             copied += 1
         for name in sorted(have.keys() - wanted.keys()):
-            await self.call(target, self._header(pg, "pg_remove", epoch, name=name))
+            async with service.object_lock(pg.collection, name, locked):
+                if locked and self.store.has_collection(pg.collection):
+                    try:
+                        self.store.stat(pg.collection, name)
+                        continue            # written since the listing: keep it
+                    except ObjectNotFound:
+                        pass
+                await self.call(target, self._header(pg, "pg_remove", epoch, name=name))
             removed += 1
         await self.call(target, self._header(pg, "pg_mark", epoch, version=source_last_update))
         if copied or removed:

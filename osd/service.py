@@ -22,6 +22,7 @@ pool_unavailable, wrong_primary, again (retry soon), invalid, io_error.
 """
 
 import asyncio
+import contextlib
 import logging
 
 from cairn.common import messenger
@@ -121,6 +122,19 @@ class ObjectService:
         return name
 
     # -- object locks -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def object_lock(self, collection, name, really=True):
+        """Hold the object's lock (the one client writes and reads take) if `really`."""
+        if not really:
+            yield
+            return
+        key = (collection, name)
+        entry = await self._locked(key)
+        try:
+            yield
+        finally:
+            self._unlock(key, entry)
 
     async def _locked(self, key):
         entry = self._object_locks.get(key)

@@ -15,45 +15,56 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cairn.osd import peering
-from cairn.osd.peering import Activate, Incomplete, Query, Recover, Restart, State
+from cairn.osd.peering import (Activate, Complete, Incomplete, Query, Record, Recover, Restart,
+                               State)
 
 pytestmark = pytest.mark.unit
 
 
-def test_new_pg_activates_after_querying_its_members():
+def test_new_pg_activates_then_recovers_members_in_the_background():
     core = peering.Peering(epoch=5, acting=(1, 2, 3), up_osds={1, 2, 3}, me=1)
     assert core.start(None) == [Query(1), Query(2), Query(3)]
     assert core.info(1, 0) == [] and core.info(2, 0) == []
-    effects = core.info(3, 0)
-    assert effects == [Recover(1, 2), Recover(1, 3)]             # ties go to the primary
-    assert core.recovered(2) == []
-    assert core.recovered(3) == [Activate(5, (1, 2, 3))]
+    effects = core.info(3, 0)                                     # ties go to the primary
+    assert effects == [Activate(5, (1, 2, 3), (1,)), Recover(1, 2), Recover(1, 3)]
     core.activated()
-    assert core.state is State.ACTIVE
+    assert core.state is State.ACTIVE and not core.clean
+    assert core.recovered(2) == [Complete(5, (1, 2, 3), (1, 2))]
+    assert core.recovered(3) == [Complete(5, (1, 2, 3), (1, 2, 3))]
+    assert core.clean
 
 
-def test_authority_comes_from_the_last_active_set_only():
-    """osd.9 has a higher last_update from an older interval's unacknowledged write; the last
-    active set (4, 5) must win anyway."""
+def test_a_behind_primary_catches_up_before_activation():
+    core = peering.Peering(epoch=9, acting=(4, 5, 6), up_osds={4, 5, 6}, me=4)
+    core.start(Record(8, (5, 6, 7), (5, 6)))
+    core.info(4, 10)
+    core.info(5, 30)
+    assert core.info(6, 20) == [Recover(5, 4)]                   # the authority is osd.5
+    assert core.state is State.RECOVERING_PRIMARY
+    assert core.recovered(4) == [Activate(9, (4, 5, 6), (4, 5)), Recover(4, 6)]
+
+
+def test_authority_comes_from_complete_members_of_the_last_record_only():
+    """osd.9 has a higher last_update but was never complete; osd.7 was in the set but still
+    recovering. Only 4 and 5 can be the authority."""
     core = peering.Peering(epoch=20, acting=(4, 9, 7), up_osds={4, 5, 7, 9}, me=4)
-    assert core.start((15, (4, 5))) == [Query(4), Query(5), Query(7), Query(9)]
+    assert core.start(Record(15, (4, 5, 7), (4, 5))) == [Query(4), Query(5), Query(7), Query(9)]
     core.info(4, 100)
     core.info(5, 120)
-    core.info(7, 0)
+    core.info(7, 500)
     effects = core.info(9, 999)
-    assert core.authority == 5
-    assert effects == [Recover(5, 4), Recover(5, 9), Recover(5, 7)]
+    assert core.authority == 5 and effects == [Recover(5, 4)]
 
 
-def test_incomplete_when_no_member_of_the_last_active_set_is_up_or_answers():
+def test_incomplete_when_no_complete_member_is_up_or_answers():
     core = peering.Peering(epoch=9, acting=(1, 2), up_osds={1, 2}, me=1)
-    effects = core.start((8, (3, 4)))
+    effects = core.start(Record(8, (1, 3, 4), (3, 4)))            # osd.1 was still recovering
     assert isinstance(effects[0], Incomplete) and core.state is State.INCOMPLETE
     core = peering.Peering(epoch=9, acting=(1, 2), up_osds={1, 2, 3}, me=1)
-    assert core.start((8, (3, 4))) == [Query(1), Query(2), Query(3)]
+    assert core.start(Record(8, (3, 4), (3, 4))) == [Query(1), Query(2), Query(3)]
     core.info(1, 5)
     core.info(2, 5)
-    assert core.failed(3, "timeout") != []                        # the only past member...
+    assert core.failed(3, "timeout") != []                        # the only complete member...
     assert core.state is State.INCOMPLETE                         # ...did not answer
 
 
@@ -64,6 +75,16 @@ def test_a_failed_acting_member_restarts_peering_and_late_answers_are_ignored():
     assert core.state is State.FAILED
     assert core.info(1, 7) == [] and core.info(3, 7) == []        # answers after the failure
     assert core.recovered(3) == [] and core.state is State.FAILED
+
+
+def test_a_member_whose_background_recovery_fails_stays_incomplete():
+    core = peering.Peering(epoch=5, acting=(1, 2), up_osds={1, 2}, me=1)
+    core.start(None)
+    core.info(1, 0)
+    core.info(2, 0)
+    core.activated()
+    assert core.failed(2, "timeout") == [] and core.state is State.ACTIVE
+    assert not core.clean and core.complete == {1}
 
 
 # -- the simulation ----------------------------------------------------------------------------
@@ -98,7 +119,9 @@ class Simulation:
         self.uncertain = set()                       # names with an unacknowledged write
         self.active = False
         self.writable = False
-        self.interval = None                         # (epoch, acting, primary)
+        self.interval = None
+        self.core = None
+        self.background = []                        # (epoch, acting, primary)
         self.previous_interval = None
         self.log = []
 
@@ -107,7 +130,9 @@ class Simulation:
 
     def map_changed(self):
         self.epoch += 1
-        self.previous_interval = self.interval
+        # Only a primary whose PG was active (and writable) accepts writes; keep it around to
+        # play a primary that has not seen the new map yet.
+        self.previous_interval = self.interval if self.active and self.writable else None
         acting = self.acting()
         self.interval = (self.epoch, acting, acting[0] if acting else None)
         self.active = False
@@ -118,7 +143,8 @@ class Simulation:
     def peer(self):
         epoch, acting, primary = self.interval
         up = {o.id for o in self.osds if o.up}
-        core = peering.Peering(epoch, acting, up, primary)
+        core = self.core = peering.Peering(epoch, acting, up, primary)
+        self.background = []
         effects = core.start(self.record)
         while effects:
             effect = effects.pop(0)
@@ -129,24 +155,36 @@ class Simulation:
                     continue
                 target.min_epoch = max(target.min_epoch, epoch)
                 effects += core.info(effect.osd, target.last_update)
+            elif isinstance(effect, Recover) and core.state is State.ACTIVE:
+                self.background.append(effect)      # done later, between client writes
             elif isinstance(effect, Recover):
-                source, target = self.osds[effect.source], self.osds[effect.target]
-                for name in list(target.objects):
-                    if name not in source.objects:
-                        del target.objects[name]
-                for name, entry in source.objects.items():
-                    target.objects[name] = entry
-                target.last_update = max(target.last_update, source.last_update)
+                self.copy(effect.source, effect.target)
                 effects += core.recovered(effect.target)
             elif isinstance(effect, Activate):
                 if self.writable:
-                    self.record = (effect.epoch, effect.acting)
+                    self.record = Record(effect.epoch, effect.acting, effect.complete)
                 core.activated()
                 self.active = True
                 self.check()
             elif isinstance(effect, (Incomplete, Restart)):
                 self.log.append(f"epoch {epoch}: {effect}")
                 return
+
+    def copy(self, source_id, target_id):
+        source, target = self.osds[source_id], self.osds[target_id]
+        target.objects = dict(source.objects)
+        target.last_update = max(target.last_update, source.last_update)
+
+    def recover_one(self):
+        """One member's background recovery (atomic: the shell holds each object's lock)."""
+        if not self.active or not self.background:
+            return
+        effect = self.background.pop(self.rng.randrange(len(self.background)))
+        self.copy(effect.source, effect.target)
+        for done in self.core.recovered(effect.target):
+            if isinstance(done, Complete) and self.writable:
+                self.record = Record(done.epoch, done.acting, done.complete)
+        self.check()
 
     def write(self, name, value, fail_after=None, interval=None):
         """Primary-copy write; `fail_after` members apply it and then the primary dies without
@@ -180,8 +218,12 @@ class Simulation:
             got = primary.objects.get(name, (0, None))[1]
             assert got == value, (f"epoch {self.epoch}: {name} on primary osd.{primary.id} is "
                                   f"{got!r}, acknowledged {value!r}; history: {self.log[-5:]}")
-        for member in self.interval[1]:            # every acting member equals the primary
-            assert self.osds[member].objects == primary.objects
+        for member in self.core.complete:          # every complete member has them all too
+            objects = self.osds[member].objects
+            for name, value in self.acked.items():
+                if name not in self.uncertain:
+                    assert objects.get(name, (0, None))[1] == value, (member, name,
+                                                                      self.log[-5:])
 
     def step(self):
         action = self.rng.random()
@@ -203,7 +245,9 @@ class Simulation:
         elif action < 0.45:
             self.write(f"o{self.rng.randrange(8)}", f"partial-{self.epoch}",
                        fail_after=self.rng.randrange(3))
-        elif action < 0.55:
+        elif action < 0.6:
+            self.recover_one()
+        elif action < 0.7:
             self.write(f"o{self.rng.randrange(8)}", None)
         else:
             self.write(f"o{self.rng.randrange(8)}", f"v{self.epoch}.{self.rng.randrange(1000)}")
