@@ -120,6 +120,8 @@ class OsdDaemon:
             return {"id": self.id, "addr": self.addr, "uuid": self.store.superblock.uuid,
                     "epoch": self.monc.map.epoch, "peers": self._watch.peers,
                     "recovery_bytes": self.pgs.recovery_bytes_total,
+                    "recoveries": {"log": self.pgs.delta_recoveries_total,
+                                   "backfill": self.pgs.backfills_total},
                     "pg_states": self.pgs.states(),
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:

@@ -44,6 +44,31 @@ RECOVERY_ATTEMPTS_MAX = 5
 PEER_CALL_TIMEOUT_S = 10.0
 
 
+MARKER_NAME = "~recovered"       # log entries that only record a last_update (pg_mark)
+TAIL_NAME = "~tail"              # not an entry: holds the version the log is complete after
+
+
+def delta_names(source_log, target_log):
+    """The object names that recovery by log must sync from source to target, or None when the
+    source's log does not cover the target's gap (then: backfill).
+
+    A log is complete after its `tail` (trimmed below it; or, on a member that was itself
+    recovered, unknown before its recovery). It covers the target when the target's
+    last_update is not older than the source's tail. Names come from the source's entries newer
+    than the target's last_update (writes it missed) and from the target's entries after the
+    source's tail that the source does not have (writes the target applied that were never
+    acknowledged: divergent)."""
+    if target_log["last_update"] < source_log["tail"]:
+        return None
+    source_versions = {version for version, _ in source_log["entries"]}
+    names = {name for version, name in source_log["entries"]
+             if version > target_log["last_update"]}
+    names |= {name for version, name in target_log["entries"]
+              if version > source_log["tail"] and version not in source_versions}
+    names.discard(MARKER_NAME)
+    return sorted(names)
+
+
 def _crash_on_error(task):
     """A peering task that died of anything but cancellation hit a bug: stop the daemon rather
     than leave the PG stuck in peering with nobody noticing (STYLE.md 2.5)."""
@@ -66,6 +91,7 @@ class PgShell:
         self.active = asyncio.Event()
         self.task = None
         self.log_names = None                           # deque of entry names, oldest first
+        self.log_tail = 0                               # the log is complete after this version
         self.last_update = 0
         self.assigned = 0                               # the last version handed out (primary)
         self.recovered_objects = 0
@@ -122,6 +148,8 @@ class PgRegistry:
         self.daemon = daemon
         self.pgs = {}                                   # key -> PgShell
         self.recovery_bytes_total = 0
+        self.delta_recoveries_total = 0
+        self.backfills_total = 0
         self.throttle = RecoveryThrottle(daemon)
 
     @property
@@ -375,6 +403,23 @@ class PgRegistry:
             await self.throttle.release()
 
     async def _backfill(self, pg, source, target, epoch, locked):
+        """Delta recovery from the PG logs when the source's log reaches back to the target's
+        last_update; otherwise a backfill by comparing whole listings."""
+        source_log = await self._log(pg, source, epoch)
+        target_log = await self._log(pg, target, epoch)
+        names = delta_names(source_log, target_log)
+        if names is not None:
+            for name in names:
+                await self._sync_object(pg, source, target, name, epoch, locked)
+            await self.call(target, self._header(pg, "pg_mark", epoch,
+                                                 version=source_log["last_update"]))
+            self.delta_recoveries_total += 1
+            if names:
+                log.info("pg %d.%x: recovered osd.%d from osd.%d by log: %d objects", *pg.key,
+                         target, source, len(names))
+            pg.recovered_objects += len(names)
+            return
+        self.backfills_total += 1
         wanted, source_last_update = await self._listing(pg, source, epoch)
         have, _ = await self._listing(pg, target, epoch)
         copied = removed = 0
@@ -413,6 +458,30 @@ class PgRegistry:
                      *pg.key, target, source, copied, removed)
         pg.recovered_objects += copied + removed
 
+    async def _log(self, pg, osd_id, epoch):
+        header, _ = await self.call(osd_id, self._header(pg, "pg_log", epoch))
+        return {"entries": [(version, name) for version, name in header["entries"]],
+                "last_update": header["last_update"], "tail": header["tail"]}
+
+    async def _sync_object(self, pg, source, target, name, epoch, locked):
+        """Make one object on `target` what it is on `source` (copied, or removed)."""
+        service = self.daemon.service
+        async with service.object_lock(pg.collection, name, locked):
+            try:
+                header, payload = await self.call(source, self._header(pg, "pg_read", epoch,
+                                                                       name=name))
+            except RequestFailed as exc:
+                if exc.code != "not_found":
+                    raise
+                await self.call(target, self._header(pg, "pg_remove", epoch, name=name))
+                return
+            await self.throttle.take(len(payload))
+            await self.call(target, self._header(pg, "pg_push", epoch, name=name,
+                                                 version=header["version"],
+                                                 manifest=header.get("manifest", False)),
+                            payload)
+            self.recovery_bytes_total += len(payload)
+
     # -- the log ----------------------------------------------------------------------------------
 
     async def ensure_collections(self, pg):
@@ -440,6 +509,10 @@ class PgRegistry:
                 names.extend(batch)
                 if start_after is None:
                     break
+        if TAIL_NAME in names:
+            names.remove(TAIL_NAME)
+            raw = self.store.stat(pg.log_collection, TAIL_NAME).attrs.get("t")
+            pg.log_tail = int(raw.decode(), 16) if raw else 0
         pg.log_names = collections.deque(names)
         pg.last_update = max(pg.last_update, int(names[-1], 16) if names else 0)
 
@@ -455,6 +528,24 @@ class PgRegistry:
             for old in oldest[:LOG_TRIM_BATCH]:
                 txn.delete(pg.log_collection, old)
             pg.log_names = collections.deque(oldest[LOG_TRIM_BATCH:])
+            self.set_tail(pg, txn, int(oldest[LOG_TRIM_BATCH - 1], 16))
+
+    def set_tail(self, pg, txn, version):
+        """The log is complete only after `version` (trimmed, or this member was recovered)."""
+        pg.log_tail = max(pg.log_tail, version)
+        txn.put(pg.log_collection, TAIL_NAME, b"", attrs={"t": f"{pg.log_tail:x}".encode()})
+
+    def log_entries(self, pg):
+        """[(version, object name)] of the PG's log here, oldest first."""
+        self.load_log(pg)
+        entries = []
+        for entry in sorted(pg.log_names):
+            try:
+                attrs = self.store.stat(pg.log_collection, entry).attrs
+            except ObjectNotFound:
+                continue
+            entries.append((int(entry, 16), attrs.get("n", b"").decode()))
+        return entries
 
     def applied(self, pg, version):
         pg.last_update = max(pg.last_update, version)

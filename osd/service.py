@@ -30,6 +30,7 @@ from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common import pg as pgs
 from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound
+from cairn.osd.pgs import MARKER_NAME
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
@@ -65,7 +66,7 @@ class ObjectService:
     # -- dispatch ---------------------------------------------------------------------------------
 
     OPS = ("put", "get", "stat", "delete", "list", "rep_put", "rep_delete", "pg_query", "pg_list",
-           "pg_read", "pg_push", "pg_remove", "pg_mark")
+           "pg_log", "pg_read", "pg_push", "pg_remove", "pg_mark")
 
     async def handle(self, header, payload):
         op = header["op"]
@@ -317,6 +318,11 @@ class ObjectService:
         self.registry.load_log(pg)
         return {"entries": entries, "next": following, "last_update": pg.last_update}, b""
 
+    async def _pg_log(self, header, payload):
+        pg = await self._from_primary(header)
+        entries = self.registry.log_entries(pg)
+        return {"entries": entries, "last_update": pg.last_update, "tail": pg.log_tail}, b""
+
     async def _pg_read(self, header, payload):
         pg = await self._from_primary(header)
         name = self._name(header)
@@ -349,7 +355,9 @@ class ObjectService:
         if version:
             await self.registry.ensure_collections(pg)
             txn = Transaction()
-            self.registry.log_ops(pg, txn, version, "~recovered", delete=False)
+            self.registry.log_ops(pg, txn, version, MARKER_NAME, delete=False)
+            # What this member applied before its recovery is no history to recover others by.
+            self.registry.set_tail(pg, txn, version)
             await self.store.apply(txn)
             self.registry.applied(pg, version)
         return {}, b""

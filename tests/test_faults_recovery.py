@@ -41,6 +41,22 @@ def recovery_counters(cluster):
     return run(ask())
 
 
+def recoveries(cluster):
+    """Recoveries by log and by backfill, summed over the OSDs."""
+    async def ask():
+        totals = {"log": 0, "backfill": 0}
+        for entry in cluster.description["osds"]:
+            connection = await messenger.connect(entry["addr"], timeout_s=1)
+            try:
+                reply = await connection.request({"op": "status"}, timeout_s=2)
+            finally:
+                await connection.close()
+            for kind in totals:
+                totals[kind] += reply.header["recoveries"][kind]
+        return totals
+    return run(ask())
+
+
 def degrade_and_recover(cluster, tag, mib):
     """Kill osd.2, write `mib` MiB, restart it; [(time, {osd: recovery bytes})] until clean."""
     cluster.script("kill", "osd.2")
@@ -92,6 +108,7 @@ def test_recovery_obeys_the_window_and_runs_faster_outside_it(local_cluster):
         moved += total
         assert worst <= LIMIT * 1.15, f"osd.{osd_id}: {worst / 1e6:.2f} MB/s over 5 s"
     assert moved >= 16 * 1024 * 1024, moved                 # osd.2 got its copies back
+    assert recoveries(cluster)["log"] > 0                   # by log: it was down briefly
     slow_s = samples[-1][0] - samples[0][0]
     print(f"in the window: {moved / 1e6:.1f} MB recovered in {slow_s:.1f} s; busiest 5 s per "
           f"OSD: {[round(rates(samples, i)[0] / 1e6, 2) for i in (0, 1, 2)]} MB/s")

@@ -268,3 +268,23 @@ def test_simulated_failures_never_lose_an_acknowledged_write(seed):
     except AssertionError:
         print(f"failing seed: {seed} (replay: Simulation({seed}))")
         raise
+
+
+def test_delta_names_from_logs():
+    from cairn.osd.pgs import MARKER_NAME, delta_names
+
+    def log(entries, last_update=None, tail=0):
+        return {"entries": entries, "tail": tail,
+                "last_update": last_update if last_update is not None else
+                max((v for v, _ in entries), default=0)}
+
+    source = log([(5, "a"), (6, "b"), (7, "a"), (8, MARKER_NAME), (9, "c")])
+    assert delta_names(source, log([(5, "a"), (6, "b")])) == ["a", "c"]   # missed 7 and 9
+    assert delta_names(source, log([])) == ["a", "b", "c"]               # new, nothing trimmed
+    plain = log([(5, "a"), (6, "b"), (7, "a"), (9, "c")])
+    divergent = log([(5, "a"), (6, "b"), (7, "a"), (8, "x")])            # 8 never acknowledged
+    assert delta_names(plain, divergent) == ["c", "x"]
+    trimmed = log([(7, "a"), (9, "c")], tail=6)
+    assert delta_names(trimmed, log([(5, "a")])) is None                 # gap: backfill
+    assert delta_names(trimmed, log([(5, "a"), (6, "b")])) == ["a", "c"]
+    assert delta_names(source, log([], last_update=9)) == []             # equal already
