@@ -73,6 +73,22 @@ def test_objects_round_trip_with_stripes_ranges_listing_and_typed_errors(local_c
             assert "big" not in leftovers and len(leftovers) == 39
     run(main())
 
+    # The blocking wrapper: the same operations from plain (non-asyncio) code.
+    from cairn.client.sync import connect
+    with connect(cluster.dir) as blocking:
+        pool = blocking.pool("data")
+        pool.put("sync-obj", b"from a thread")
+        assert pool.get("sync-obj") == b"from a thread"
+        assert pool.stat("sync-obj").size == 13
+        pool.put_stream("sync-big", os.urandom(3 * 1024 * 1024), stripe_bytes=1024 * 1024)
+        assert len(b"".join(pool.get_stream("sync-big"))) == 3 * 1024 * 1024
+        pool.delete("sync-obj")
+        with pytest.raises(errors.ObjectNotFound):
+            pool.get("sync-obj")
+        with pytest.raises(errors.PoolNotFound):
+            blocking.pool("nopool")
+        pool.delete("sync-big")
+
     # The command line, with a file bigger than one stripe.
     source = os.path.join(cluster.dir, "model.bin")
     with open(source, "wb") as handle:
