@@ -21,6 +21,7 @@ import time
 from cairn.common import config, throttle
 from cairn.common import pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.native.checksum import crc32c
 from cairn.common.monclient import MonitorsUnavailable
 from cairn.osd import peering
 from cairn.osd.errors import CollectionExists, ObjectNotFound
@@ -67,6 +68,12 @@ def delta_names(source_log, target_log):
               if version > source_log["tail"] and version not in source_versions}
     names.discard(MARKER_NAME)
     return sorted(names)
+
+
+def hash_order(name):
+    """The sort key of backfill: the object name's crc32c (as placement hashes it), then the
+    name."""
+    return crc32c(name.encode()), name
 
 
 def _crash_on_error(task):
@@ -424,7 +431,9 @@ class PgRegistry:
         have, _ = await self._listing(pg, target, epoch)
         copied = removed = 0
         service = self.daemon.service
-        for name, version in sorted(wanted.items()):
+        # In hash order, as Ceph backfills: objects are spread evenly over the run whatever
+        # their names, so an interrupted backfill has covered a fair sample of the PG.
+        for name, version in sorted(wanted.items(), key=lambda item: hash_order(item[0])):
             if have.get(name) == version:
                 continue
             async with service.object_lock(pg.collection, name, locked):
@@ -442,7 +451,7 @@ class PgRegistry:
                                 payload)
             self.recovery_bytes_total += len(payload)
             copied += 1
-        for name in sorted(have.keys() - wanted.keys()):
+        for name in sorted(have.keys() - wanted.keys(), key=hash_order):
             async with service.object_lock(pg.collection, name, locked):
                 if locked and self.store.has_collection(pg.collection):
                     try:
