@@ -21,7 +21,7 @@ import time
 import msgpack
 import numpy as np
 
-from cairn.client.cluster import Cluster
+from cairn.client.cluster import Cluster, run_loop as _run_loop
 from cairn.client.errors import ObjectNotFound
 from cairn.common.units import format_size, parse_size
 
@@ -134,7 +134,7 @@ def _result(op, size, ops, elapsed, latencies):
 
 def main(args):
     say = (lambda message: print(message, file=sys.stderr)) if args.json else print
-    result = asyncio.run(run(args, say))
+    result = _run_loop(run(args, say))
     line = (f"{result['op']} {format_size(result['size_bytes'])}: {result['ops']} ops in "
             f"{result['seconds']} s = {result['MBps']} MB/s, {result['iops']} IOPS, latency avg "
             f"{result['lat_ms_avg']} ms, p99 {result['lat_ms_p99']} ms, max "

@@ -7,7 +7,6 @@
 All take --cluster and --json like every cluster command.
 """
 
-import asyncio
 import json
 import os
 import sys
@@ -15,7 +14,7 @@ import time
 
 from cairn.client import errors
 from cairn.client.admin import fail
-from cairn.client.cluster import Cluster
+from cairn.client.cluster import Cluster, run_loop as _run_loop
 from cairn.common.monclient import ClusterNotFound
 from cairn.common.units import format_size
 
@@ -116,7 +115,7 @@ async def run(args):
 
 def main(args):
     try:
-        result = asyncio.run(run(args))
+        result = _run_loop(run(args))
     except (errors.ObjectNotFound, errors.PoolNotFound) as exc:
         return fail(args, "not_found", str(exc), 1)
     except (errors.NoSpace, errors.PoolUnavailable, errors.ProtocolError) as exc:

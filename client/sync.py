@@ -15,12 +15,12 @@ connections and map subscription serve all calls; methods and errors are those o
 import asyncio
 import threading
 
-from cairn.client.cluster import OP_TIMEOUT_S_DEFAULT, Cluster
+from cairn.client.cluster import OP_TIMEOUT_S_DEFAULT, Cluster, new_event_loop
 
 
 class SyncCluster:
     def __init__(self, where=None, op_timeout_s=OP_TIMEOUT_S_DEFAULT):
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cairn-client",
                                         daemon=True)
         self._thread.start()

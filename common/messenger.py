@@ -18,7 +18,7 @@ import itertools
 import logging
 import os
 
-from cairn.common import frame
+from cairn.common import frame, wire
 from cairn.common.frame import Kind, RemoteProtocolError
 
 log = logging.getLogger("cairn.messenger")
@@ -85,17 +85,21 @@ async def read_frame(reader):
 
 
 class Connection:
-    """One TCP connection on which we send requests (and may receive pushes)."""
+    """One TCP connection on which we send requests (and may receive pushes). Received frames
+    land in our buffers without copies (common/wire.py)."""
 
-    def __init__(self, reader, writer, addr, on_push=None):
+    def __init__(self, addr, on_push=None):
         self.addr = addr
-        self._reader = reader
-        self._writer = writer
         self._on_push = on_push
         self._waiting = {}                  # request id -> future
         self._ids = itertools.count(1)
         self._closed = None                 # the reason, once closed
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self._protocol = None
+        self._transport = None
+
+    def _make_protocol(self):
+        self._protocol = wire.FrameProtocol(self._on_frame, self._on_error, self._on_lost)
+        return self._protocol
 
     @property
     def closed(self):
@@ -106,21 +110,22 @@ class Connection:
         ConnectionClosed."""
         if self._closed is not None:
             raise ConnectionClosed(f"connection to {self.addr} is closed: {self._closed}")
-        if self._writer.transport.is_closing():
+        if self._transport.is_closing():
             self._close("closed by peer")
             raise ConnectionClosed(f"connection to {self.addr} is closed")
         request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         try:
-            self._writer.writelines(frame.encode(Kind.REQUEST, request_id, header, payload))
+            self._transport.writelines(frame.encode(Kind.REQUEST, request_id, header, payload))
             async with asyncio.timeout(timeout_s):
-                await self._writer.drain()
+                await self._protocol.drain()
                 reply = await future
         except TimeoutError:
             raise RequestTimeout(f"{header.get('op', 'request')} to {self.addr}: no reply in "
                                  f"{timeout_s:g} s") from None
-        except (ConnectionError, OSError) as exc:
+        except (ConnectionError, OSError, RuntimeError) as exc:
+            # RuntimeError: uvloop refuses a write on a transport closed under us.
             self._close(f"{exc}")
             raise ConnectionClosed(f"connection to {self.addr} lost: {exc}") from None
         finally:
@@ -132,34 +137,27 @@ class Connection:
                                 str(reply.header.get("message", "")))
         return reply
 
-    async def _read_loop(self):
-        reason = "closed by peer"
-        try:
-            while True:
-                received = await read_frame(self._reader)
-                if received is None:
-                    break
-                if received.kind == Kind.PUSH:
-                    if self._on_push is not None:
-                        self._on_push(received)
-                    continue
-                future = self._waiting.get(received.request_id)
-                if future is not None and not future.done():
-                    future.set_result(received)
-        except RemoteProtocolError as exc:
-            reason = f"protocol error: {exc}"
-            log.warning("dropping connection to %s: %s", self.addr, exc)
-        except (ConnectionError, OSError) as exc:
-            reason = str(exc)
-        except asyncio.CancelledError:
-            reason = "closed"
-        finally:
-            self._close(reason)
+    def _on_frame(self, received):
+        if received.kind == Kind.PUSH:
+            if self._on_push is not None:
+                self._on_push(received)
+            return
+        future = self._waiting.get(received.request_id)
+        if future is not None and not future.done():
+            future.set_result(received)
+
+    def _on_error(self, exc):
+        log.warning("dropping connection to %s: %s", self.addr, exc)
+        self._close(f"protocol error: {exc}")
+
+    def _on_lost(self, exc):
+        self._close(str(exc) if exc else "closed by peer")
 
     def _close(self, reason):
         if self._closed is None:
             self._closed = reason
-            self._writer.close()
+            if self._transport is not None:
+                self._transport.close()
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(ConnectionClosed(f"connection to {self.addr} lost: "
@@ -167,29 +165,23 @@ class Connection:
 
     async def close(self):
         self._close("closed")
-        self._reader_task.cancel()
-        try:
-            await self._reader_task
-        except asyncio.CancelledError:
-            pass
-        try:
-            await self._writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
 
 
 async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT):
     """A Connection to 'host:port'; ConnectionClosed if it cannot be opened in time."""
     host, port = parse_addr(addr)
+    connection = Connection(addr, on_push)
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host, port)
+            transport, _ = await asyncio.get_running_loop().create_connection(
+                connection._make_protocol, host, port)
     except TimeoutError:
         raise ConnectionClosed(f"cannot connect to {addr}: no answer in {timeout_s:g} s") \
             from None
     except OSError as exc:
         raise ConnectionClosed(f"cannot connect to {addr}: {exc.strerror or exc}") from None
-    return Connection(reader, writer, addr, on_push)
+    connection._transport = transport
+    return connection
 
 
 class ConnectionPool:
@@ -232,9 +224,9 @@ class ConnectionPool:
 class Peer:
     """The server's side of one accepted connection."""
 
-    def __init__(self, writer):
-        self._writer = writer
-        peername = writer.get_extra_info("peername")
+    def __init__(self, transport):
+        self._transport = transport
+        peername = transport.get_extra_info("peername")
         self.addr = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.closed = False
         self.state = {}                     # handlers keep per-connection facts here
@@ -243,22 +235,76 @@ class Peer:
         """Queue a PUSH frame (no wait; a peer that stops reading is dropped by the server's
         write-buffer limit)."""
         self.send(Kind.PUSH, 0, header, payload)
-        if not self.closed and \
-                self._writer.transport.get_write_buffer_size() > frame.PAYLOAD_BYTES_MAX:
+        if not self.closed and self._transport.get_write_buffer_size() > frame.PAYLOAD_BYTES_MAX:
             log.warning("dropping %s: it does not read its pushes", self.addr)
             self.close()
 
     def send(self, kind, request_id, header, payload=b""):
         """Queue one frame; a connection the peer already closed just drops it."""
-        if self.closed or self._writer.transport.is_closing():
+        if self.closed or self._transport.is_closing():
             self.closed = True
             return
-        self._writer.writelines(frame.encode(kind, request_id, header, payload))
+        self._transport.writelines(frame.encode(kind, request_id, header, payload))
 
     def close(self):
         if not self.closed:
             self.closed = True
-            self._writer.close()
+            self._transport.close()
+
+
+class _ServerConnection:
+    """Frames in, handler tasks out, for one accepted connection. Reading pauses while
+    SERVER_REQUESTS_PER_CONNECTION_MAX requests are being answered (TCP backpressure)."""
+
+    def __init__(self, handler, on_close):
+        self._handler = handler
+        self._on_close = on_close
+        self.protocol = wire.FrameProtocol(self._on_frame, self._on_error, self._on_lost)
+        self.protocol.connection_made = self._connection_made
+        self.peer = None
+        self._tasks = set()
+        self._paused = False
+
+    def _connection_made(self, transport):
+        self.protocol.transport = transport
+        self.peer = Peer(transport)
+
+    def _on_frame(self, received):
+        if self.peer.closed:
+            return
+        if received.kind != Kind.REQUEST:
+            self.peer.send(Kind.ERROR, received.request_id,
+                           {"error": "protocol",
+                            "message": f"a server expects requests, not {received.kind.name}"})
+            self.peer.close()
+            return
+        task = asyncio.get_running_loop().create_task(
+            _answer(self.peer, self._handler, received))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        if len(self._tasks) >= SERVER_REQUESTS_PER_CONNECTION_MAX and not self._paused:
+            self._paused = True
+            self.protocol.transport.pause_reading()
+
+    def _done(self, task):
+        self._tasks.discard(task)
+        if self._paused and len(self._tasks) < SERVER_REQUESTS_PER_CONNECTION_MAX // 2 \
+                and not self.peer.closed:
+            self._paused = False
+            self.protocol.transport.resume_reading()
+
+    def _on_error(self, exc):
+        log.warning("bad frame from %s: %s; dropping the connection", self.peer.addr, exc)
+        self.peer.send(Kind.ERROR, 0, {"error": "protocol", "message": str(exc)})
+        self.peer.close()
+
+    def _on_lost(self, exc):
+        for task in list(self._tasks):
+            task.cancel()
+        if self.peer is not None:
+            self.peer.closed = True
+            if self._on_close is not None:
+                self._on_close(self.peer)
 
 
 async def serve(addr, handler, on_close=None):
@@ -267,50 +313,14 @@ async def serve(addr, handler, on_close=None):
     `handler(peer, frame)` -> (header, payload); `on_close(peer)` runs when a connection ends."""
     host, port = parse_addr(addr)
 
-    async def on_connection(reader, writer):
-        peer = Peer(writer)
-        slots = asyncio.Semaphore(SERVER_REQUESTS_PER_CONNECTION_MAX)
-        tasks = set()
-        try:
-            while True:
-                try:
-                    received = await read_frame(reader)
-                except RemoteProtocolError as exc:
-                    log.warning("bad frame from %s: %s; dropping the connection", peer.addr, exc)
-                    peer.send(Kind.ERROR, 0, {"error": "protocol", "message": str(exc)})
-                    break
-                if received is None:
-                    break
-                if received.kind != Kind.REQUEST:
-                    peer.send(Kind.ERROR, received.request_id,
-                              {"error": "protocol",
-                               "message": f"a server expects requests, not {received.kind.name}"})
-                    break
-                await slots.acquire()
-                task = asyncio.get_running_loop().create_task(
-                    _answer(peer, handler, received, slots))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-        except (ConnectionError, OSError):
-            pass
-        except asyncio.CancelledError:
-            # The daemon is shutting down. This task is asyncio's, not ours: Python 3.11's
-            # start_server callback calls task.exception() without checking for cancellation
-            # and logs a spurious error, so the connection ends here quietly instead.
-            pass
-        finally:
-            for task in list(tasks):
-                task.cancel()
-            peer.close()
-            if tasks:
-                await asyncio.wait(tasks)
-            if on_close is not None:
-                on_close(peer)
+    def make_protocol():
+        return _ServerConnection(handler, on_close).protocol
 
-    return await asyncio.start_server(on_connection, host, port, reuse_address=True)
+    return await asyncio.get_running_loop().create_server(make_protocol, host, port,
+                                                          reuse_address=True)
 
 
-async def _answer(peer, handler, received, slots):
+async def _answer(peer, handler, received):
     try:
         header, payload = await handler(peer, received)
         peer.send(Kind.REPLY, received.request_id, header, payload)
@@ -328,5 +338,3 @@ async def _answer(peer, handler, received, slots):
         log.exception("request %r from %s failed", received.header.get("op"), peer.addr)
         peer.send(Kind.ERROR, received.request_id,
                   {"error": "internal", "message": f"{type(exc).__name__}: {exc}"})
-    finally:
-        slots.release()

@@ -41,6 +41,9 @@ MAP_CATCH_UP_S_MAX = 3.0
 # retries), and peering takes over if the replica is gone.
 REPLICA_TIMEOUT_S = 20.0
 LIST_PAGE_DEFAULT = 1000
+# From this size on a read is sent from the store's buffer as it is (common/wire.py's receive
+# side uses the same bound).
+ZERO_COPY_READ_BYTES_MIN = 64 * 1024
 
 
 class ObjectService:
@@ -240,8 +243,8 @@ class ObjectService:
         entry = await self._locked(key)            # no read of a write not yet everywhere
         try:
             record = self.store.stat(pg.collection, name)
-            data = await self.store.read_bytes(pg.collection, name, header.get("offset", 0),
-                                               header.get("length"))
+            data = await self._read(pg.collection, name, record.size, header.get("offset", 0),
+                                    header.get("length"))
         finally:
             self._unlock(key, entry)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
@@ -266,6 +269,14 @@ class ObjectService:
                                                    header.get("start_after"),
                                                    header.get("limit", LIST_PAGE_DEFAULT))
         return {"names": names, "next": following}, b""
+
+    async def _read(self, collection, name, size, offset=0, length=None):
+        """Object bytes to send. Large reads go out as the store's own buffer (no copy; the
+        buffer returns to its pool when the transport has sent it and drops it); small ones are
+        copied so their buffer is reused at once."""
+        if size >= ZERO_COPY_READ_BYTES_MIN:
+            return await self.store.read(collection, name, offset, length)
+        return await self.store.read_bytes(collection, name, offset, length)
 
     # -- replica ops ------------------------------------------------------------------------------
 
@@ -327,7 +338,7 @@ class ObjectService:
         pg = await self._from_primary(header)
         name = self._name(header)
         record = self.store.stat(pg.collection, name)
-        data = await self.store.read_bytes(pg.collection, name)
+        data = await self._read(pg.collection, name, record.size)
         return {"version": pgs.version_of(record.attrs),
                 "manifest": pgs.MANIFEST_ATTR in record.attrs}, data
 
