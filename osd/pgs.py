@@ -429,38 +429,14 @@ class PgRegistry:
         self.backfills_total += 1
         wanted, source_last_update = await self._listing(pg, source, epoch)
         have, _ = await self._listing(pg, target, epoch)
-        copied = removed = 0
-        service = self.daemon.service
         # In hash order, as Ceph backfills: objects are spread evenly over the run whatever
         # their names, so an interrupted backfill has covered a fair sample of the PG.
-        for name, version in sorted(wanted.items(), key=lambda item: hash_order(item[0])):
-            if have.get(name) == version:
-                continue
-            async with service.object_lock(pg.collection, name, locked):
-                try:
-                    header, payload = await self.call(source, self._header(pg, "pg_read", epoch,
-                                                                           name=name))
-                except RequestFailed as exc:
-                    if exc.code == "not_found" and locked:
-                        continue            # deleted since the listing: on the target too
-                    raise
-                await self.throttle.take(len(payload))
-                await self.call(target, self._header(pg, "pg_push", epoch, name=name,
-                                                     version=header["version"],
-                                                     manifest=header.get("manifest", False)),
-                                payload)
-            self.recovery_bytes_total += len(payload)
-            copied += 1
-        for name in sorted(have.keys() - wanted.keys(), key=hash_order):
-            async with service.object_lock(pg.collection, name, locked):
-                if locked and self.store.has_collection(pg.collection):
-                    try:
-                        self.store.stat(pg.collection, name)
-                        continue            # written since the listing: keep it
-                    except ObjectNotFound:
-                        pass
-                await self.call(target, self._header(pg, "pg_remove", epoch, name=name))
-            removed += 1
+        behind = [name for name, version in wanted.items() if have.get(name) != version]
+        extra = list(have.keys() - wanted.keys())
+        outcomes = collections.Counter()
+        for name in sorted(behind + extra, key=hash_order):
+            outcomes[await self._sync_object(pg, source, target, name, epoch, locked)] += 1
+        copied, removed = outcomes["copied"], outcomes["removed"]
         await self.call(target, self._header(pg, "pg_mark", epoch, version=source_last_update))
         if copied or removed:
             log.info("pg %d.%x: recovered osd.%d from osd.%d: %d objects copied, %d removed",
@@ -473,7 +449,9 @@ class PgRegistry:
                 "last_update": header["last_update"], "tail": header["tail"]}
 
     async def _sync_object(self, pg, source, target, name, epoch, locked):
-        """Make one object on `target` what it is on `source` (copied, or removed)."""
+        """Make one object on `target` what it is on `source` now: 'copied' or 'removed'.
+        `locked`: under the primary's object lock, so a client write to it cannot interleave
+        (a write since the listing is simply copied as it now is)."""
         service = self.daemon.service
         async with service.object_lock(pg.collection, name, locked):
             try:
@@ -483,13 +461,14 @@ class PgRegistry:
                 if exc.code != "not_found":
                     raise
                 await self.call(target, self._header(pg, "pg_remove", epoch, name=name))
-                return
+                return "removed"
             await self.throttle.take(len(payload))
             await self.call(target, self._header(pg, "pg_push", epoch, name=name,
                                                  version=header["version"],
                                                  manifest=header.get("manifest", False)),
                             payload)
             self.recovery_bytes_total += len(payload)
+        return "copied"
 
     # -- the log ----------------------------------------------------------------------------------
 
