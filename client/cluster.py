@@ -106,6 +106,11 @@ class Cluster:
         A delete whose earlier attempt may have been applied (the connection dropped before the
         reply, or a replica failed after the primary deleted) and whose retry finds no object
         has succeeded: it returns None."""
+        return await self._send(pool_name, lambda pool: stable_pg(name, pool["pg_num"]),
+                                dict(header, name=name), payload, f"{pool_name}/{name}")
+
+    async def _send(self, pool_name, pg_of, header, payload, what):
+        """Send `header` to the primary of PG `pg_of(pool)`, retrying until the deadline."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.op_timeout_s
         last_error = "no attempt"
@@ -115,11 +120,10 @@ class Cluster:
             pool = cmap.pools.get(pool_name)
             if pool is None:
                 raise PoolNotFound(f"pool {pool_name!r} does not exist (epoch {cmap.epoch})")
-            pg_index = stable_pg(name, pool["pg_num"])
+            pg_index = pg_of(pool)
             acting = self._acting(pool_name, pg_index)
             if acting.primary is not None:
-                request = dict(header, pool=pool["id"], pg=pg_index, name=name,
-                               epoch=cmap.epoch)
+                request = dict(header, pool=pool["id"], pg=pg_index, epoch=cmap.epoch)
                 try:
                     connection = await self._connection(acting.primary)
                     remaining = max(0.1, deadline - loop.time())
@@ -138,7 +142,7 @@ class Cluster:
             else:
                 last_error = f"no OSD of pg {pool['id']}.{pg_index:x} is up"
             if loop.time() >= deadline:
-                raise Timeout(f"{header['op']} {pool_name}/{name}: no answer within "
+                raise Timeout(f"{header['op']} {what}: no answer within "
                               f"{self.op_timeout_s:g} s (last: {last_error})")
             await self._wait_for_newer_map(cmap.epoch, min(1.0, deadline - loop.time()))
 
@@ -238,27 +242,10 @@ class Pool:
         return names, (pg_index, start_after)
 
     async def _list_pg(self, pg_index, prefix, start_after, limit):
-        cluster = self.cluster
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + cluster.op_timeout_s
-        while True:
-            cmap = cluster.map
-            pool = cmap.pools[self.name]
-            acting = cluster._acting(self.name, pg_index)
-            if acting.primary is not None:
-                try:
-                    connection = await cluster._connection(acting.primary)
-                    return await connection.request(
-                        {"op": "list", "pool": pool["id"], "pg": pg_index, "prefix": prefix,
-                         "start_after": start_after, "limit": limit, "epoch": cmap.epoch})
-                except RequestFailed as exc:
-                    cluster._raise_typed(exc)
-                except (ConnectionClosed, RequestTimeout):
-                    pass
-            if loop.time() >= deadline:
-                raise Timeout(f"list {self.name}: pg {pg_index:x} did not answer in "
-                              f"{cluster.op_timeout_s:g} s")
-            await cluster._wait_for_newer_map(cmap.epoch, 1.0)
+        return await self.cluster._send(
+            self.name, lambda pool: pg_index,
+            {"op": "list", "prefix": prefix, "start_after": start_after, "limit": limit}, b"",
+            f"{self.name} pg {pg_index:x}")
 
     # -- streams ----------------------------------------------------------------------------------
 

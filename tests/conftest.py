@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from cairn.native import FileBlockDevice, MemoryBlockDevice, UringBlockDevice
-from tests.helpers import LocalCluster, make_file
+from tests.helpers import LocalCluster, kill_leftovers, make_file
 
 TIERS = ("unit", "cluster", "faults")
 
@@ -83,11 +83,8 @@ def open_twin(disk_dir, device_kind):
 def local_cluster(disk_dir):
     """`local_cluster(hosts=3, osds_per_host=1, ...)` brings up a cluster of real processes with
     `cairn-cluster up`; every daemon is stopped by pid afterwards, even if the test failed."""
-    import json
-    import signal
     import subprocess
     import sys
-    from cairn.cluster.cli import is_ours
     made = []
 
     def up(hosts=3, osds_per_host=1, racks=0, device_size="256M", config=()):
@@ -106,11 +103,4 @@ def local_cluster(disk_dir):
     for directory in made:
         subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "down", "--dir", directory],
                        capture_output=True, timeout=120)
-        try:
-            with open(os.path.join(directory, "cluster.json")) as handle:
-                description = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        for entry in description["mons"] + description["osds"]:
-            if is_ours(entry.get("pid"), directory):
-                os.kill(entry["pid"], signal.SIGKILL)
+        kill_leftovers(directory)

@@ -66,3 +66,20 @@ class LocalCluster:
             if time.monotonic() - started > timeout_s:
                 raise AssertionError(f"{what}: not within {timeout_s} s")
             time.sleep(0.1)
+
+
+def kill_leftovers(directory):
+    """SIGKILL every daemon of the cluster in `directory` still running (after `down` has had its
+    chance); the cluster description, or None if there is none."""
+    import json
+    import signal
+    from cairn.cluster.cli import is_ours
+    try:
+        with open(os.path.join(directory, "cluster.json")) as handle:
+            description = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    for entry in description["mons"] + description["osds"]:
+        if is_ours(entry.get("pid"), directory):
+            os.kill(entry["pid"], signal.SIGKILL)
+    return description

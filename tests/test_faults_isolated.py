@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.helpers import kill_leftovers
+
 pytestmark = [
     pytest.mark.faults,
     pytest.mark.skipif(os.geteuid() != 0, reason="isolated mode needs root (network "
@@ -54,16 +56,10 @@ def isolated_cluster(disk_dir):
         yield directory
     finally:
         subprocess.run(argv + ["down", "--dir", directory], capture_output=True, timeout=120)
-        from cairn.cluster.cli import undo_isolation, is_ours
-        try:
-            with open(os.path.join(directory, "cluster.json")) as handle:
-                description = json.load(handle)
-        except (OSError, ValueError):
-            return
-        for entry in description["mons"] + description["osds"]:
-            if is_ours(entry.get("pid"), directory):
-                os.kill(entry["pid"], 9)
-        undo_isolation(description)                    # idempotent: nothing left if down ran
+        from cairn.cluster.cli import undo_isolation
+        description = kill_leftovers(directory)
+        if description is not None:
+            undo_isolation(description)                # idempotent: nothing left if down ran
 
 
 def script(directory, *args):
