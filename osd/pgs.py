@@ -505,14 +505,16 @@ class PgRegistry:
         pg.last_update = max(pg.last_update, int(names[-1], 16) if names else 0)
 
     def log_ops(self, pg, txn, version, name, delete):
-        """Add this write's log entry (and a trim when due) to `txn`."""
+        """Add this write's log entry (and a trim when due) to `txn`. Only committed entries
+        are trimmed (`applied()` records them), so a trim never deletes an entry whose own
+        transaction is still in flight."""
         self.load_log(pg)
         entry = pgs.log_entry_name(version)
         txn.put(pg.log_collection, entry, b"", attrs={"n": name.encode(),
                                                        "o": b"d" if delete else b"p"})
-        pg.log_names.append(entry)
         if len(pg.log_names) > LOG_ENTRIES_KEPT + LOG_TRIM_BATCH:
-            oldest = sorted(pg.log_names)
+            # A set: a marker can repeat a version; never this write's own entry.
+            oldest = sorted(set(pg.log_names) - {entry})
             for old in oldest[:LOG_TRIM_BATCH]:
                 txn.delete(pg.log_collection, old)
             pg.log_names = collections.deque(oldest[LOG_TRIM_BATCH:])
@@ -536,7 +538,9 @@ class PgRegistry:
         return entries
 
     def applied(self, pg, version):
+        """The transaction carrying log entry `version` committed."""
         pg.last_update = max(pg.last_update, version)
+        pg.log_names.append(pgs.log_entry_name(version))
 
     def listing(self, pg, start_after, limit):
         """([(name, version)], next start_after) of the PG's objects here."""

@@ -208,7 +208,10 @@ class ObjectService:
         await self.registry.ensure_collections(pg)
         txn = Transaction()
         if delete:
-            txn.delete(pg.collection, name)
+            # A replica that missed the object still logs the delete: its last_update must
+            # count every op it was sent.
+            if self._exists(pg, name):
+                txn.delete(pg.collection, name)
         else:
             attrs = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
             if manifest:
@@ -217,6 +220,13 @@ class ObjectService:
         self.registry.log_ops(pg, txn, version, name, delete)
         await self.store.apply(txn)
         self.registry.applied(pg, version)
+
+    def _exists(self, pg, name):
+        try:
+            self.store.stat(pg.collection, name)
+            return True
+        except ObjectNotFound:
+            return False
 
     async def _replicate(self, osd_id, header, payload):
         osd = self.map.osds.get(osd_id)

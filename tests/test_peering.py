@@ -288,3 +288,42 @@ def test_delta_names_from_logs():
     assert delta_names(trimmed, log([(5, "a")])) is None                 # gap: backfill
     assert delta_names(trimmed, log([(5, "a"), (6, "b")])) == ["a", "c"]
     assert delta_names(source, log([], last_update=9)) == []             # equal already
+
+
+def test_pg_log_trims_only_committed_entries(tmp_path):
+    """A transaction that fails after its log entry was planned (a replica deleting an object
+    it never had, a full device) must not leave a phantom entry that a later trim deletes: the
+    trim's transaction would fail with ObjectNotFound, and so would every write to that PG."""
+    import asyncio
+    import types
+
+    from cairn.native import MemoryBlockDevice
+    from cairn.osd.errors import ObjectNotFound
+    from cairn.osd.pgs import LOG_ENTRIES_KEPT, LOG_TRIM_BATCH, PgRegistry
+    from cairn.osd.store import Store, Transaction, mkfs
+    from tests.helpers import run
+
+    async def main():
+        device = MemoryBlockDevice(16 << 20)
+        await mkfs(device, str(tmp_path / "meta"))
+        store = await Store.open(device, str(tmp_path / "meta"))
+        daemon = types.SimpleNamespace(store=store, id=0, monc=None,
+                                       service=types.SimpleNamespace(collection_lock=asyncio.Lock()))
+        registry = PgRegistry(daemon)
+        pg = registry.shell((1, 0))
+        await registry.ensure_collections(pg)
+        failed = Transaction().delete(pg.collection, "never-was")
+        registry.log_ops(pg, failed, 1 << 32 | 1, "never-was", delete=True)
+        with pytest.raises(ObjectNotFound):
+            await store.apply(failed)
+        for sequence in range(2, LOG_ENTRIES_KEPT + 2 * LOG_TRIM_BATCH):
+            version = 1 << 32 | sequence
+            txn = Transaction().put(pg.collection, f"o{sequence % 7}", b"x")
+            registry.log_ops(pg, txn, version, f"o{sequence % 7}", delete=False)
+            await store.apply(txn)
+            registry.applied(pg, version)
+        entries = registry.log_entries(pg)
+        assert LOG_ENTRIES_KEPT <= len(entries) <= LOG_ENTRIES_KEPT + LOG_TRIM_BATCH
+        assert pg.log_tail == entries[0][0] - 1
+        await store.close()
+    run(main())
