@@ -201,6 +201,12 @@ def _format_status(status):
     if status.get("pg_states"):
         lines.append("  pgs:    " + ", ".join(f"{count} {state}" for state, count
                                               in status["pg_states"].items()))
+    objects = status.get("objects")
+    if objects and objects["total"]:
+        def share(count):
+            return f"{count} ({100 * count / objects['total']:.1f}%)"
+        lines.append(f"  objects: {objects['total']} copies wanted, {share(objects['degraded'])} "
+                     f"degraded, {share(objects['misplaced'])} misplaced")
     recovery = status.get("recovery")
     if recovery:
         limit = (f"{recovery['max_bytes_per_s'] / 1e6:.0f} MB/s" if recovery["max_bytes_per_s"]

@@ -41,6 +41,8 @@ from cairn.mon import health
 from cairn.mon.failure import FailureDetector
 from cairn.mon.store import MonStore
 
+OBJECT_COUNTS = ("total", "degraded", "misplaced")
+
 log = logging.getLogger("cairn.mon")
 
 # How often the failure detector runs. A tenth of the smallest grace keeps detection within 5%.
@@ -64,6 +66,7 @@ class Monitor:
         self._subscribers = set()
         self._health_cache = (None, None)
         self._pg_states = {}                # osd id -> {state: PGs it is primary of}
+        self._objects = {}                  # osd id -> {total, degraded, misplaced} copies
         self._recovery = {}                 # osd id -> deque of (when, recovery bytes total)
         self._tick_task = None
         self.proposals_total = 0
@@ -205,6 +208,10 @@ class Monitor:
         if isinstance(states, dict):
             self._pg_states[osd_id] = {str(k): int(v) for k, v in states.items()
                                        if isinstance(v, int)}
+        objects = header.get("objects")
+        if isinstance(objects, dict):
+            self._objects[osd_id] = {key: objects[key] for key in OBJECT_COUNTS
+                                     if isinstance(objects.get(key), int)}
         return {"epoch": self.map.epoch, "up": self.map.osds[osd_id]["up"]}, b""
 
     async def _osd_failure(self, peer, header):
@@ -285,6 +292,7 @@ class Monitor:
                 "osds": {"total": len(self.map.osds), "up": sum(o["up"] for o in osds),
                          "in": sum(o["in"] for o in osds)},
                 "pools": sorted(self.map.pools), "pg_states": self._pg_state_totals(),
+                "objects": self._object_totals(),
                 "recovery": self._recovery_view()}, b""
 
     def _recovery_view(self):
@@ -303,6 +311,16 @@ class Monitor:
                                    local.tm_wday, local.tm_hour * 60 + local.tm_min)
         return {"bytes_per_s": round(rate), "window": in_force.window,
                 "max_bytes_per_s": in_force.max_bytes_per_s, "max_active": in_force.max_active}
+
+    def _object_totals(self):
+        """Object copies over the up OSDs' last reports: wanted (total), still to recover
+        (degraded) and held by OSDs no longer members of their PG (misplaced)."""
+        totals = dict.fromkeys(OBJECT_COUNTS, 0)
+        for osd_id, counts in self._objects.items():
+            if osd_id in self.map.osds and self.map.osds[osd_id]["up"]:
+                for key, count in counts.items():
+                    totals[key] += count
+        return totals
 
     def _pg_state_totals(self):
         totals = {}

@@ -20,7 +20,7 @@ from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeo
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.native import open_device
 from cairn.osd.heartbeat import PeerWatch, choose_peers
-from cairn.osd.pgs import PgRegistry
+from cairn.osd.pgs import PgRegistry, crash_on_error
 from cairn.osd.service import ObjectService
 from cairn.osd.store import Store
 
@@ -71,7 +71,9 @@ class OsdDaemon:
         self._on_map(self.monc.map)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._mon_heartbeat_loop()),
-                       loop.create_task(self._peer_ping_loop())]
+                       loop.create_task(self._peer_ping_loop()),
+                       loop.create_task(self.pgs.tidy_strays_forever())]
+        self._tasks[-1].add_done_callback(crash_on_error)
         log.info("%s up at %s: device %s (uuid %s), location %s, epoch %d", self.name,
                  self.addr, self.device_path, self.store.superblock.uuid, self.location,
                  self.monc.map.epoch)
@@ -123,6 +125,7 @@ class OsdDaemon:
                     "recoveries": {"log": self.pgs.delta_recoveries_total,
                                    "backfill": self.pgs.backfills_total},
                     "pg_states": self.pgs.states(),
+                    "objects": self.pgs.object_counts(),
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:
             return await self.service.handle(received.header, received.payload)
@@ -148,6 +151,7 @@ class OsdDaemon:
             try:
                 reply = await self.monc.request({"op": "osd_heartbeat", "id": self.id,
                                                  "pg_states": self.pgs.states(),
+                                                 "objects": self.pgs.object_counts(),
                                                  "recovery_bytes": self.pgs.recovery_bytes_total},
                                                 timeout_s=self._interval_s() * 2)
             except (MonitorsUnavailable, RequestFailed) as exc:

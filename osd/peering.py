@@ -18,12 +18,18 @@ Members still being recovered are in the acting set but not complete.
    change (an OSD returning) rather than go active without the newest data.
 3. The authority is the answering complete member with the highest last_update (any answering
    member when there is no record yet: a new PG).
-4. If the primary is not the authority it is recovered from it first (the PG is not active
-   meanwhile). Then the activation record (this epoch, the acting set, complete = the primary
-   and the authority if it is acting) is written at the monitor and the PG becomes ACTIVE: it
-   serves reads and writes while the other members are recovered from the primary in the
-   background, each object under the primary's object lock so no client write interleaves. Each
-   member that finishes is added to the record's complete set; when all have, the PG is clean.
+4. If the authority is another acting member, the PG goes active at once: the activation
+   record (this epoch, the acting set, complete = the authority) is written at the monitor and
+   the primary serves with a *missing set* (the objects whose version differs from the
+   authority's, found from the logs or listings): a client op on a missing object recovers that
+   object first, and the rest are recovered in the background. If the authority is not acting,
+   the primary catches up from it before activation (it must then be complete itself, as the
+   authority will receive no more writes). Otherwise (the primary is the authority) it activates
+   with complete = the primary.
+5. Active, the PG serves reads and writes while the other members are recovered from the
+   authority in the background (each object under the primary's object lock, so no client write
+   interleaves). Each member that finishes is added to the record's complete set; when all
+   have, the PG is clean.
 
 Any step failing (an OSD gone, a newer map) restarts peering at the next interval or retry.
 
@@ -81,6 +87,7 @@ class Activate:
     epoch: int
     acting: tuple
     complete: tuple
+    missing_from: int = None            # the primary serves with a missing set from this OSD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +183,7 @@ class Peering:
         # Highest last_update wins; ties go to the primary (no copy needed), then lowest id.
         self.authority = max(candidates, key=lambda osd: (candidates[osd], osd == self.me,
                                                           -osd))
-        if self.authority != self.me:
+        if self.authority != self.me and self.authority not in self.acting:
             self.state = State.RECOVERING_PRIMARY
             return [Recover(self.authority, self.me)]
         return self._activate()
@@ -191,11 +198,20 @@ class Peering:
         return []                       # late: a recovery beside it failed
 
     def _activate(self):
+        """The primary is complete (it is the authority or caught up), or the authority is an
+        acting member: members are recovered from the authority (or the primary when the
+        authority is not acting), the primary included."""
         self.state = State.ACTIVATING
-        self.complete = {self.me} | ({self.authority} & set(self.acting))
+        if self.authority in self.acting:
+            source = self.authority
+            self.complete = {self.authority}
+        else:
+            source = self.me
+            self.complete = {self.me}
         self.pending_recoveries = set(self.acting) - self.complete
-        effects = [Activate(self.epoch, self.acting, tuple(sorted(self.complete)))]
-        return effects + [Recover(self.me, osd) for osd in sorted(self.pending_recoveries)]
+        missing_from = source if self.me in self.pending_recoveries else None
+        effects = [Activate(self.epoch, self.acting, tuple(sorted(self.complete)), missing_from)]
+        return effects + [Recover(source, osd) for osd in sorted(self.pending_recoveries)]
 
     def activated(self):
         assert self.state is State.ACTIVATING, self.state

@@ -9,7 +9,20 @@ queried OSD raises the PG's `min_epoch`, refusing replicated writes from older e
 
 Each PG keeps a log: an empty object per write in `pglog.POOL.PG`, named by version, so the
 highest version an OSD applied (deletes included) survives restarts. The newest LOG_ENTRIES_KEPT
-are kept.
+are kept. An entry written while the OSD was a complete member carries the flag `c`: the OSD
+then held every acknowledged write up to that version (its *complete_to*). Entries without it
+(a member still being recovered) say only that this one write was applied. Recovery by log
+syncs the source's entries after the target's complete_to that the target lacks, so a member
+whose backfill was interrupted (many newer entries, a gap below them) is never taken for
+complete.
+
+A primary whose authority is another acting member serves at once with a *missing set*: the
+objects whose version differs from the authority's. A client read of a missing object recovers
+it first (ahead of the throttle); writes and deletes settle it; listings merge it in; the rest
+is recovered in the background.
+
+An OSD holding a copy of a PG it is no longer a member of (a *stray*) asks the PG's primary
+from time to time; once the PG is clean, recorded as such at the monitor, it deletes the copy.
 """
 
 import asyncio
@@ -43,9 +56,12 @@ RECOVERY_ATTEMPTS_MAX = 5
 # Deadline of one peering or recovery call to another OSD; a member that does not answer in
 # time makes peering start again.
 PEER_CALL_TIMEOUT_S = 10.0
+# How often a stray copy asks its PG's primary whether the PG is clean (then it is deleted).
+STRAY_CHECK_S = 5.0
+STRAY_DELETE_BATCH = 256
 
 
-MARKER_NAME = "~recovered"       # log entries that only record a last_update (pg_mark)
+COMPLETE_ATTR = "c"              # on a log entry: every acknowledged write up to it is here
 TAIL_NAME = "~tail"              # not an entry: holds the version the log is complete after
 
 
@@ -54,19 +70,20 @@ def delta_names(source_log, target_log):
     source's log does not cover the target's gap (then: backfill).
 
     A log is complete after its `tail` (trimmed below it; or, on a member that was itself
-    recovered, unknown before its recovery). It covers the target when the target's
-    last_update is not older than the source's tail. Names come from the source's entries newer
-    than the target's last_update (writes it missed) and from the target's entries after the
-    source's tail that the source does not have (writes the target applied that were never
-    acknowledged: divergent)."""
-    if target_log["last_update"] < source_log["tail"]:
+    recovered, unknown before its recovery). The target holds every acknowledged write up to
+    its `complete_to`, and after it exactly the writes its entries list. The source's log
+    covers the target when the target's complete_to is not older than the source's tail. Names
+    come from the source's entries after the target's complete_to that the target lacks (writes
+    it missed) and from the target's entries after the source's tail that the source lacks
+    (writes the target applied that were never acknowledged: divergent)."""
+    if target_log["complete_to"] < source_log["tail"]:
         return None
     source_versions = {version for version, _ in source_log["entries"]}
+    target_versions = {version for version, _ in target_log["entries"]}
     names = {name for version, name in source_log["entries"]
-             if version > target_log["last_update"]}
+             if version > target_log["complete_to"] and version not in target_versions}
     names |= {name for version, name in target_log["entries"]
               if version > source_log["tail"] and version not in source_versions}
-    names.discard(MARKER_NAME)
     return sorted(names)
 
 
@@ -76,9 +93,9 @@ def hash_order(name):
     return crc32c(name.encode()), name
 
 
-def _crash_on_error(task):
-    """A peering task that died of anything but cancellation hit a bug: stop the daemon rather
-    than leave the PG stuck in peering with nobody noticing (STYLE.md 2.5)."""
+def crash_on_error(task):
+    """A peering (or tidying) task that died of anything but cancellation hit a bug: stop the
+    daemon rather than leave the PG stuck with nobody noticing (STYLE.md 2.5)."""
     if task.cancelled() or task.exception() is None:
         return
     log.critical("peering task failed", exc_info=task.exception())
@@ -100,8 +117,20 @@ class PgShell:
         self.log_names = None                           # deque of entry names, oldest first
         self.log_tail = 0                               # the log is complete after this version
         self.last_update = 0
+        self.complete_to = 0                            # every acknowledged write to here is here
         self.assigned = 0                               # the last version handed out (primary)
         self.recovered_objects = 0
+        # As primary, for this interval:
+        self.complete_members = frozenset()             # their writes carry the complete flag
+        self.missing = {}                               # name -> authority's version (None: gone)
+        self.missing_from = None                        # the authority the missing set is from
+        self.missing_mark = 0                           # its last_update when the set was made
+        self.remaining = {}                             # member -> objects still to sync
+        self.object_count = 0
+        self.clean = False                              # every member complete, and recorded
+        # As a stray:
+        self.stray_objects = None
+        self.removing = False                           # a stray copy being deleted
 
 
 class RecoveryThrottle:
@@ -210,6 +239,9 @@ class PgRegistry:
         pg.interval = (epoch, acting)
         pg.active.clear()
         self._stop_task(pg)
+        pg.complete_members = frozenset()
+        pg.missing, pg.missing_from, pg.remaining = {}, None, {}
+        pg.clean = False
         if acting.primary != self.me:
             pg.state = "replica" if self.me in acting.members else "stray"
             return
@@ -217,7 +249,7 @@ class PgRegistry:
         pg.state = "peering"
         pg.task = asyncio.get_running_loop().create_task(
             self._peer(pg, epoch, tuple(acting.up_members), up, acting.writable))
-        pg.task.add_done_callback(_crash_on_error)
+        pg.task.add_done_callback(crash_on_error)
 
     @staticmethod
     def _stop_task(pg):
@@ -253,6 +285,24 @@ class PgRegistry:
                 state = pg.state + ("+degraded" if degraded and pg.state == "active" else "")
                 counts[state] += 1
         return dict(counts)
+
+    def object_counts(self):
+        """Object copies, for `cairn status`: `total` (the copies the PGs this OSD is primary of
+        should have), `degraded` (copies acting members still lack: being recovered, or a
+        member short of the pool's size) and `misplaced` (copies held here by PGs this OSD is
+        no longer a member of, until they are deleted)."""
+        total = degraded = misplaced = 0
+        for pg in self.pgs.values():
+            if pg.interval is None:
+                continue
+            acting = pg.interval[1]
+            if acting.primary == self.me and pg.active.is_set():
+                total += pg.object_count * acting.size
+                degraded += sum(pg.remaining.values()) + len(pg.missing)
+                degraded += pg.object_count * (acting.size - len(acting.up_members))
+            elif pg.state == "stray" and pg.stray_objects:
+                misplaced += pg.stray_objects
+        return {"total": total, "degraded": degraded, "misplaced": misplaced}
 
     # -- peering ----------------------------------------------------------------------------------
 
@@ -301,11 +351,13 @@ class PgRegistry:
                 background = [effect] + [e for e in queue if isinstance(e, peering.Recover)]
                 queue = [e for e in queue if not isinstance(e, peering.Recover)]
                 pg.state = "active+recovering"
-                await asyncio.gather(*(self._recover_in_background(pg, core, r, epoch, writable)
-                                       for r in background))
+                recorded = await asyncio.gather(*(self._recover_in_background(pg, core, r, epoch,
+                                                                              writable)
+                                                  for r in background))
                 pg.state = "active" if core.clean else "active+degraded"
                 if not writable:
                     pg.state = "active+readonly"
+                pg.clean = writable and core.clean and all(recorded)
                 return True
             elif isinstance(effect, peering.Recover):
                 pg.state = "recovering"             # the primary catches up first
@@ -319,10 +371,19 @@ class PgRegistry:
                 log.debug("pg %d.%x epoch %d: infos %s authority osd.%s", *pg.key, epoch,
                           core.infos, core.authority)
                 pg.state = "activating"
+                if effect.missing_from is not None:
+                    try:
+                        await self._find_missing(pg, effect.missing_from, epoch)
+                    except RequestFailed as exc:
+                        queue += core.failed(effect.missing_from, str(exc))
+                        continue
+                pg.object_count = self._count_objects(pg)
                 if writable:
                     await self._record(pg, effect)
                 core.activated()
+                pg.complete_members = frozenset(effect.complete)
                 pg.state = "active" if writable else "active+readonly"
+                pg.clean = writable and not queue
                 pg.active.set()
                 if not queue:
                     return True
@@ -344,24 +405,99 @@ class PgRegistry:
                                         "complete": list(effect.complete)})
 
     async def _recover_in_background(self, pg, core, recover, epoch, writable):
+        """Recover one member while the PG serves; True once it is recorded complete."""
         for attempt in range(RECOVERY_ATTEMPTS_MAX):
             try:
-                await self._recover(pg, recover.source, recover.target, epoch, locked=True)
+                if recover.target == self.me:
+                    await self._recover_missing(pg, epoch)
+                else:
+                    await self._recover(pg, recover.source, recover.target, epoch, locked=True)
                 break
             except RequestFailed as exc:
                 log.info("pg %d.%x: recovery of osd.%d failed (attempt %d): %s", *pg.key,
                          recover.target, attempt + 1, exc)
                 if attempt + 1 == RECOVERY_ATTEMPTS_MAX:
                     core.failed(recover.target, str(exc))   # it stays incomplete
-                    return
+                    return False
                 await asyncio.sleep(PEERING_RETRY_S * 2 ** attempt)
-        for effect in core.recovered(recover.target):
+        effects = core.recovered(recover.target)
+        pg.complete_members = frozenset(core.complete)      # its next writes carry the flag
+        for effect in effects:
             if isinstance(effect, peering.Complete) and writable:
                 try:
                     await self._record(pg, effect)
                 except (MonitorsUnavailable, RequestFailed) as exc:
                     log.warning("pg %d.%x: could not record osd.%d complete: %s", *pg.key,
                                 recover.target, exc)
+                    return False
+        return True
+
+    # -- stray copies -------------------------------------------------------------------------------
+
+    async def tidy_strays_forever(self):
+        # Runs until the daemon stops.
+        while True:
+            await asyncio.sleep(STRAY_CHECK_S)
+            for pg in list(self.pgs.values()):
+                if self.pgs.get(pg.key) is pg and pg.state == "stray":
+                    try:
+                        await self._tidy_stray(pg)
+                    except RequestFailed as exc:
+                        log.info("pg %d.%x: stray copy kept for now: %s", *pg.key, exc)
+
+    async def _tidy_stray(self, pg):
+        """Delete this OSD's copy of a PG it is no longer a member of, once the PG's primary
+        says the PG is clean (every member complete, recorded at the monitor)."""
+        if not (self.store.has_collection(pg.collection)
+                or self.store.has_collection(pg.log_collection)):
+            del self.pgs[pg.key]
+            return
+        if pg.stray_objects is None:
+            pg.stray_objects = (self.store.count_objects(pg.collection)
+                                if self.store.has_collection(pg.collection) else 0)
+        interval = pg.interval
+        if interval is None or interval[1].primary is None:
+            return
+        header, _ = await self.call(interval[1].primary, {"op": "pg_info", "pool": pg.key[0],
+                                                          "pg": pg.key[1],
+                                                          "epoch": interval[0]})
+        if not header.get("clean") or pg.interval is not interval or pg.state != "stray" \
+                or tuple(header.get("acting", ())) != tuple(interval[1].members):
+            return
+        log.info("pg %d.%x is clean on %s: deleting the stray copy here (%d objects)", *pg.key,
+                 interval[1].members, pg.stray_objects)
+        pg.removing = True          # peering and replication ops answer `again` meanwhile
+        try:
+            await self._remove_copy(pg)
+        finally:
+            pg.removing = False
+        if pg.interval is interval and pg.state == "stray":
+            del self.pgs[pg.key]
+
+    async def _remove_copy(self, pg):
+        # The log goes first, in one transaction: a copy half deleted never looks complete.
+        if self.store.has_collection(pg.log_collection):
+            txn = Transaction()
+            start_after = None
+            while True:
+                names, start_after = self.store.list_objects(pg.log_collection,
+                                                             start_after=start_after,
+                                                             limit=RECOVERY_LIST_PAGE)
+                for name in names:
+                    txn.delete(pg.log_collection, name)
+                if start_after is None:
+                    break
+            await self.store.apply(txn.remove_collection(pg.log_collection))
+        pg.log_names, pg.log_tail, pg.last_update, pg.complete_to = None, 0, 0, 0
+        while self.store.has_collection(pg.collection) and pg.state == "stray":
+            names, _ = self.store.list_objects(pg.collection, limit=STRAY_DELETE_BATCH)
+            txn = Transaction()
+            for name in names:
+                txn.delete(pg.collection, name)
+            if not names:
+                txn.remove_collection(pg.collection)
+            await self.store.apply(txn)
+            pg.stray_objects = max(0, (pg.stray_objects or 0) - len(names))
 
     # -- talking to members -------------------------------------------------------------------------
 
@@ -398,60 +534,138 @@ class PgRegistry:
             if start_after is None:
                 return versions, header["last_update"]
 
-    async def _recover(self, pg, source, target, epoch, locked=False):
-        """Make `target`'s copy of the PG equal to `source`'s (backfill by object versions),
-        within the recovery budget. `locked`: the PG is serving and `source` is this primary;
-        each object is copied or removed under the primary's object lock, so no client write
-        interleaves, and objects written after the listing are left alone."""
-        await self.throttle.slot()
-        try:
-            await self._backfill(pg, source, target, epoch, locked)
-        finally:
-            await self.throttle.release()
-
-    async def _backfill(self, pg, source, target, epoch, locked):
-        """Delta recovery from the PG logs when the source's log reaches back to the target's
-        last_update; otherwise a backfill by comparing whole listings."""
+    async def _plan(self, pg, source, target, epoch):
+        """(names to sync in order, the version to mark the target with when done, how): from
+        the PG logs when the source's log covers the target's gap ("log"), otherwise by
+        comparing whole listings ("backfill", in hash order as Ceph backfills: objects are
+        spread evenly over the run whatever their names). A backfill that was interrupted
+        resumes in effect: what it already copied has the source's version and is skipped."""
         source_log = await self._log(pg, source, epoch)
         target_log = await self._log(pg, target, epoch)
         names = delta_names(source_log, target_log)
         if names is not None:
-            for name in names:
-                await self._sync_object(pg, source, target, name, epoch, locked)
-            await self.call(target, self._header(pg, "pg_mark", epoch,
-                                                 version=source_log["last_update"]))
-            self.delta_recoveries_total += 1
-            if names:
-                log.info("pg %d.%x: recovered osd.%d from osd.%d by log: %d objects", *pg.key,
-                         target, source, len(names))
-            pg.recovered_objects += len(names)
-            return
-        self.backfills_total += 1
+            return names, source_log["last_update"], "log"
         wanted, source_last_update = await self._listing(pg, source, epoch)
         have, _ = await self._listing(pg, target, epoch)
-        # In hash order, as Ceph backfills: objects are spread evenly over the run whatever
-        # their names, so an interrupted backfill has covered a fair sample of the PG.
         behind = [name for name, version in wanted.items() if have.get(name) != version]
         extra = list(have.keys() - wanted.keys())
-        outcomes = collections.Counter()
-        for name in sorted(behind + extra, key=hash_order):
-            outcomes[await self._sync_object(pg, source, target, name, epoch, locked)] += 1
+        return sorted(behind + extra, key=hash_order), source_last_update, "backfill"
+
+    async def _recover(self, pg, source, target, epoch, locked=False):
+        """Make `target`'s copy of the PG equal to `source`'s, within the recovery budget.
+        `locked`: the PG is serving; each object is copied or removed under the primary's
+        object lock, so no client write interleaves (a write since the plan is simply copied as
+        it now is, and the target received it anyway as a member)."""
+        names, mark, how = await self._plan(pg, source, target, epoch)
+        pg.remaining[target] = len(names)
+        await self.throttle.slot()
+        try:
+            outcomes = collections.Counter()
+            for name in names:
+                outcomes[await self._sync_object(pg, source, target, name, epoch, locked)] += 1
+                pg.remaining[target] -= 1
+            await self.call(target, self._header(pg, "pg_mark", epoch, version=mark))
+        finally:
+            pg.remaining.pop(target, None)
+            await self.throttle.release()
+        if how == "log":
+            self.delta_recoveries_total += 1
+        else:
+            self.backfills_total += 1
         copied, removed = outcomes["copied"], outcomes["removed"]
-        await self.call(target, self._header(pg, "pg_mark", epoch, version=source_last_update))
         if copied or removed:
-            log.info("pg %d.%x: recovered osd.%d from osd.%d: %d objects copied, %d removed",
-                     *pg.key, target, source, copied, removed)
+            log.info("pg %d.%x: recovered osd.%d from osd.%d by %s: %d objects copied, "
+                     "%d removed", *pg.key, target, source, how, copied, removed)
         pg.recovered_objects += copied + removed
+
+    # -- the primary's own missing objects ----------------------------------------------------------
+
+    async def _find_missing(self, pg, authority, epoch):
+        """Before a primary that is behind serves: the objects whose version here differs from
+        the authority's, with the authority's version (None where it has no such object)."""
+        names, mark, _ = await self._plan(pg, authority, self.me, epoch)
+        missing = {}
+        for first in range(0, len(names), RECOVERY_LIST_PAGE):
+            batch = names[first:first + RECOVERY_LIST_PAGE]
+            header, _ = await self.call(authority, self._header(pg, "pg_stat", epoch,
+                                                                names=batch))
+            for name, version in zip(batch, header["versions"]):
+                if self.local_version(pg, name) != version:
+                    missing[name] = version
+        pg.missing, pg.missing_from, pg.missing_mark = missing, authority, mark
+        if missing:
+            log.info("pg %d.%x: serving with %d objects missing here (recovered from osd.%d "
+                     "first when a client asks for them)", *pg.key, len(missing), authority)
+
+    def local_version(self, pg, name):
+        """The version of this OSD's copy of `name`, or None."""
+        if not self.store.has_collection(pg.collection):
+            return None
+        try:
+            return pgs.version_of(self.store.stat(pg.collection, name).attrs)
+        except ObjectNotFound:
+            return None
+
+    def present(self, pg, name):
+        """Whether this OSD's copy of the PG has `name`."""
+        if not self.store.has_collection(pg.collection):
+            return False
+        try:
+            self.store.stat(pg.collection, name)
+            return True
+        except ObjectNotFound:
+            return False
+
+    def exists(self, pg, name):
+        """Whether the PG holds `name`, as this primary serves it (the missing set first)."""
+        if name in pg.missing:
+            return pg.missing[name] is not None
+        return self.present(pg, name)
+
+    async def _recover_missing(self, pg, epoch):
+        """Recover this primary's missing objects in the background (within the budget), then
+        mark it complete up to the authority's last_update of the plan."""
+        await self.throttle.slot()
+        try:
+            for name in sorted(pg.missing, key=hash_order):
+                async with self.daemon.service.object_lock(pg.collection, name):
+                    await self.recover_now(pg, name, throttled=True)
+            await self.call(self.me, self._header(pg, "pg_mark", epoch, version=pg.missing_mark))
+        finally:
+            await self.throttle.release()
+
+    async def recover_now(self, pg, name, throttled=False):
+        """Recover one missing object from the authority; the caller holds its object lock.
+        A client waiting on it calls this unthrottled: that object goes first."""
+        if name not in pg.missing:
+            return
+        outcome = await self._sync_object(pg, pg.missing_from, self.me, name, pg.interval[0],
+                                          locked=False, throttled=throttled)
+        pg.missing.pop(name, None)
+        pg.recovered_objects += 1
+        if not throttled:
+            log.debug("pg %d.%x: %s %r on demand", *pg.key, outcome, name)
+
+    def _count_objects(self, pg):
+        """The PG's objects as this primary serves them (its copy, corrected by the missing
+        set); kept up to date by writes."""
+        if not self.store.has_collection(pg.collection):
+            return sum(1 for version in pg.missing.values() if version is not None)
+        count = self.store.count_objects(pg.collection)
+        for name, version in pg.missing.items():
+            count += (version is not None) - self.present(pg, name)
+        return count
 
     async def _log(self, pg, osd_id, epoch):
         header, _ = await self.call(osd_id, self._header(pg, "pg_log", epoch))
         return {"entries": [(version, name) for version, name in header["entries"]],
-                "last_update": header["last_update"], "tail": header["tail"]}
+                "last_update": header["last_update"], "tail": header["tail"],
+                "complete_to": header["complete_to"]}
 
-    async def _sync_object(self, pg, source, target, name, epoch, locked):
+    async def _sync_object(self, pg, source, target, name, epoch, locked, throttled=True):
         """Make one object on `target` what it is on `source` now: 'copied' or 'removed'.
-        `locked`: under the primary's object lock, so a client write to it cannot interleave
-        (a write since the listing is simply copied as it now is)."""
+        `locked`: take the primary's object lock, so a client write to it cannot interleave
+        (a write since the plan is simply copied as it now is)."""
         service = self.daemon.service
         async with service.object_lock(pg.collection, name, locked):
             try:
@@ -462,7 +676,8 @@ class PgRegistry:
                     raise
                 await self.call(target, self._header(pg, "pg_remove", epoch, name=name))
                 return "removed"
-            await self.throttle.take(len(payload))
+            if throttled:
+                await self.throttle.take(len(payload))
             await self.call(target, self._header(pg, "pg_push", epoch, name=name,
                                                  version=header["version"],
                                                  manifest=header.get("manifest", False)),
@@ -474,14 +689,18 @@ class PgRegistry:
 
     async def ensure_collections(self, pg):
         """Create the PG's object and log collections on first use."""
-        if self.store.has_collection(pg.collection):
+        wanted = [c for c in (pg.collection, pg.log_collection) if not self.store.has_collection(c)]
+        if not wanted:
             return
         async with self.daemon.service.collection_lock:
-            if self.store.has_collection(pg.collection):
+            txn = Transaction()
+            for collection in wanted:
+                if not self.store.has_collection(collection):
+                    txn.create_collection(collection)
+            if not txn.ops:
                 return
             try:
-                await self.store.apply(Transaction().create_collection(pg.collection)
-                                       .create_collection(pg.log_collection))
+                await self.store.apply(txn)
             except CollectionExists:
                 pass
 
@@ -499,31 +718,50 @@ class PgRegistry:
                     break
         if TAIL_NAME in names:
             names.remove(TAIL_NAME)
-            raw = self.store.stat(pg.log_collection, TAIL_NAME).attrs.get("t")
-            pg.log_tail = int(raw.decode(), 16) if raw else 0
+            attrs = self.store.stat(pg.log_collection, TAIL_NAME).attrs
+            pg.log_tail = int(attrs.get("t", b"0").decode(), 16)
+            pg.complete_to = max(pg.complete_to, int(attrs.get("c", b"0").decode(), 16))
+        for entry in reversed(names):                   # the newest flagged entry
+            if COMPLETE_ATTR in self.store.stat(pg.log_collection, entry).attrs:
+                pg.complete_to = max(pg.complete_to, int(entry, 16))
+                break
         pg.log_names = collections.deque(names)
-        pg.last_update = max(pg.last_update, int(names[-1], 16) if names else 0)
+        pg.last_update = max(pg.last_update, pg.log_tail, int(names[-1], 16) if names else 0)
 
-    def log_ops(self, pg, txn, version, name, delete):
-        """Add this write's log entry (and a trim when due) to `txn`. Only committed entries
-        are trimmed (`applied()` records them), so a trim never deletes an entry whose own
-        transaction is still in flight."""
+    def log_ops(self, pg, txn, version, name, delete, complete):
+        """Add this write's log entry (and a trim when due) to `txn`; `complete`: this OSD is
+        a complete member, so it holds every acknowledged write up to `version`. Only committed
+        entries are trimmed (`applied()` records them), so a trim never deletes an entry whose
+        own transaction is still in flight."""
         self.load_log(pg)
         entry = pgs.log_entry_name(version)
-        txn.put(pg.log_collection, entry, b"", attrs={"n": name.encode(),
-                                                       "o": b"d" if delete else b"p"})
+        attrs = {"n": name.encode(), "o": b"d" if delete else b"p"}
+        if complete:
+            attrs[COMPLETE_ATTR] = b"1"
+        txn.put(pg.log_collection, entry, b"", attrs=attrs)
         if len(pg.log_names) > LOG_ENTRIES_KEPT + LOG_TRIM_BATCH:
-            # A set: a marker can repeat a version; never this write's own entry.
-            oldest = sorted(set(pg.log_names) - {entry})
+            oldest = sorted(set(pg.log_names) - {entry})        # never this write's own entry
             for old in oldest[:LOG_TRIM_BATCH]:
                 txn.delete(pg.log_collection, old)
             pg.log_names = collections.deque(oldest[LOG_TRIM_BATCH:])
-            self.set_tail(pg, txn, int(oldest[LOG_TRIM_BATCH - 1], 16))
+            pg.log_tail = max(pg.log_tail, int(oldest[LOG_TRIM_BATCH - 1], 16))
+            self._tail_ops(pg, txn, pg.log_tail, pg.complete_to)
 
-    def set_tail(self, pg, txn, version):
-        """The log is complete only after `version` (trimmed, or this member was recovered)."""
+    def _tail_ops(self, pg, txn, tail, complete_to):
+        txn.put(pg.log_collection, TAIL_NAME, b"", attrs={"t": f"{tail:x}".encode(),
+                                                          "c": f"{complete_to:x}".encode()})
+
+    def mark_ops(self, pg, txn, version):
+        """This member was recovered up to `version`: it holds every acknowledged write up to
+        it, and its log (what it applied before) is no history to recover others by."""
+        self.load_log(pg)
+        self._tail_ops(pg, txn, max(pg.log_tail, version), max(pg.complete_to, version))
+
+    def marked(self, pg, version):
+        """The transaction of mark_ops(version) committed."""
         pg.log_tail = max(pg.log_tail, version)
-        txn.put(pg.log_collection, TAIL_NAME, b"", attrs={"t": f"{pg.log_tail:x}".encode()})
+        pg.complete_to = max(pg.complete_to, version)
+        pg.last_update = max(pg.last_update, version)
 
     def log_entries(self, pg):
         """[(version, object name)] of the PG's log here, oldest first."""
@@ -537,9 +775,11 @@ class PgRegistry:
             entries.append((int(entry, 16), attrs.get("n", b"").decode()))
         return entries
 
-    def applied(self, pg, version):
+    def applied(self, pg, version, complete):
         """The transaction carrying log entry `version` committed."""
         pg.last_update = max(pg.last_update, version)
+        if complete:
+            pg.complete_to = max(pg.complete_to, version)
         pg.log_names.append(pgs.log_entry_name(version))
 
     def listing(self, pg, start_after, limit):

@@ -14,8 +14,14 @@ the message's epoch is ahead) and that the epoch is not older than the PG's `min
 when a new primary queries it: osd/peering.py), and apply the same transaction. Every write also
 adds a PG log entry (osd/pgs.py). Every object carries its PG version in the `_v` attribute.
 
-Peering and recovery use the `pg_*` ops: pg_query (last_update; raises min_epoch), pg_list
-(object versions), pg_read, pg_push, pg_remove and pg_mark (records a last_update).
+Peering and recovery use the `pg_*` ops: pg_query (last_update; raises min_epoch), pg_log,
+pg_list (object versions), pg_stat (versions of named objects), pg_read, pg_push, pg_remove and
+pg_mark (the member was recovered up to a version); pg_info asks a primary whether its PG is
+clean (a stray copy is then deleted).
+
+A primary that serves with a missing set (osd/pgs.py) recovers a missing object before a read
+or stat of it, answers deletes and listings from the set, and drops an object from it once a
+write replaces it.
 
 Errors go back as codes the client library turns into typed exceptions: not_found, no_space,
 pool_unavailable, wrong_primary, again (retry soon), invalid, io_error.
@@ -30,7 +36,6 @@ from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common import pg as pgs
 from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound
-from cairn.osd.pgs import MARKER_NAME
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
@@ -69,7 +74,7 @@ class ObjectService:
     # -- dispatch ---------------------------------------------------------------------------------
 
     OPS = ("put", "get", "stat", "delete", "list", "rep_put", "rep_delete", "pg_query", "pg_list",
-           "pg_log", "pg_read", "pg_push", "pg_remove", "pg_mark")
+           "pg_log", "pg_stat", "pg_read", "pg_push", "pg_remove", "pg_mark", "pg_info")
 
     async def handle(self, header, payload):
         op = header["op"]
@@ -185,15 +190,22 @@ class ObjectService:
             self.registry.load_log(pg)
             version = max(pgs.make_version(epoch, 1), pg.last_update + 1, pg.assigned + 1)
             pg.assigned = version
-            if delete:
-                self.store.stat(pg.collection, name)       # ObjectNotFound before any change
+            existed = self.registry.exists(pg, name)
+            if delete and not existed:
+                raise ObjectNotFound(pg.collection, name)     # before any change
             header = {"op": "rep_delete" if delete else "rep_put", "pool": pool["id"],
                       "pg": pg.key[1], "name": name, "version": version, "epoch": epoch,
                       "from": self.daemon.id, "manifest": manifest}
             replicas = [m for m in acting.up_members if m != self.daemon.id]
-            local = self._apply_local(pg, name, payload, version, delete, manifest)
-            remote = [self._replicate(osd_id, header, payload or b"") for osd_id in replicas]
+            complete = pg.complete_members
+            local = self._apply_local(pg, name, payload, version, delete, manifest,
+                                      complete=self.daemon.id in complete)
+            remote = [self._replicate(osd_id, {**header, "complete": osd_id in complete},
+                                      payload or b"") for osd_id in replicas]
             results = await asyncio.gather(local, *remote, return_exceptions=True)
+            if not isinstance(results[0], BaseException):
+                pg.missing.pop(name, None)          # our copy is the newest now
+                pg.object_count += (not delete) - existed
             failures = [result for result in results if isinstance(result, BaseException)]
             if failures:
                 # Not acknowledged. Members that did commit keep the new version; the next
@@ -204,29 +216,25 @@ class ObjectService:
         finally:
             self._unlock(key, entry)
 
-    async def _apply_local(self, pg, name, payload, version, delete, manifest=False):
+    async def _apply_local(self, pg, name, payload, version, delete, manifest=False,
+                           complete=False):
+        """Apply one replicated write here with its log entry; `complete`: this OSD is a
+        complete member (osd/pgs.py)."""
         await self.registry.ensure_collections(pg)
         txn = Transaction()
         if delete:
-            # A replica that missed the object still logs the delete: its last_update must
-            # count every op it was sent.
-            if self._exists(pg, name):
+            # A member that missed the object still logs the delete: its log must count every
+            # op it was sent.
+            if self.registry.present(pg, name):
                 txn.delete(pg.collection, name)
         else:
             attrs = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
             if manifest:
                 attrs[pgs.MANIFEST_ATTR] = b"1"
             txn.put(pg.collection, name, payload, attrs=attrs)
-        self.registry.log_ops(pg, txn, version, name, delete)
+        self.registry.log_ops(pg, txn, version, name, delete, complete)
         await self.store.apply(txn)
-        self.registry.applied(pg, version)
-
-    def _exists(self, pg, name):
-        try:
-            self.store.stat(pg.collection, name)
-            return True
-        except ObjectNotFound:
-            return False
+        self.registry.applied(pg, version, complete)
 
     async def _replicate(self, osd_id, header, payload):
         osd = self.map.osds.get(osd_id)
@@ -247,11 +255,12 @@ class ObjectService:
         pool, pg = await self._pg_of(header)
         name = self._name(header)
         pg = await self.registry.wait_active(pg.key)
-        if not self.store.has_collection(pg.collection):
-            raise RequestFailed("not_found", f"object {name!r} not found")
         key = (pg.collection, name)
         entry = await self._locked(key)            # no read of a write not yet everywhere
         try:
+            await self.registry.recover_now(pg, name)
+            if not self.store.has_collection(pg.collection):
+                raise ObjectNotFound(pg.collection, name)
             record = self.store.stat(pg.collection, name)
             data = await self._read(pg.collection, name, record.size, header.get("offset", 0),
                                     header.get("length"))
@@ -264,8 +273,11 @@ class ObjectService:
         pool, pg = await self._pg_of(header)
         name = self._name(header)
         pg = await self.registry.wait_active(pg.key)
+        if name in pg.missing:
+            async with self.object_lock(pg.collection, name):
+                await self.registry.recover_now(pg, name)
         if not self.store.has_collection(pg.collection):
-            raise RequestFailed("not_found", f"object {name!r} not found")
+            raise ObjectNotFound(pg.collection, name)
         record = self.store.stat(pg.collection, name)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
                 "mtime_ns": record.mtime_ns, "manifest": pgs.MANIFEST_ATTR in record.attrs}, b""
@@ -273,11 +285,14 @@ class ObjectService:
     async def _list(self, header, payload):
         pool, pg = await self._pg_of(header)
         pg = await self.registry.wait_active(pg.key)
-        if not self.store.has_collection(pg.collection):
-            return {"names": [], "next": None}, b""
-        names, following = self.store.list_objects(pg.collection, header.get("prefix", ""),
-                                                   header.get("start_after"),
-                                                   header.get("limit", LIST_PAGE_DEFAULT))
+        prefix, start_after = header.get("prefix", ""), header.get("start_after")
+        limit = header.get("limit", LIST_PAGE_DEFAULT)
+        names, following = [], None
+        if self.store.has_collection(pg.collection):
+            names, following = self.store.list_objects(pg.collection, prefix, start_after, limit)
+        if pg.missing:
+            names, following = merge_missing(names, following, pg.missing, prefix, start_after,
+                                             limit)
         return {"names": names, "next": following}, b""
 
     async def _read(self, collection, name, size, offset=0, length=None):
@@ -293,6 +308,9 @@ class ObjectService:
     async def _from_primary(self, header):
         """The PgShell, if `from` is the PG's primary in our map and the epoch is current."""
         pool, pg = await self._pg_of(header, as_primary=False)
+        if pg is not None and pg.removing:
+            raise RequestFailed("again", f"osd.{self.daemon.id} is deleting its stray copy of "
+                                f"pg {pg.key[0]}.{pg.key[1]:x}; retry")
         acting = pg.interval[1] if pg is not None and pg.interval else None
         if acting is None or acting.primary != header.get("from"):
             raise RequestFailed("wrong_primary", f"osd.{header.get('from')} is not the primary "
@@ -312,16 +330,14 @@ class ObjectService:
     async def _rep_put(self, header, payload):
         pg = await self._from_primary(header)
         await self._apply_local(pg, self._name(header), payload, self._version(header),
-                                delete=False, manifest=bool(header.get("manifest")))
+                                delete=False, manifest=bool(header.get("manifest")),
+                                complete=bool(header.get("complete")))
         return {}, b""
 
     async def _rep_delete(self, header, payload):
         pg = await self._from_primary(header)
-        try:
-            await self._apply_local(pg, self._name(header), None, self._version(header),
-                                    delete=True)
-        except ObjectNotFound:
-            pass                        # already gone here: the delete's effect holds
+        await self._apply_local(pg, self._name(header), None, self._version(header),
+                                delete=True, complete=bool(header.get("complete")))
         return {}, b""
 
     # -- peering and recovery ops -------------------------------------------------------------------
@@ -342,7 +358,15 @@ class ObjectService:
     async def _pg_log(self, header, payload):
         pg = await self._from_primary(header)
         entries = self.registry.log_entries(pg)
-        return {"entries": entries, "last_update": pg.last_update, "tail": pg.log_tail}, b""
+        return {"entries": entries, "last_update": pg.last_update, "tail": pg.log_tail,
+                "complete_to": pg.complete_to}, b""
+
+    async def _pg_stat(self, header, payload):
+        pg = await self._from_primary(header)
+        names = header.get("names")
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise RequestFailed("invalid", "pg_stat needs names: a list of object names")
+        return {"versions": [self.registry.local_version(pg, name) for name in names]}, b""
 
     async def _pg_read(self, header, payload):
         pg = await self._from_primary(header)
@@ -376,12 +400,31 @@ class ObjectService:
         if version:
             await self.registry.ensure_collections(pg)
             txn = Transaction()
-            self.registry.log_ops(pg, txn, version, MARKER_NAME, delete=False)
-            # What this member applied before its recovery is no history to recover others by.
-            self.registry.set_tail(pg, txn, version)
+            self.registry.mark_ops(pg, txn, version)
             await self.store.apply(txn)
-            self.registry.applied(pg, version)
+            self.registry.marked(pg, version)
         return {}, b""
+
+    async def _pg_info(self, header, payload):
+        pool, pg = await self._pg_of(header)
+        return {"state": pg.state, "clean": pg.clean,
+                "acting": list(pg.interval[1].members)}, b""
 
     async def close(self):
         await self.connections.close()
+
+
+def merge_missing(names, following, missing, prefix, start_after, limit):
+    """A listing page of this OSD's copy corrected by a missing set (name -> the authority's
+    version, None: absent there): what the authority has is listed, what it has not is not.
+    `following` is None when the local listing reached its end; otherwise names after it
+    belong to the next page."""
+    gone = {name for name, version in missing.items() if version is None}
+    extra = {name for name, version in missing.items()
+             if version is not None and name.startswith(prefix)
+             and (start_after is None or name > start_after)
+             and (following is None or name <= following)}
+    merged = sorted((set(names) | extra) - gone)
+    if len(merged) > limit:
+        return merged[:limit], merged[limit - 1]
+    return merged, following

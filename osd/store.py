@@ -556,6 +556,13 @@ class Store:
             names.append(key[name_offset:].decode())
         return names, None
 
+    def count_objects(self, collection):
+        """How many objects `collection` holds (a scan of its metadata keys)."""
+        self._check_open()
+        records.check_collection_name(collection)
+        self._require_collection(collection)
+        return sum(1 for _ in self._iterate(records.object_prefix(collection)))
+
     def list_collections(self):
         return sorted(self._collections)
 
