@@ -123,7 +123,9 @@ class OsdDaemon:
                     "epoch": self.monc.map.epoch, "peers": self._watch.peers,
                     "recovery_bytes": self.pgs.recovery_bytes_total,
                     "recoveries": {"log": self.pgs.delta_recoveries_total,
-                                   "backfill": self.pgs.backfills_total},
+                                   "backfill": self.pgs.backfills_total,
+                                   "on_demand": self.pgs.on_demand_total},
+                    "pgs_held": self.pgs.copies_held(),
                     "pg_states": self.pgs.states(),
                     "objects": self.pgs.object_counts(),
                     "reported": sorted(self._watch.reported)}, b""

@@ -125,6 +125,7 @@ class PgShell:
         self.missing = {}                               # name -> authority's version (None: gone)
         self.missing_from = None                        # the authority the missing set is from
         self.missing_mark = 0                           # its last_update when the set was made
+        self.missing_sizes = {}                         # name -> bytes (the budget's estimate)
         self.remaining = {}                             # member -> objects still to sync
         self.object_count = 0
         self.clean = False                              # every member complete, and recorded
@@ -186,6 +187,7 @@ class PgRegistry:
         self.recovery_bytes_total = 0
         self.delta_recoveries_total = 0
         self.backfills_total = 0
+        self.on_demand_total = 0                        # objects recovered for a waiting client
         self.throttle = RecoveryThrottle(daemon)
 
     @property
@@ -285,6 +287,10 @@ class PgRegistry:
                 state = pg.state + ("+degraded" if degraded and pg.state == "active" else "")
                 counts[state] += 1
         return dict(counts)
+
+    def copies_held(self):
+        """How many PGs this OSD holds a copy of (members and strays)."""
+        return sum(1 for name in self.store.list_collections() if name.startswith("pg."))
 
     def object_counts(self):
         """Object copies, for `cairn status`: `total` (the copies the PGs this OSD is primary of
@@ -584,37 +590,38 @@ class PgRegistry:
         """Before a primary that is behind serves: the objects whose version here differs from
         the authority's, with the authority's version (None where it has no such object)."""
         names, mark, _ = await self._plan(pg, authority, self.me, epoch)
-        missing = {}
+        missing, sizes = {}, {}
         for first in range(0, len(names), RECOVERY_LIST_PAGE):
             batch = names[first:first + RECOVERY_LIST_PAGE]
             header, _ = await self.call(authority, self._header(pg, "pg_stat", epoch,
                                                                 names=batch))
-            for name, version in zip(batch, header["versions"]):
+            for name, version, size in zip(batch, header["versions"], header["sizes"]):
                 if self.local_version(pg, name) != version:
                     missing[name] = version
+                    sizes[name] = size
         pg.missing, pg.missing_from, pg.missing_mark = missing, authority, mark
+        pg.missing_sizes = sizes
         if missing:
             log.info("pg %d.%x: serving with %d objects missing here (recovered from osd.%d "
                      "first when a client asks for them)", *pg.key, len(missing), authority)
 
-    def local_version(self, pg, name):
-        """The version of this OSD's copy of `name`, or None."""
+    def local_record(self, pg, name):
+        """The store's stat of this OSD's copy of `name`, or None."""
         if not self.store.has_collection(pg.collection):
             return None
         try:
-            return pgs.version_of(self.store.stat(pg.collection, name).attrs)
+            return self.store.stat(pg.collection, name)
         except ObjectNotFound:
             return None
 
+    def local_version(self, pg, name):
+        """The version of this OSD's copy of `name`, or None."""
+        record = self.local_record(pg, name)
+        return pgs.version_of(record.attrs) if record else None
+
     def present(self, pg, name):
         """Whether this OSD's copy of the PG has `name`."""
-        if not self.store.has_collection(pg.collection):
-            return False
-        try:
-            self.store.stat(pg.collection, name)
-            return True
-        except ObjectNotFound:
-            return False
+        return self.local_record(pg, name) is not None
 
     def exists(self, pg, name):
         """Whether the PG holds `name`, as this primary serves it (the missing set first)."""
@@ -628,22 +635,28 @@ class PgRegistry:
         await self.throttle.slot()
         try:
             for name in sorted(pg.missing, key=hash_order):
+                if name not in pg.missing:
+                    continue                        # a client got there first
+                # The budget is paid before the object lock is taken, so a client waiting on
+                # this object never waits for the budget.
+                await self.throttle.take(pg.missing_sizes.get(name, 0))
                 async with self.daemon.service.object_lock(pg.collection, name):
-                    await self.recover_now(pg, name, throttled=True)
+                    await self.recover_now(pg, name, background=True)
             await self.call(self.me, self._header(pg, "pg_mark", epoch, version=pg.missing_mark))
         finally:
             await self.throttle.release()
 
-    async def recover_now(self, pg, name, throttled=False):
+    async def recover_now(self, pg, name, background=False):
         """Recover one missing object from the authority; the caller holds its object lock.
-        A client waiting on it calls this unthrottled: that object goes first."""
+        A client waiting on it calls this: that object goes first, outside the budget."""
         if name not in pg.missing:
             return
         outcome = await self._sync_object(pg, pg.missing_from, self.me, name, pg.interval[0],
-                                          locked=False, throttled=throttled)
+                                          locked=False, throttled=False)
         pg.missing.pop(name, None)
         pg.recovered_objects += 1
-        if not throttled:
+        if not background:
+            self.on_demand_total += 1
             log.debug("pg %d.%x: %s %r on demand", *pg.key, outcome, name)
 
     def _count_objects(self, pg):

@@ -366,7 +366,12 @@ class ObjectService:
         names = header.get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise RequestFailed("invalid", "pg_stat needs names: a list of object names")
-        return {"versions": [self.registry.local_version(pg, name) for name in names]}, b""
+        versions, sizes = [], []
+        for name in names:
+            record = self.registry.local_record(pg, name)
+            versions.append(pgs.version_of(record.attrs) if record else None)
+            sizes.append(record.size if record else 0)
+        return {"versions": versions, "sizes": sizes}, b""
 
     async def _pg_read(self, header, payload):
         pg = await self._from_primary(header)
