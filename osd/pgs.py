@@ -521,18 +521,18 @@ class PgRegistry:
             raise RequestFailed("again", f"osd.{osd_id}: {exc}") from None
         return reply.header, reply.payload
 
-    def _header(self, pg, op, epoch, **fields):
+    def header(self, pg, op, epoch, **fields):
         return {"op": op, "pool": pg.key[0], "pg": pg.key[1], "epoch": epoch, "from": self.me,
                 **fields}
 
     async def _query(self, pg, osd_id, epoch):
-        header, _ = await self.call(osd_id, self._header(pg, "pg_query", epoch))
+        header, _ = await self.call(osd_id, self.header(pg, "pg_query", epoch))
         return header["last_update"]
 
     async def _listing(self, pg, osd_id, epoch):
         versions, start_after = {}, None
         while True:
-            header, _ = await self.call(osd_id, self._header(pg, "pg_list", epoch,
+            header, _ = await self.call(osd_id, self.header(pg, "pg_list", epoch,
                                                              start_after=start_after,
                                                              limit=RECOVERY_LIST_PAGE))
             versions.update((name, version) for name, version in header["entries"])
@@ -570,7 +570,7 @@ class PgRegistry:
             for name in names:
                 outcomes[await self._sync_object(pg, source, target, name, epoch, locked)] += 1
                 pg.remaining[target] -= 1
-            await self.call(target, self._header(pg, "pg_mark", epoch, version=mark))
+            await self.call(target, self.header(pg, "pg_mark", epoch, version=mark))
         finally:
             pg.remaining.pop(target, None)
             await self.throttle.release()
@@ -593,7 +593,7 @@ class PgRegistry:
         missing, sizes = {}, {}
         for first in range(0, len(names), RECOVERY_LIST_PAGE):
             batch = names[first:first + RECOVERY_LIST_PAGE]
-            header, _ = await self.call(authority, self._header(pg, "pg_stat", epoch,
+            header, _ = await self.call(authority, self.header(pg, "pg_stat", epoch,
                                                                 names=batch))
             for name, version, size in zip(batch, header["versions"], header["sizes"]):
                 if self.local_version(pg, name) != version:
@@ -642,7 +642,7 @@ class PgRegistry:
                 await self.throttle.take(pg.missing_sizes.get(name, 0))
                 async with self.daemon.service.object_lock(pg.collection, name):
                     await self.recover_now(pg, name, background=True)
-            await self.call(self.me, self._header(pg, "pg_mark", epoch, version=pg.missing_mark))
+            await self.call(self.me, self.header(pg, "pg_mark", epoch, version=pg.missing_mark))
         finally:
             await self.throttle.release()
 
@@ -670,7 +670,7 @@ class PgRegistry:
         return count
 
     async def _log(self, pg, osd_id, epoch):
-        header, _ = await self.call(osd_id, self._header(pg, "pg_log", epoch))
+        header, _ = await self.call(osd_id, self.header(pg, "pg_log", epoch))
         return {"entries": [(version, name) for version, name in header["entries"]],
                 "last_update": header["last_update"], "tail": header["tail"],
                 "complete_to": header["complete_to"]}
@@ -680,23 +680,10 @@ class PgRegistry:
         `locked`: take the primary's object lock, so a client write to it cannot interleave
         (a write since the plan is simply copied as it now is)."""
         service = self.daemon.service
+        backend = service.backend(pgs.pool_by_id(self.daemon.monc.map, pg.key[0]))
         async with service.object_lock(pg.collection, name, locked):
-            try:
-                header, payload = await self.call(source, self._header(pg, "pg_read", epoch,
-                                                                       name=name))
-            except RequestFailed as exc:
-                if exc.code != "not_found":
-                    raise
-                await self.call(target, self._header(pg, "pg_remove", epoch, name=name))
-                return "removed"
-            if throttled:
-                await self.throttle.take(len(payload))
-            await self.call(target, self._header(pg, "pg_push", epoch, name=name,
-                                                 version=header["version"],
-                                                 manifest=header.get("manifest", False)),
-                            payload)
-            self.recovery_bytes_total += len(payload)
-        return "copied"
+            return await backend.recover_object(pg, source, target, name, epoch,
+                                                self.throttle.take if throttled else None)
 
     # -- the log ----------------------------------------------------------------------------------
 

@@ -33,8 +33,9 @@ import logging
 
 from cairn.common import messenger
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
-from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.common.messenger import RequestFailed
 from cairn.common import pg as pgs
+from cairn.osd.backend import ReplicatedBackend
 from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound
 from cairn.osd.store import Transaction
 
@@ -42,13 +43,7 @@ log = logging.getLogger("cairn.osd")
 
 # How long an op waits for this OSD's map to reach the epoch its sender already has.
 MAP_CATCH_UP_S_MAX = 3.0
-# Deadline for a replica's answer; a replica slower than this fails the op (the client
-# retries), and peering takes over if the replica is gone.
-REPLICA_TIMEOUT_S = 20.0
 LIST_PAGE_DEFAULT = 1000
-# From this size on a read is sent from the store's buffer as it is (common/wire.py's receive
-# side uses the same bound).
-ZERO_COPY_READ_BYTES_MIN = 64 * 1024
 
 
 class ObjectService:
@@ -57,6 +52,7 @@ class ObjectService:
         self._object_locks = {}             # (collection, name) -> [lock, users]
         self.collection_lock = asyncio.Lock()
         self.connections = messenger.ConnectionPool()     # osd id -> Connection
+        self.backends = {"replicated": ReplicatedBackend(self)}     # by pool kind
         self.ops_total = 0
 
     @property
@@ -70,6 +66,9 @@ class ObjectService:
     @property
     def registry(self):
         return self.daemon.pgs
+
+    def backend(self, pool):
+        return self.backends[pool["kind"]]
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -113,8 +112,8 @@ class ObjectService:
         if not isinstance(pg_index, int) or not 0 <= pg_index < pool["pg_num"]:
             raise RequestFailed("invalid", f"pg {pg_index!r} is not in pool {pool['name']} "
                                 f"({pool['pg_num']} PGs)")
-        if pool["kind"] != "replicated":
-            raise RequestFailed("unsupported", f"pool {pool['name']} is erasure-coded; this "
+        if pool["kind"] not in self.backends:
+            raise RequestFailed("unsupported", f"pool {pool['name']} is {pool['kind']}; this "
                                 "version serves objects in replicated pools only")
         pg = self.registry.pgs.get((pool_id, pg_index))
         acting = pg.interval[1] if pg is not None and pg.interval else None
@@ -167,14 +166,14 @@ class ObjectService:
         if len(payload) > OBJECT_SIZE_BYTES_MAX:
             raise RequestFailed("invalid", f"object of {len(payload)} bytes is over the limit "
                                 f"({OBJECT_SIZE_BYTES_MAX}); stripe it (put_stream)")
-        return await self._replicated_write(pool, pg, name, payload, delete=False,
-                                            manifest=bool(header.get("manifest")))
+        return await self._write(pool, pg, name, payload, delete=False,
+                                 manifest=bool(header.get("manifest")))
 
     async def _delete(self, header, payload):
         pool, pg = await self._pg_of(header)
-        return await self._replicated_write(pool, pg, self._name(header), None, delete=True)
+        return await self._write(pool, pg, self._name(header), None, delete=True)
 
-    async def _replicated_write(self, pool, pg, name, payload, delete, manifest=False):
+    async def _write(self, pool, pg, name, payload, delete, manifest=False):
         acting = pg.interval[1]
         if not acting.writable:
             raise RequestFailed("pool_unavailable", f"pg {pool['id']}.{pg.key[1]:x} of pool "
@@ -193,63 +192,20 @@ class ObjectService:
             existed = self.registry.exists(pg, name)
             if delete and not existed:
                 raise ObjectNotFound(pg.collection, name)     # before any change
-            header = {"op": "rep_delete" if delete else "rep_put", "pool": pool["id"],
-                      "pg": pg.key[1], "name": name, "version": version, "epoch": epoch,
-                      "from": self.daemon.id, "manifest": manifest}
-            replicas = [m for m in acting.up_members if m != self.daemon.id]
-            complete = pg.complete_members
-            local = self._apply_local(pg, name, payload, version, delete, manifest,
-                                      complete=self.daemon.id in complete)
-            remote = [self._replicate(osd_id, {**header, "complete": osd_id in complete},
-                                      payload or b"") for osd_id in replicas]
-            results = await asyncio.gather(local, *remote, return_exceptions=True)
-            if not isinstance(results[0], BaseException):
+            committed, failure = await self.backend(pool).write(
+                pg, acting, name, payload, version, epoch, delete, manifest,
+                pg.complete_members)
+            if committed:
                 pg.missing.pop(name, None)          # our copy is the newest now
                 pg.object_count += (not delete) - existed
-            failures = [result for result in results if isinstance(result, BaseException)]
-            if failures:
+            if failure is not None:
                 # Not acknowledged. Members that did commit keep the new version; the next
                 # peering reconciles them (an unacknowledged write may appear whole or not).
-                raise failures[0]
+                raise failure
             self.ops_total += 1
             return {"version": version, "epoch": epoch}, b""
         finally:
             self._unlock(key, entry)
-
-    async def _apply_local(self, pg, name, payload, version, delete, manifest=False,
-                           complete=False):
-        """Apply one replicated write here with its log entry; `complete`: this OSD is a
-        complete member (osd/pgs.py)."""
-        await self.registry.ensure_collections(pg)
-        txn = Transaction()
-        if delete:
-            # A member that missed the object still logs the delete: its log must count every
-            # op it was sent.
-            if self.registry.present(pg, name):
-                txn.delete(pg.collection, name)
-        else:
-            attrs = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
-            if manifest:
-                attrs[pgs.MANIFEST_ATTR] = b"1"
-            txn.put(pg.collection, name, payload, attrs=attrs)
-        self.registry.log_ops(pg, txn, version, name, delete, complete)
-        await self.store.apply(txn)
-        self.registry.applied(pg, version, complete)
-
-    async def _replicate(self, osd_id, header, payload):
-        osd = self.map.osds.get(osd_id)
-        if osd is None or not osd["addr"]:
-            raise RequestFailed("again", f"replica osd.{osd_id} has no address; retry")
-        try:
-            connection = await self.connections.get(osd_id, osd["addr"])
-            await connection.request(header, payload, timeout_s=REPLICA_TIMEOUT_S)
-        except (ConnectionClosed, RequestTimeout) as exc:
-            raise RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
-                                "retry after the map changes") from None
-        except RequestFailed as exc:
-            if exc.code == "no_space":
-                raise
-            raise RequestFailed("again", f"replica osd.{osd_id}: {exc.message}") from None
 
     async def _get(self, header, payload):
         pool, pg = await self._pg_of(header)
@@ -261,9 +217,8 @@ class ObjectService:
             await self.registry.recover_now(pg, name)
             if not self.store.has_collection(pg.collection):
                 raise ObjectNotFound(pg.collection, name)
-            record = self.store.stat(pg.collection, name)
-            data = await self._read(pg.collection, name, record.size, header.get("offset", 0),
-                                    header.get("length"))
+            record, data = await self.backend(pool).read(pg, name, header.get("offset", 0),
+                                                         header.get("length"))
         finally:
             self._unlock(key, entry)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
@@ -295,14 +250,6 @@ class ObjectService:
                                              limit)
         return {"names": names, "next": following}, b""
 
-    async def _read(self, collection, name, size, offset=0, length=None):
-        """Object bytes to send. Large reads go out as the store's own buffer (no copy; the
-        buffer returns to its pool when the transport has sent it and drops it); small ones are
-        copied so their buffer is reused at once."""
-        if size >= ZERO_COPY_READ_BYTES_MIN:
-            return await self.store.read(collection, name, offset, length)
-        return await self.store.read_bytes(collection, name, offset, length)
-
     # -- replica ops ------------------------------------------------------------------------------
 
     async def _from_primary(self, header):
@@ -319,7 +266,7 @@ class ObjectService:
         if header.get("epoch", 0) < pg.min_epoch:
             raise RequestFailed("stale", f"epoch {header.get('epoch')} is older than this PG's "
                                 f"peering (epoch {pg.min_epoch})")
-        return pg
+        return pool, pg
 
     def _version(self, header):
         version = header.get("version")
@@ -328,41 +275,41 @@ class ObjectService:
         return version
 
     async def _rep_put(self, header, payload):
-        pg = await self._from_primary(header)
-        await self._apply_local(pg, self._name(header), payload, self._version(header),
-                                delete=False, manifest=bool(header.get("manifest")),
-                                complete=bool(header.get("complete")))
+        pool, pg = await self._from_primary(header)
+        await self.backend(pool).apply(pg, self._name(header), payload, self._version(header),
+                                       delete=False, manifest=bool(header.get("manifest")),
+                                       complete=bool(header.get("complete")))
         return {}, b""
 
     async def _rep_delete(self, header, payload):
-        pg = await self._from_primary(header)
-        await self._apply_local(pg, self._name(header), None, self._version(header),
-                                delete=True, complete=bool(header.get("complete")))
+        pool, pg = await self._from_primary(header)
+        await self.backend(pool).apply(pg, self._name(header), None, self._version(header),
+                                       delete=True, complete=bool(header.get("complete")))
         return {}, b""
 
     # -- peering and recovery ops -------------------------------------------------------------------
 
     async def _pg_query(self, header, payload):
-        pg = await self._from_primary(header)
+        pool, pg = await self._from_primary(header)
         pg.min_epoch = max(pg.min_epoch, header.get("epoch", 0))
         self.registry.load_log(pg)
         return {"last_update": pg.last_update}, b""
 
     async def _pg_list(self, header, payload):
-        pg = await self._from_primary(header)
+        pool, pg = await self._from_primary(header)
         entries, following = self.registry.listing(pg, header.get("start_after"),
                                                    header.get("limit", LIST_PAGE_DEFAULT))
         self.registry.load_log(pg)
         return {"entries": entries, "next": following, "last_update": pg.last_update}, b""
 
     async def _pg_log(self, header, payload):
-        pg = await self._from_primary(header)
+        pool, pg = await self._from_primary(header)
         entries = self.registry.log_entries(pg)
         return {"entries": entries, "last_update": pg.last_update, "tail": pg.log_tail,
                 "complete_to": pg.complete_to}, b""
 
     async def _pg_stat(self, header, payload):
-        pg = await self._from_primary(header)
+        pool, pg = await self._from_primary(header)
         names = header.get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise RequestFailed("invalid", "pg_stat needs names: a list of object names")
@@ -374,15 +321,13 @@ class ObjectService:
         return {"versions": versions, "sizes": sizes}, b""
 
     async def _pg_read(self, header, payload):
-        pg = await self._from_primary(header)
-        name = self._name(header)
-        record = self.store.stat(pg.collection, name)
-        data = await self._read(pg.collection, name, record.size)
+        pool, pg = await self._from_primary(header)
+        record, data = await self.backend(pool).read(pg, self._name(header))
         return {"version": pgs.version_of(record.attrs),
                 "manifest": pgs.MANIFEST_ATTR in record.attrs}, data
 
     async def _pg_push(self, header, payload):
-        pg = await self._from_primary(header)
+        pool, pg = await self._from_primary(header)
         await self.registry.ensure_collections(pg)
         attrs = {pgs.VERSION_ATTR: pgs.version_bytes(self._version(header))}
         if header.get("manifest"):
@@ -392,7 +337,7 @@ class ObjectService:
         return {}, b""
 
     async def _pg_remove(self, header, payload):
-        pg = await self._from_primary(header)
+        pool, pg = await self._from_primary(header)
         try:
             await self.store.apply(Transaction().delete(pg.collection, self._name(header)))
         except ObjectNotFound:
@@ -400,7 +345,7 @@ class ObjectService:
         return {}, b""
 
     async def _pg_mark(self, header, payload):
-        pg = await self._from_primary(header)
+        pool, pg = await self._from_primary(header)
         version = self._version(header) if header.get("version") else 0
         if version:
             await self.registry.ensure_collections(pg)
