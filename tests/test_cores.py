@@ -132,7 +132,7 @@ FORBIDDEN = {"asyncio", "socket", "os", "random", "time", "subprocess"}
 CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock",
          "cairn.common.units", "cairn.common.limits", "cairn.common.placement",
          "cairn.common.clustermap", "cairn.common.config", "cairn.common.frame",
-         "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat"]
+         "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat", "cairn.mon.raft"]
 
 
 @pytest.mark.parametrize("module", CORES)
