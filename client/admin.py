@@ -71,7 +71,21 @@ def add_parsers(commands, common):
     unset.add_argument("key")
 
 
-COMMANDS = ("status", "osd", "pool", "map", "config")
+    monitors = commands.add_parser("mon", help="monitor membership: add, remove (one at a "
+                                   "time)")
+    mon_commands = monitors.add_subparsers(dest="mon_command", required=True,
+                                           metavar="SUBCOMMAND")
+    adder = mon_commands.add_parser(
+        "add", parents=[common], help="add a monitor: make it first with 'cairn-mon mkfs --join "
+        "--fsid FSID', start it on HOST:PORT, then add it here; it catches up from the leader")
+    adder.add_argument("name", help="the new monitor's name, like mon.3")
+    adder.add_argument("addr", help="HOST:PORT it listens on")
+    remover = mon_commands.add_parser("remove", parents=[common], help="remove a monitor (it "
+                                      "stops once the change is committed)")
+    remover.add_argument("name")
+
+
+COMMANDS = ("status", "osd", "pool", "map", "config", "mon")
 
 
 def _osd_id(text):
@@ -106,6 +120,13 @@ def _request_for(args):
                 lambda reply: f"unset {args.key} (epoch {reply['epoch']})")
     if args.command == "config" and args.config_command == "get":
         return {"op": "config_get", "key": args.key}, _format_config
+    if args.command == "mon" and args.mon_command == "add":
+        return ({"op": "mon_add", "name": args.name, "addr": args.addr},
+                lambda reply: f"added {args.name} at {args.addr}; monitors now "
+                              f"{', '.join(reply['members'])}")
+    if args.command == "mon" and args.mon_command == "remove":
+        return ({"op": "mon_remove", "name": args.name},
+                lambda reply: f"removed {args.name}; monitors now {', '.join(reply['members'])}")
     return None, None
 
 
@@ -190,7 +211,13 @@ def _format_status(status):
         lines.append(f"    {status['severities'].get(name, '')[7:]:4} {name}: {message}")
     mons = status["mons"]
     lines.append(f"  mons:   {len(mons['members'])} ({', '.join(mons['members'])}), quorum "
-                 f"{', '.join(mons['quorum'])}, leader {mons['leader']}")
+                 f"{', '.join(mons['quorum']) or 'none'}, leader {mons['leader'] or 'none'}"
+                 f" (term {mons.get('term', '?')})")
+    positions = mons.get("positions", {})
+    if len(mons["members"]) > 1 and positions:
+        lines.append("          log: " + ", ".join(
+            f"{name} {positions[name]['log_index']}" for name in mons["members"]
+            if name in positions))
     osds = status["osds"]
     lines.append(f"  osds:   {osds['total']} total, {osds['up']} up, {osds['in']} in")
     lines.append(f"  pools:  {len(status['pools'])}" +

@@ -1,6 +1,6 @@
 """`cairn-cluster`: bring a multi-host cairn cluster up on this machine, and down again.
 
-    cairn-cluster up      --dir DIR --hosts H --osds-per-host N [--racks R] [--mons 1]
+    cairn-cluster up      --dir DIR --hosts H --osds-per-host N [--racks R] [--mons 1|3]
                           [--device-size 2G] [--isolated] [--config KEY=VALUE ...]
     cairn-cluster down    --dir DIR [--purge]
     cairn-cluster status  --dir DIR [--json]
@@ -19,18 +19,23 @@ never signalled.
 """
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 
 from cairn.cluster import demo, isolated
+from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
 
 MONITOR_IP = "127.0.0.1"
+MONITOR_PORT = 6789                   # isolated mode: each monitor has its own address
 HOSTS_MAX = 200                       # 127.0.0.2 .. 127.0.0.201
 OSDS_PER_HOST_MAX = 64
 DAEMON_READY_S_MAX = 60.0             # one daemon's start-up, generous for a loaded machine
@@ -208,6 +213,35 @@ def clear_faults(description):
 
 # -- up -------------------------------------------------------------------------------------------
 
+def free_port():
+    """A TCP port free on the monitor address now (the kernel's pick for port 0)."""
+    with socket.socket() as probe:
+        probe.bind((MONITOR_IP, 0))
+        return probe.getsockname()[1]
+
+
+def wait_quorum(addrs, timeout_s):
+    """Wait until the monitors at `addrs` have a leader; its name. ClusterError otherwise."""
+    async def ask():
+        monc = MonClient(addrs, deadline_s=timeout_s, name="cairn-cluster")
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                reply = await monc.request({"op": "status"})
+                leader = reply.header["mons"]["leader"]
+                if leader is not None:
+                    return leader
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"the monitors elected no leader within {timeout_s:g} s")
+                await asyncio.sleep(0.2)
+        finally:
+            await monc.close()
+    try:
+        return asyncio.run(ask())
+    except MonitorsUnavailable as exc:
+        raise ClusterError(f"monitors unreachable: {exc}") from None
+
+
 def layout(hosts, osds_per_host, racks):
     """[(host name, rack name or None, ip, [osd ids])] for the requested shape."""
     shape = []
@@ -238,23 +272,24 @@ def up(args):
             isolated.require_root()
         except isolated.IsolationError as exc:
             raise ClusterError(str(exc)) from None
-    if args.mons != 1:
-        raise ClusterError("--mons 3 needs the monitors' Raft quorum, which is not built yet; "
-                           "use --mons 1")
     started = time.monotonic()
-    for sub in ("logs", "run", "devices", "mon.0"):
+    for sub in ("logs", "run", "devices"):
         os.makedirs(os.path.join(directory, sub), exist_ok=True)
     say = (lambda message: print(message, file=sys.stderr)) if args.json else print
     shape = layout(args.hosts, args.osds_per_host, args.racks)
-    mon_ip, mon_prefix = MONITOR_IP, []
+    mon_names = [f"mon.{index}" for index in range(args.mons)]
+    mon_hosts = {name: "mon" if index == 0 else f"mon{index}"
+                 for index, name in enumerate(mon_names)}
+    mon_ips = {name: MONITOR_IP for name in mon_names}
     description = {"mode": "isolated" if args.isolated else "local", "dir": directory,
                    "created": time.strftime("%FT%T%z"), "mons": [], "osds": [], "faults": []}
     if args.isolated:
         tag, octet = isolated.choose_network(directory)
         shape = [(host, rack, isolated.host_ip(octet, index + 1), ids)
                  for index, (host, rack, _, ids) in enumerate(shape)]
-        mon_ip = isolated.host_ip(octet, None)
-        names = {"mon": mon_ip} | {host: ip for host, _, ip, _ in shape}
+        mon_ips = {name: isolated.mon_ip(octet, index) for index, name in enumerate(mon_names)}
+        names = {mon_hosts[name]: mon_ips[name] for name in mon_names} | \
+            {host: ip for host, _, ip, _ in shape}
         description["isolation"] = {"tag": tag, "octet": octet, "bridge": f"cb-{tag}",
                                     "hosts": names}
         save(directory, description)
@@ -263,27 +298,35 @@ def up(args):
         except isolated.IsolationError as exc:
             isolated.destroy_network(tag, names)
             raise ClusterError(str(exc)) from None
-        mon_prefix = isolated.exec_prefix(tag, "mon")
         say(f"network: bridge cb-{tag}, {len(names)} namespaces on "
             f"{isolated.SUBNET_PREFIX}.{octet}.0/24")
     description["hosts"] = [{"name": host, "rack": rack, "ip": ip, "osds": ids}
                             for host, rack, ip, ids in shape]
-    mon_dir = os.path.join(directory, "mon.0")
-    subprocess.run(python_argv("cairn.mon.cli", "mkfs", "--dir", mon_dir), check=True,
-                   stdout=subprocess.DEVNULL)
-    mon = {"name": "mon.0", "host": "mon" if args.isolated else None, "ip": mon_ip,
-           "dir": mon_dir,
-           "log": os.path.join(directory, "logs", "mon.0.log"),
-           "ready_file": os.path.join(directory, "run", "mon.0.ready")}
-    mon["argv"] = mon_prefix + python_argv("cairn.mon.cli", "run", "--dir", mon_dir, "--bind",
-                                           f"{mon_ip}:0", "--name", "mon.0", "--ready-file",
+    # Monitors need fixed addresses: each one's peers find it there, restarts included.
+    members = {name: f"{mon_ips[name]}:{MONITOR_PORT if args.isolated else free_port()}"
+               for name in mon_names}
+    fsid = str(uuid.uuid4())
+    processes = []
+    for name in mon_names:
+        mon_dir = os.path.join(directory, name)
+        subprocess.run(python_argv("cairn.mon.cli", "mkfs", "--dir", mon_dir, "--fsid", fsid,
+                                   "--name", name, "--members",
+                                   ",".join(f"{n}={a}" for n, a in members.items())),
+                       check=True, stdout=subprocess.DEVNULL)
+        mon = {"name": name, "host": mon_hosts[name] if args.isolated else None,
+               "ip": mon_ips[name], "dir": mon_dir,
+               "log": os.path.join(directory, "logs", f"{name}.log"),
+               "ready_file": os.path.join(directory, "run", f"{name}.ready")}
+        prefix = isolated.exec_prefix(tag, mon["host"]) if args.isolated else []
+        mon["argv"] = prefix + python_argv("cairn.mon.cli", "run", "--dir", mon_dir, "--bind",
+                                           members[name], "--name", name, "--ready-file",
                                            mon["ready_file"])
-    description["mons"].append(mon)
+        description["mons"].append(mon)
     save(directory, description)
-    process = launch(directory, mon)
+    processes = [launch(directory, mon) for mon in description["mons"]]
     save(directory, description)
     try:
-        _start_daemons(args, directory, description, shape, process, say)
+        _start_daemons(args, directory, description, shape, processes, say)
     except (ClusterError, KeyboardInterrupt):
         stop_all(directory, description["osds"] + description["mons"], wait_s=2.0)
         undo_isolation(description)
@@ -291,7 +334,8 @@ def up(args):
         raise
     elapsed = time.monotonic() - started
     racks = f" in {args.racks} racks" if args.racks else ""
-    say(f"cluster up in {elapsed:.1f} s: 1 monitor, {len(description['osds'])} OSDs on "
+    say(f"cluster up in {elapsed:.1f} s: {args.mons} monitor{'s' if args.mons > 1 else ''}, "
+        f"{len(description['osds'])} OSDs on "
         f"{args.hosts} hosts{racks} ({format_size(args.device_size)} {'loop' if args.isolated else 'file'} devices)")
     say(f"  use it: export CAIRN_CLUSTER={directory}; cairn status")
     if args.json:
@@ -301,13 +345,15 @@ def up(args):
     return 0
 
 
-def _start_daemons(args, directory, description, shape, process, say):
-    mon = description["mons"][0]
-    wait_ready([process], [mon], DAEMON_READY_S_MAX)
-    # Restarts must come back on the same address, so clients and OSDs find it again.
-    mon["argv"][mon["argv"].index("--bind") + 1] = mon["addr"]
+def _start_daemons(args, directory, description, shape, mon_processes, say):
+    mons = description["mons"]
+    wait_ready(mon_processes, mons, DAEMON_READY_S_MAX)
     save(directory, description)
-    say(f"mon.0 up at {mon['addr']} (pid {mon['pid']})")
+    for mon in mons:
+        say(f"{mon['name']} up at {mon['addr']} (pid {mon['pid']})")
+    leader = wait_quorum([mon["addr"] for mon in mons], DAEMON_READY_S_MAX)
+    if len(mons) > 1:
+        say(f"monitors in quorum: leader {leader}")
     if args.config:
         _apply_config(directory, args.config)
 

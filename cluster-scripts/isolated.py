@@ -5,8 +5,8 @@ blkio cgroup. Each fault is recorded in cluster.json so `fault clear` and `down`
 Names are derived from a short cluster tag (4 hex digits of the directory's hash, changed until
 free), so several isolated clusters can run side by side:
     bridge      cb-TAG                 (10.231.N.1/24 in the root namespace: the CLI's way in)
-    namespace   cairn-TAG-h1 ...       host hK has 10.231.N.(K+1); the monitor's host "mon"
-                cairn-TAG-mon          has 10.231.N.250
+    namespace   cairn-TAG-h1 ...       host hK has 10.231.N.(K+1); the monitors' hosts "mon",
+                cairn-TAG-mon ...      "mon1", "mon2" have 10.231.N.250, .249, .248
     veth        cvTAGK (root side) <-> eth0 (namespace side)
     nft table   inet cairn_fault       (inside each namespace; only ours is ever touched)
     cgroup      blkio/cairn-TAG-osd.N  (one per throttled OSD)
@@ -72,6 +72,11 @@ def _bridge_octet(name):
 
 def namespace(tag, host):
     return f"cairn-{tag}-{host}"
+
+
+def mon_ip(octet, index):
+    """IP of monitor number `index` (0-based): .250, .249, ..."""
+    return f"{SUBNET_PREFIX}.{octet}.{MON_HOST_OCTET - index}"
 
 
 def host_ip(octet, index):

@@ -4,7 +4,8 @@
 - `await request(header)` sends to the monitor it is connected to; when that monitor is gone
   (connection lost, no reply in time) it moves to the next address and retries, until
   `deadline_s` runs out. Errors the monitor itself returns (`RequestFailed`) are not retried:
-  they are answers.
+  they are answers, except `no_quorum` (an election under way, or a monitor cut off from the
+  majority), which is retried on the next monitor while time is left.
 - `await subscribe()` fetches the map and keeps `self.map` current from the monitor's pushes; if
   the connection drops, a background task reconnects (to any monitor) and asks for the epochs it
   missed. `await wait_for_epoch(e)` waits until the map is at least epoch e. Callbacks registered
@@ -23,13 +24,15 @@ import msgpack
 
 from cairn.common import messenger
 from cairn.common.clustermap import ClusterMap, Incremental, MapError
-from cairn.common.messenger import ConnectionClosed, RequestTimeout
+from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 
 log = logging.getLogger("cairn.monclient")
 
-# How long a request keeps trying other monitors before giving up. Raft elections (next issue)
-# finish within a few seconds; 15 s covers one plus a restart of a lone monitor.
+# How long a request keeps trying other monitors before giving up. Raft elections finish within
+# a few seconds; 15 s covers one plus a restart of a lone monitor.
 MON_DEADLINE_S_DEFAULT = 15.0
+# A no_quorum answer is retried on another monitor only with this much of the deadline left.
+NO_QUORUM_RETRY_S_MIN = 1.0
 RECONNECT_DELAY_S_MAX = 1.0
 # Map pushes waiting to be applied; each is one small incremental.
 PUSHES_QUEUED_MAX = 1024
@@ -129,8 +132,14 @@ class MonClient:
         means none answered in time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline_s
+        refused = None                  # the last no_quorum answer: the truth if time runs out
         while True:
-            connection = await self._connected(deadline)
+            try:
+                connection = await self._connected(deadline)
+            except MonitorsUnavailable:
+                if refused is not None:
+                    raise refused from None
+                raise
             try:
                 return await connection.request(header, payload,
                                                 timeout_s=min(timeout_s, max(0.1, deadline -
@@ -138,9 +147,21 @@ class MonClient:
             except (ConnectionClosed, RequestTimeout) as exc:
                 await connection.close()
                 if loop.time() >= deadline:
+                    if refused is not None:
+                        raise refused from None
                     raise MonitorsUnavailable(f"{header.get('op')}: no monitor answered within "
                                               f"{self.deadline_s:g} s (last: {exc})") from None
                 log.info("%s: monitor %s: %s; trying another", self.name, connection.addr, exc)
+            except RequestFailed as exc:
+                # No quorum is weather, not an answer: an election may be under way, or this
+                # monitor is cut off from the majority. Try another while time is left.
+                if exc.code != "no_quorum" or deadline - loop.time() < NO_QUORUM_RETRY_S_MIN:
+                    raise
+                refused = exc
+                log.info("%s: monitor %s: %s; trying another", self.name, connection.addr,
+                         exc.message)
+                await connection.close()
+                await asyncio.sleep(0.1)
 
     async def close(self):
         self._closing = True

@@ -1,14 +1,22 @@
 """`cairn-mon`: make and run a monitor.
 
-    cairn-mon mkfs --dir DIR [--fsid UUID]
+    cairn-mon mkfs --dir DIR [--fsid UUID] [--name mon.0] [--members NAME=HOST:PORT,...]
+    cairn-mon mkfs --dir DIR --fsid UUID --join
     cairn-mon run  --dir DIR --bind HOST:PORT [--name mon.0] [--ready-file PATH]
 
-`run` serves until SIGTERM or SIGINT. With `--ready-file` it writes {name, addr, pid, fsid} there
-once it is serving (port 0 in --bind picks a free port; the file says which).
+A new cluster's monitors are each made with the same fsid and the same --members (one monitor:
+just --name; its address is learned when it runs). A monitor that joins a running cluster is made
+with --join and the cluster's fsid, started, and then added with `cairn mon add NAME HOST:PORT`;
+it catches up from the leader.
+
+`run` serves until SIGTERM or SIGINT, or until a committed change removes this monitor. With
+`--ready-file` it writes {name, addr, pid, fsid} there once it is serving (port 0 in --bind picks a
+free port; the file says which; a monitor of several needs the fixed address its peers know).
 Exit status: 0 success; 2 bad usage or an operating error (the message says what to do).
 """
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -29,6 +37,16 @@ def _addr(text):
     return text
 
 
+def _members(text):
+    members = {}
+    for part in text.split(","):
+        name, sep, addr = part.strip().partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"members are NAME=HOST:PORT,... (was {text!r})")
+        members[name] = _addr(addr)
+    return members
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="cairn-mon", description="Make and run a cairn "
                                      "monitor (it holds the cluster map).")
@@ -36,6 +54,11 @@ def build_parser():
     mkfs = commands.add_parser("mkfs", help="make a new monitor store (a new cluster)")
     mkfs.add_argument("--dir", required=True, help="the monitor's data directory")
     mkfs.add_argument("--fsid", help="cluster id (default: a new uuid)")
+    mkfs.add_argument("--name", default="mon.0", help="this monitor's name (default mon.0)")
+    mkfs.add_argument("--members", type=_members, help="the founding monitors, "
+                      "NAME=HOST:PORT,... (default: this one alone)")
+    mkfs.add_argument("--join", action="store_true", help="a monitor that will be added to a "
+                      "running cluster with 'cairn mon add' (needs --fsid)")
     run = commands.add_parser("run", help="serve the cluster map until SIGTERM")
     run.add_argument("--dir", required=True, help="the monitor's data directory")
     run.add_argument("--bind", required=True, type=_addr, help="HOST:PORT to listen on (port 0: "
@@ -50,8 +73,17 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.command == "mkfs":
+        if args.join and not args.fsid:
+            print("cairn-mon: --join needs the cluster's --fsid (cairn status shows it)",
+                  file=sys.stderr)
+            return 2
+        if args.members is not None and args.name not in args.members:
+            print(f"cairn-mon: --members must include this monitor ({args.name})",
+                  file=sys.stderr)
+            return 2
+        members = {} if args.join else args.members or {args.name: None}
         try:
-            fsid = store.mkfs(args.dir, args.fsid)
+            fsid = store.mkfs(args.dir, args.fsid, members)
         except store.MonStoreError as exc:
             print(f"cairn-mon: {exc}", file=sys.stderr)
             return 2
@@ -72,7 +104,13 @@ def main(argv=None):
                 daemon.write_ready_file(args.ready_file, {
                     "name": args.name, "addr": monitor.addr, "pid": os.getpid(),
                     "fsid": monitor.map.fsid})
-            await stop.wait()
+            stopping = asyncio.ensure_future(stop.wait())
+            removed = asyncio.ensure_future(monitor.removed.wait())
+            await asyncio.wait([stopping, removed], return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (stopping, removed):
+                waiter.cancel()
+            if monitor.removed.is_set():
+                log.warning("%s leaves: it is no longer a monitor of this cluster", args.name)
         finally:
             await monitor.stop()
         log.info("%s stopped cleanly at epoch %d", args.name, monitor.map.epoch)

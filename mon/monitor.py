@@ -1,15 +1,29 @@
-"""The monitor daemon's shell: serves the cluster map, turns requests into map changes.
+"""The monitor daemon's shell: serves the cluster map, turns requests into map changes through
+the monitors' Raft log.
 
-Everything that decides lives in pure cores: `ClusterMap.apply` validates and applies changes,
-`FailureDetector` decides down and out, `health.evaluate` judges the map. This shell feeds them
-requests and time, and carries out what they return in order:
+Everything that decides lives in pure cores: `Raft` (mon/raft.py) orders the changes among the
+monitors, `ClusterMap.apply` validates and applies them, `FailureDetector` decides down and out,
+`health.evaluate` judges the map. This shell feeds them requests, messages and time, and carries
+out what they return in order:
 
-    propose(ops): build Incremental(epoch + 1) -> apply (refused whole on MapError)
-                  -> MonStore.append (fsync) -> publish the new map -> push it to subscribers
-                  -> acknowledge
+    leader:   propose(ops): build Incremental(epoch + 1) -> validate -> Raft.propose
+    every monitor, each Ready: persist (fsync) -> send Raft messages -> apply committed entries
+              (map change -> store -> publish -> push to subscribers; PG activation records)
+    leader:   the proposer's wait ends when its entry is applied -> acknowledge
 
-so nothing acknowledged or pushed can be lost by a crash, and a refused change leaves no trace.
-Proposals are serialised by one lock: the map has one writer.
+so nothing acknowledged or pushed can be lost while a majority of monitors keeps its disk. Map
+proposals are serialised by one lock on the leader: the map has one writer.
+
+Where requests are answered:
+- Reads of the last map are answered by any monitor from what it has applied, with or without a
+  quorum (hello, get_map, subscribe, pool_ls, config_get, osd_tree): clients keep working while
+  the monitors elect.
+- Everything that changes state or must see the newest state goes to the leader
+  (`LEADER_OPS`): a follower forwards it and relays the answer; without a leader for
+  `LEADER_WAIT_S` the answer is the error `no_quorum`. `pg_last_active` is a linearizable read
+  (Raft read-index): peering must never see a stale activation record.
+- `status` is the leader's view (quorum, leader, each monitor's log position); without a leader
+  a monitor answers with its own view and the check MON_NO_QUORUM.
 
 Requests (frame header `op`; replies are headers, maps travel as msgpack payloads):
     hello                                 -> fsid, epoch, name
@@ -23,12 +37,15 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     osd_mark {id, state: out|in|down}, pool_create {...}, pool_delete {name},
     config_set {key, value}, config_get {key}
     pg_last_active {pool, pg}             -> record [epoch, acting, complete] or None
-    pg_set_active {pool, pg, epoch, acting, complete}  (durable before the reply; peering.py)
+    pg_set_active {pool, pg, epoch, acting, complete}  (committed before the reply; peering.py)
+    mon_add {name, addr}, mon_remove {name} -> members (one monitor at a time)
+    raft {from, addr, fsid} + payload     -> Raft messages between monitors
 """
 
 import asyncio
 import collections
 import logging
+import random
 import time
 
 import msgpack
@@ -36,9 +53,10 @@ import msgpack
 from cairn.common import config, throttle
 from cairn.common import messenger
 from cairn.common.clustermap import Incremental, MapError
-from cairn.common.messenger import RequestFailed
-from cairn.mon import health
+from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.mon import health, raft
 from cairn.mon.failure import FailureDetector
+from cairn.mon.raft import ChangeRefused, NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
 
 OBJECT_COUNTS = ("total", "degraded", "misplaced")
@@ -47,9 +65,43 @@ log = logging.getLogger("cairn.mon")
 
 # How often the failure detector runs. A tenth of the smallest grace keeps detection within 5%.
 TICK_S = 0.1
+# One Raft tick. With 15 ticks to an election (1.5-3 s randomised) a dead leader is replaced
+# within about 3 s, the issue's bound being 5 s for a map change; heartbeats go every tick.
+# etcd defaults to 100 ms heartbeats and 1 s elections; ours is longer because these machines
+# are shared and a Python daemon can stall for a few hundred ms under load.
+RAFT_TICK_S = 0.1
+RAFT_CONFIG = RaftConfig(election_ticks=15, heartbeat_ticks=1)
+# A request waits this long for a leader before the answer is no_quorum: one election.
+LEADER_WAIT_S = 4.0
+# A proposal not committed within this is answered no_quorum (it may still commit later).
+COMMIT_TIMEOUT_S = 5.0
+# A forwarded request includes the leader's commit wait.
+FORWARD_TIMEOUT_S = COMMIT_TIMEOUT_S + 3.0
+RAFT_SEND_TIMEOUT_S = 1.0
+RAFT_CONNECT_TIMEOUT_S = 1.0
+# Raft messages queued per peer; the oldest go first when a peer is unreachable (Raft resends).
+OUTBOX_MESSAGES_MAX = 1024
+RAFT_MESSAGES_PER_FRAME_MAX = 256
+# Snapshot the state machine every this many applied entries and keep as many entries before
+# it, so a monitor a little behind catches up from the log (etcd: 10,000 and 5,000; our entries
+# are map changes, a few per minute in a steady cluster).
+COMPACT_EVERY_ENTRIES = 512
+ENTRIES_KEPT = 512
+# A member heard from within this counts as in the quorum in status.
+PEER_SEEN_S = 3.0
 # Subscribers pushed at once; a cluster of many clients gets its maps on request.
 SUBSCRIBERS_MAX = 4096
 OSD_ID_MAX = 1 << 20
+MON_NAME_BYTES_MAX = 64
+assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
+
+LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
+              "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
+              "mon_remove", "status"}
+
+
+def no_quorum(message):
+    return RequestFailed("no_quorum", f"no quorum: {message}")
 
 
 class Monitor:
@@ -60,6 +112,9 @@ class Monitor:
         self.addr = None
         self.store = None
         self.map = None
+        self.raft = None
+        self.removed = asyncio.Event()      # set once a committed change removed this monitor
+        self._applied = 0
         self._detector = None
         self._server = None
         self._lock = asyncio.Lock()
@@ -68,7 +123,18 @@ class Monitor:
         self._pg_states = {}                # osd id -> {state: PGs it is primary of}
         self._objects = {}                  # osd id -> {total, degraded, misplaced} copies
         self._recovery = {}                 # osd id -> deque of (when, recovery bytes total)
-        self._tick_task = None
+        self._tasks = []
+        self._wake = asyncio.Event()
+        self._waiting = {}                  # log index -> (term, future): proposals
+        self._reads = {}                    # read context -> future: read-index rounds
+        self._read_contexts = 0
+        self._applied_changed = asyncio.Condition()
+        self._outbox = {}                   # monitor name -> deque of Raft messages
+        self._outbox_ready = {}             # monitor name -> Event
+        self._learned_addrs = {}            # monitor name -> address it sent from
+        self._seen = {}                     # monitor name -> monotonic time last heard
+        self._peers = messenger.ConnectionPool(connect_timeout_s=RAFT_CONNECT_TIMEOUT_S)
+        self._was_member = False
         self.proposals_total = 0
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -76,20 +142,31 @@ class Monitor:
     async def start(self):
         self.store = MonStore.open(self.directory)
         self.map = self.store.load()
+        restored = self.store.restored()
+        self._applied = restored.applied
+        self.raft = Raft(self.name, restored, random.Random(), RAFT_CONFIG)
+        self._was_member = self.name in self.raft.members
         self._detector = FailureDetector(time.monotonic_ns())
         self._detector.observe(self.map, time.monotonic_ns())
         self._server = await messenger.serve(self.bind_addr, self.handle,
                                              on_close=self._subscribers.discard)
         host, port = self._server.sockets[0].getsockname()[:2]
         self.addr = f"{host}:{port}"
-        self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
-        log.info("%s serving %s: fsid %s, epoch %d, %d OSDs, %d pools", self.name, self.addr,
-                 self.map.fsid, self.map.epoch, len(self.map.osds), len(self.map.pools))
+        if set(self.raft.members) == {self.name}:
+            self.raft.campaign()                    # alone: no one to wait for
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._raft_loop()), loop.create_task(self._tick_loop())]
+        log.info("%s serving %s: fsid %s, epoch %d, %d OSDs, %d pools; raft term %d, log %d, "
+                 "applied %d, members %s", self.name, self.addr, self.map.fsid, self.map.epoch,
+                 len(self.map.osds), len(self.map.pools), self.raft.term, self.raft.last_index,
+                 self._applied, ", ".join(sorted(self.raft.members)) or "none yet (joining)")
 
     async def stop(self):
-        if self._tick_task is not None:
-            self._tick_task.cancel()
-            await asyncio.gather(self._tick_task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._peers.close()
         if self._server is not None:
             self._server.close()
             for peer in list(self._subscribers):
@@ -101,9 +178,11 @@ class Monitor:
                 self.store = None
 
     async def _tick_loop(self):
-        # Runs until the monitor stops.
+        # Runs until the monitor stops. Only the leader detects failures: it alone proposes.
         while True:
             await asyncio.sleep(TICK_S)
+            if not self.is_leader or self._applied < self.raft.commit:
+                continue
             ops = self._detector.tick(self.map, time.monotonic_ns())
             if ops:
                 try:
@@ -111,36 +190,355 @@ class Monitor:
                 except RequestFailed as exc:
                     log.error("failure detector's change %s refused: %s", ops, exc)
 
+    @property
+    def is_leader(self):
+        return self.raft is not None and self.raft.role is Role.LEADER
+
+    # -- Raft: the loop that carries out Readies ---------------------------------------------------
+
+    async def _raft_loop(self):
+        # Runs until the monitor stops: ticks the core, and carries out each Ready in order.
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time() + RAFT_TICK_S
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, next_tick - loop.time())):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if loop.time() >= next_tick:
+                self.raft.tick()
+                # A stalled loop skips ticks rather than firing a burst of them.
+                next_tick = max(next_tick + RAFT_TICK_S, loop.time())
+            was_leader = self.is_leader
+            await self._carry_out(self.raft.ready())
+            if self.is_leader != was_leader:
+                self._leadership_changed()
+
+    async def _carry_out(self, ready):
+        if not ready:
+            return
+        if ready.hard_state or ready.entries_from is not None or ready.snapshot or \
+                ready.compacted_to:
+            new_map = await asyncio.get_running_loop().run_in_executor(
+                None, self.store.persist, ready)
+            if ready.install:
+                self._installed(ready.snapshot, new_map)
+        for m in ready.messages:
+            self._send(m)
+        for entry in ready.committed:
+            self._apply(entry)
+        for context, index in ready.read_states:
+            future = self._reads.pop(context, None)
+            if future is not None and not future.done():
+                future.set_result(index)
+        if ready.committed or ready.install:
+            async with self._applied_changed:
+                self._applied_changed.notify_all()
+        if self._applied - self.raft.snapshot.index >= COMPACT_EVERY_ENTRIES:
+            self.raft.compact(self._applied, self.store.state(self.map), ENTRIES_KEPT)
+            self._wake.set()
+
+    def _leadership_changed(self):
+        if self.is_leader:
+            log.info("%s leads (term %d, members %s)", self.name, self.raft.term,
+                     ", ".join(sorted(self.raft.members)))
+            # Heartbeats went to the old leader: every up OSD gets a fresh grace from now.
+            self._detector = FailureDetector(time.monotonic_ns())
+            self._detector.observe(self.map, time.monotonic_ns())
+        else:
+            log.info("%s no longer leads (term %d, leader %s)", self.name, self.raft.term,
+                     self.raft.leader)
+            for future in self._reads.values():
+                if not future.done():
+                    future.set_exception(no_quorum(f"{self.name} lost the leadership"))
+            self._reads.clear()
+
+    def _apply(self, entry):
+        assert entry.index == self._applied + 1, (entry.index, self._applied)
+        result = None
+        if entry.kind == raft.DATA:
+            command = msgpack.unpackb(entry.data, strict_map_key=False)
+            kind = command.get("t")
+            if kind == "map":
+                result = self._apply_map(entry.index, command)
+            elif kind == "pgact":
+                result = self._apply_pg_active(entry.index, command)
+            else:
+                log.error("entry %d: unknown command %r; skipped", entry.index, kind)
+                self.store.apply_nothing(entry.index)
+        else:
+            self.store.apply_nothing(entry.index)
+            if entry.kind == raft.CONF:
+                self._apply_members(entry)
+        self._applied = entry.index
+        waiter = self._waiting.pop(entry.index, None)
+        if waiter is not None:
+            term, future = waiter
+            if future.done():
+                pass
+            elif entry.term != term:
+                future.set_exception(no_quorum("the leader changed before the change was "
+                                               "committed; it was not applied"))
+            else:
+                future.set_result(result)
+
+    def _apply_map(self, index, command):
+        incremental = Incremental.from_dict(command["inc"])
+        if incremental.epoch != self.map.epoch + 1:
+            log.error("entry %d: epoch %d does not follow %d; skipped", index, incremental.epoch,
+                      self.map.epoch)
+            self.store.apply_nothing(index)
+            return RequestFailed("stale", f"epoch {incremental.epoch} does not follow "
+                                 f"{self.map.epoch}")
+        try:
+            new_map = self.map.apply(incremental)
+        except MapError as exc:
+            self.store.apply_nothing(index)
+            return RequestFailed("invalid", str(exc))
+        self.store.apply_map(index, incremental, new_map)
+        self._publish(new_map, "incrementals", msgpack.packb([incremental.to_dict()]))
+        log.info("epoch %d (%s): %s", new_map.epoch, command.get("why", "?"),
+                 _describe(incremental.ops))
+        return new_map
+
+    def _apply_pg_active(self, index, command):
+        pool_id, pg_index, epoch = command["pool"], command["pg"], command["epoch"]
+        current = self.store.pg_active(pool_id, pg_index)
+        if current is not None and current[0] > epoch:
+            self.store.apply_nothing(index)
+            return RequestFailed("stale", f"pg {pool_id}.{pg_index:x} went active at epoch "
+                                 f"{current[0]}, after {epoch}")
+        self.store.apply_pg_active(index, pool_id, pg_index,
+                                   [epoch, command["acting"], command["complete"]])
+        return None
+
+    def _apply_members(self, entry):
+        members = entry.data
+        log.info("monitors now %s (log index %d)", ", ".join(sorted(members)), entry.index)
+        if self.name in members:
+            self._was_member = True
+        elif self._was_member and not self.removed.is_set():
+            log.warning("%s was removed from the monitors", self.name)
+            self.removed.set()
+
+    def _installed(self, snapshot, new_map):
+        log.info("installed a snapshot from %s: log index %d, epoch %d", self.raft.leader,
+                 snapshot.index, new_map.epoch)
+        self._applied = snapshot.index
+        self._publish(new_map, "full", msgpack.packb(new_map.to_dict()))
+
+    def _publish(self, new_map, form, payload):
+        self.map = new_map
+        self.proposals_total += 1
+        if self.is_leader:
+            self._detector.observe(new_map, time.monotonic_ns())
+        for peer in list(self._subscribers):
+            peer.push({"op": "map", "epoch": new_map.epoch, "form": form}, payload)
+
+    # -- Raft: messages between monitors ------------------------------------------------------------
+
+    def _addr_of(self, name):
+        if name == self.name:
+            return self.addr
+        return self.raft.members.get(name) or self._learned_addrs.get(name)
+
+    def _send(self, m):
+        box = self._outbox.get(m.target)
+        if box is None:
+            box = self._outbox[m.target] = collections.deque(maxlen=OUTBOX_MESSAGES_MAX)
+            self._outbox_ready[m.target] = asyncio.Event()
+            self._tasks.append(asyncio.get_running_loop().create_task(self._sender(m.target)))
+        box.append(m)
+        self._outbox_ready[m.target].set()
+
+    async def _sender(self, name):
+        # Runs until the monitor stops: one per peer, so a slow peer delays no one else.
+        box, ready = self._outbox[name], self._outbox_ready[name]
+        while True:
+            await ready.wait()
+            ready.clear()
+            batch = [raft.message_to_wire(box.popleft())
+                     for _ in range(min(len(box), RAFT_MESSAGES_PER_FRAME_MAX))]
+            if box:
+                ready.set()
+            addr = self._addr_of(name)
+            if not batch or addr is None:
+                continue
+            header = {"op": "raft", "from": self.name, "addr": self.addr, "fsid": self.map.fsid}
+            try:
+                connection = await self._peers.get(name, addr)
+                await connection.request(header, msgpack.packb(batch),
+                                         timeout_s=RAFT_SEND_TIMEOUT_S)
+            except (ConnectionClosed, RequestTimeout, RequestFailed) as exc:
+                # Lost messages are Raft's normal weather: it resends what matters.
+                log.debug("raft messages to %s (%s) dropped: %s", name, addr, exc)
+                await self._peers.discard(name)
+                await asyncio.sleep(RAFT_TICK_S)
+
+    def _on_raft(self, received):
+        header = received.header
+        if header.get("fsid") != self.map.fsid:
+            raise RequestFailed("invalid", f"raft messages for cluster {header.get('fsid')!r}, "
+                                f"this is {self.map.fsid}")
+        source, addr = header.get("from"), header.get("addr")
+        if isinstance(source, str) and isinstance(addr, str) and \
+                len(source) <= MON_NAME_BYTES_MAX:
+            try:
+                messenger.parse_addr(addr)
+                self._learned_addrs[source] = addr
+            except ValueError:
+                pass
+        try:
+            wires = msgpack.unpackb(bytes(received.payload), strict_map_key=False)
+            if not isinstance(wires, list):
+                raise ValueError("not a list")
+            messages = [raft.message_from_wire(wire) for wire in wires]
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise RequestFailed("invalid", f"malformed raft messages: {exc}") from None
+        now = time.monotonic()
+        for m in messages:
+            if m.target == self.name:
+                self._seen[m.source] = now
+                self.raft.step(m)
+        self._wake.set()
+        return {}, b""
+
+    # -- Raft: proposals and reads ------------------------------------------------------------------
+
+    async def _wait_applied(self, index):
+        try:
+            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                async with self._applied_changed:
+                    await self._applied_changed.wait_for(lambda: self._applied >= index)
+        except TimeoutError:
+            raise no_quorum(f"{self.name} has not applied log index {index} within "
+                            f"{COMMIT_TIMEOUT_S:g} s") from None
+
+    async def _replicate(self, command):
+        """Commit `command` through Raft; its result once applied here (the leader)."""
+        try:
+            index = self.raft.propose(msgpack.packb(command))
+        except NotLeader:
+            raise no_quorum(f"{self.name} is no longer the leader; retry") from None
+        return await self._committed(index)
+
+    async def _committed(self, index):
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[index] = (self.raft.term, future)
+        self._wake.set()
+        try:
+            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                result = await future
+        except TimeoutError:
+            raise no_quorum(f"the change (log index {index}) was not committed within "
+                            f"{COMMIT_TIMEOUT_S:g} s and may or may not take effect; monitors "
+                            f"heard from: {', '.join(self._heard()) or 'none'}") from None
+        finally:
+            self._waiting.pop(index, None)
+        if isinstance(result, RequestFailed):
+            raise result
+        return result
+
+    async def _read_barrier(self):
+        """Wait until this leader has applied everything committed before now (read-index)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMMIT_TIMEOUT_S
+        self._read_contexts += 1
+        context = self._read_contexts
+        while True:
+            try:
+                self.raft.read_index(context)
+                break
+            except NotLeader:
+                raise no_quorum(f"{self.name} is no longer the leader; retry") from None
+            except RaftError:                  # the leader's first entry is not committed yet
+                if loop.time() >= deadline:
+                    raise no_quorum("the new leader could not commit its first entry") from None
+                await asyncio.sleep(0.02)
+        future = loop.create_future()
+        self._reads[context] = future
+        self._wake.set()
+        try:
+            async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                index = await future
+        except TimeoutError:
+            raise no_quorum("the leader could not confirm its leadership with a majority") \
+                from None
+        finally:
+            self._reads.pop(context, None)
+        await self._wait_applied(index)
+
+    def _heard(self):
+        now = time.monotonic()
+        return sorted(name for name in self.raft.members
+                      if name == self.name or now - self._seen.get(name, -1e9) <= PEER_SEEN_S)
+
     # -- the one writer ---------------------------------------------------------------------------
 
     async def propose(self, ops, why):
-        """Apply `ops` as the next epoch, durably; the new map. RequestFailed if refused."""
+        """Commit `ops` as the next epoch through Raft; the new map. RequestFailed if refused
+        or without a quorum. Only on the leader."""
         async with self._lock:
+            if not self.is_leader:
+                raise no_quorum(f"{self.name} is not the leader; retry")
+            await self._wait_applied(self.raft.last_index)     # the map is the newest
             incremental = Incremental(self.map.epoch + 1, tuple(ops))
             try:
-                new_map = self.map.apply(incremental)
+                self.map.apply(incremental)
             except MapError as exc:
                 raise RequestFailed("invalid", str(exc)) from None
-            await asyncio.get_running_loop().run_in_executor(
-                None, self.store.append, incremental, new_map)
-            self.map = new_map
-            self.proposals_total += 1
-            self._detector.observe(new_map, time.monotonic_ns())
-            log.info("epoch %d (%s): %s", new_map.epoch, why, _describe(ops))
-            payload = msgpack.packb([incremental.to_dict()])
-            for peer in list(self._subscribers):
-                peer.push({"op": "map", "epoch": new_map.epoch, "form": "incrementals"}, payload)
-            return new_map
+            return await self._replicate({"t": "map", "inc": incremental.to_dict(), "why": why})
 
     # -- requests ---------------------------------------------------------------------------------
 
     async def handle(self, peer, received):
         op = received.header.get("op")
+        if op == "raft":
+            return self._on_raft(received)
         handler = _REQUESTS.get(op)
         if handler is None:
             raise RequestFailed("unknown_op", f"unknown request {op!r} (known: "
                                 f"{', '.join(sorted(_REQUESTS))})")
+        if op in LEADER_OPS and not self.is_leader:
+            try:
+                return await self._forward(received)
+            except RequestFailed as exc:
+                if op != "status" or exc.code != "no_quorum":
+                    raise
+                return await self._status(peer, received.header)     # this monitor's view
         return await handler(self, peer, received.header)
+
+    async def _forward(self, received):
+        """Relay a request to the leader; its answer."""
+        header = received.header
+        if header.get("forwarded"):
+            raise no_quorum(f"{header['forwarded']} forwarded to {self.name}, which does not "
+                            f"lead; retry")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LEADER_WAIT_S
+        while True:
+            if self.is_leader:
+                return await _REQUESTS[header["op"]](self, None, header)
+            leader = self.raft.leader
+            addr = self._addr_of(leader) if leader is not None else None
+            if addr is not None:
+                try:
+                    connection = await self._peers.get(("forward", leader), addr)
+                    reply = await connection.request(
+                        {**header, "forwarded": self.name}, bytes(received.payload),
+                        timeout_s=FORWARD_TIMEOUT_S)
+                    return dict(reply.header), bytes(reply.payload)
+                except (ConnectionClosed, RequestTimeout) as exc:
+                    log.info("forwarding %s to %s: %s", header.get("op"), leader, exc)
+                    await self._peers.discard(("forward", leader))
+            if loop.time() >= deadline:
+                raise no_quorum(f"{self.name} knows no leader (members "
+                                f"{', '.join(sorted(self.raft.members)) or 'unknown'}; heard "
+                                f"from {', '.join(self._heard()) or 'none'}); map changes wait "
+                                f"for a majority of monitors")
+            await asyncio.sleep(0.05)
 
     def _map_reply(self, have):
         if not isinstance(have, int) or isinstance(have, bool) or have < 0:
@@ -164,9 +562,9 @@ class Monitor:
         if peer not in self._subscribers and len(self._subscribers) >= SUBSCRIBERS_MAX:
             raise RequestFailed("busy", f"{self.name} has {SUBSCRIBERS_MAX} subscribers; "
                                 "fetch maps with get_map instead")
-        async with self._lock:               # no epoch can slip between the reply and pushes
-            self._subscribers.add(peer)
-            return self._map_reply(header.get("have", 0))
+        # Synchronous: no epoch can slip between the reply and the pushes.
+        self._subscribers.add(peer)
+        return self._map_reply(header.get("have", 0))
 
     async def _osd_boot(self, peer, header):
         uuid = header.get("uuid")
@@ -246,7 +644,7 @@ class Monitor:
         return {"epoch": new_map.epoch}, b""
 
     async def _pool_create(self, peer, header):
-        op = {key: value for key, value in header.items() if key != "op"}
+        op = {key: value for key, value in header.items() if key not in ("op", "forwarded")}
         op["op"] = "pool_create"
         new_map = await self.propose([op], why="operator")
         return {"epoch": new_map.epoch, "pool": new_map.pools[op["name"]]}, b""
@@ -286,9 +684,15 @@ class Monitor:
             judged = health.evaluate(self.map)
             self._health_cache = (self.map.epoch, judged)
         osds = self.map.osds.values()
-        return {"fsid": self.map.fsid, "epoch": self.map.epoch, **judged.to_dict(),
-                "mons": {"members": [self.name], "quorum": [self.name], "leader": self.name,
-                         "addrs": {self.name: self.addr}},
+        judged = judged.to_dict()
+        mons = self._mons_view()
+        if mons["leader"] is None:
+            judged["checks"]["MON_NO_QUORUM"] = (
+                f"{self.name} knows no leader; map changes wait for a majority of "
+                f"{len(mons['members'])} monitors (this is {self.name}'s view)")
+            judged["severities"]["MON_NO_QUORUM"] = "HEALTH_ERR"
+            judged["health"] = "HEALTH_ERR"
+        return {"fsid": self.map.fsid, "epoch": self.map.epoch, **judged, "mons": mons,
                 "osds": {"total": len(self.map.osds), "up": sum(o["up"] for o in osds),
                          "in": sum(o["in"] for o in osds)},
                 "pools": sorted(self.map.pools), "pg_states": self._pg_state_totals(),
@@ -330,8 +734,24 @@ class Monitor:
                     totals[state] = totals.get(state, 0) + count
         return dict(sorted(totals.items()))
 
+    def _mons_view(self):
+        """Members, quorum (the leader and the members it heard from lately), leader, and each
+        monitor's log position as the leader sees it (its match index)."""
+        view = self.raft.status()
+        leader = self.raft.leader if self.raft.leader in self.raft.members else None
+        positions = {self.name: {"role": view["role"], "log_index": view["last_index"],
+                                 "commit": view["commit"], "applied": self._applied}}
+        for name, follower in view.get("progress", {}).items():
+            positions[name] = {"role": "follower", "log_index": follower["match"]}
+        quorum = self._heard() if self.is_leader else []
+        return {"members": view["members"], "quorum": quorum, "leader": leader,
+                "term": view["term"],
+                "addrs": {name: self._addr_of(name) for name in view["members"]},
+                "positions": positions}
+
     async def _pg_last_active(self, peer, header):
         pool_id, pg_index = self._pg_key(header)
+        await self._read_barrier()
         return {"record": self.store.pg_active(pool_id, pg_index)}, b""
 
     async def _pg_set_active(self, peer, header):
@@ -344,14 +764,41 @@ class Monitor:
                 not set(complete) <= set(acting):
             raise RequestFailed("invalid", "pg_set_active needs epoch, acting (OSD ids) and "
                                 "complete (a subset of acting)")
-        async with self._lock:
-            current = self.store.pg_active(pool_id, pg_index)
-            if current is not None and current[0] > epoch:
-                raise RequestFailed("stale", f"pg {pool_id}.{pg_index:x} went active at epoch "
-                                    f"{current[0]}, after {epoch}")
-            await asyncio.get_running_loop().run_in_executor(
-                None, self.store.set_pg_active, pool_id, pg_index, epoch, acting, complete)
+        await self._replicate({"t": "pgact", "pool": pool_id, "pg": pg_index, "epoch": epoch,
+                               "acting": acting, "complete": complete})
         return {}, b""
+
+    async def _mon_add(self, peer, header):
+        name, addr = header.get("name"), header.get("addr")
+        if not isinstance(name, str) or not 0 < len(name) <= MON_NAME_BYTES_MAX:
+            raise RequestFailed("invalid", "mon_add needs the new monitor's name (like mon.3)")
+        try:
+            messenger.parse_addr(addr)
+        except ValueError as exc:
+            raise RequestFailed("invalid", f"mon_add needs the new monitor's address: {exc}") \
+                from None
+        if name in self.raft.members:
+            raise RequestFailed("invalid", f"{name} is already a monitor")
+        return await self._change_members(self.raft.members | {name: addr})
+
+    async def _mon_remove(self, peer, header):
+        name = header.get("name")
+        if name not in self.raft.members:
+            raise RequestFailed("not_found", f"no monitor {name!r} (monitors: "
+                                f"{', '.join(sorted(self.raft.members))})")
+        members = dict(self.raft.members)
+        del members[name]
+        return await self._change_members(members)
+
+    async def _change_members(self, members):
+        try:
+            index = self.raft.propose_members(members)
+        except NotLeader:
+            raise no_quorum(f"{self.name} is no longer the leader; retry") from None
+        except ChangeRefused as exc:
+            raise RequestFailed("busy", str(exc)) from None
+        await self._committed(index)
+        return {"members": sorted(members), "index": index}, b""
 
     def _pg_key(self, header):
         pool_id, pg_index = header.get("pool"), header.get("pg")
@@ -372,7 +819,9 @@ _REQUESTS = {
     "config_set": Monitor._config_set, "config_get": Monitor._config_get,
     "status": Monitor._status, "osd_tree": Monitor._osd_tree,
     "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
+    "mon_add": Monitor._mon_add, "mon_remove": Monitor._mon_remove,
 }
+assert LEADER_OPS <= set(_REQUESTS)
 
 
 def _describe(ops):

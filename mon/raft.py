@@ -401,6 +401,11 @@ class Raft:
 
     # -- requests ---------------------------------------------------------------------------------
 
+    def campaign(self):
+        """Start an election now: a lone member need not wait out a timeout at start-up."""
+        if self.role is not Role.LEADER and self.name in self.members:
+            self._campaign(pre=True)
+
     def propose(self, data):
         """Append `data` (bytes) to the log; its index. Raises NotLeader."""
         if self.role is not Role.LEADER:

@@ -1,19 +1,29 @@
-"""The monitor's durable state: the cluster map's change log in RocksDB.
+"""The monitor's durable state: the Raft log and the state machine it drives, in RocksDB.
 
-Every map change is an incremental, written under `log/<epoch>` in a synchronous RocksDB batch
-(fsync before the monitor acknowledges it or tells anyone about the new epoch). Every
-`FULL_MAP_EVERY_EPOCHS` epochs the whole map is written too (`full/<epoch>`), so a restart
-replays at most that many incrementals; log entries older than `LOG_EPOCHS_KEPT` behind the head
-are trimmed, and subscribers further behind get the full map instead.
+Two parts share one RocksDB, so a batch can change both at once:
+- **The Raft log** (mon/raft.py): hard state, entries, the latest snapshot and the compaction
+  point. `persist(ready)` writes a Ready's part in one synchronous batch (fsync) before the
+  monitor sends anything; nothing a monitor voted for or acknowledged can be lost by a crash.
+- **The state machine**: the cluster map's change log and the PG activation records. Every map
+  change is an incremental under `log/<epoch>`; every `FULL_MAP_EVERY_EPOCHS` epochs the whole
+  map is written too (`full/<epoch>`), so a restart replays at most that many incrementals; log
+  entries older than `LOG_EPOCHS_KEPT` behind the head are trimmed, and subscribers further
+  behind get the full map instead. Applying a committed entry writes its effect and
+  `raft/applied` in one batch without fsync: the entry is already durable in the Raft log (and
+  on a majority), and RocksDB's write-ahead log is ordered, so the next synchronous write
+  carries these along; a restart replays whatever was lost.
 
-Keys (epochs as 8-byte big-endian, so key order is epoch order):
+Keys (epochs and indexes as 8-byte big-endian, so key order is numeric order):
     meta/fsid            the cluster's fsid (utf-8)
     full/<epoch>         msgpack of ClusterMap.to_dict()
     log/<epoch>          msgpack of Incremental.to_dict()
     pgact/<pool><pg>     msgpack [epoch, acting, complete]: the PG's last activation
                          (osd/peering.py)
-
-The next issue replicates exactly this log with Raft; nothing else in the monitor is durable.
+    raft/hard            msgpack [term, vote, commit]
+    raft/log/<index>     msgpack [term, kind, data]
+    raft/offset          msgpack [index, term]: the entry before the first one kept
+    raft/snap            msgpack [index, term, members]; raft/snapdata: its state (bytes)
+    raft/applied         msgpack index: the state machine includes entries up to here
 """
 
 import os
@@ -24,6 +34,7 @@ import msgpack
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from cairn.common.clustermap import ClusterMap, Incremental
+from cairn.mon.raft import Entry, HardState, Restored, Snapshot
 
 # A restart replays at most this many incrementals (each a few hundred bytes, microseconds).
 FULL_MAP_EVERY_EPOCHS = 64
@@ -36,6 +47,12 @@ KEY_FSID = b"meta/fsid"
 PREFIX_PG_ACTIVE = b"pgact/"
 PREFIX_FULL = b"full/"
 PREFIX_LOG = b"log/"
+PREFIX_RAFT_LOG = b"raft/log/"
+KEY_HARD = b"raft/hard"
+KEY_OFFSET = b"raft/offset"
+KEY_SNAPSHOT = b"raft/snap"
+KEY_SNAPSHOT_DATA = b"raft/snapdata"
+KEY_APPLIED = b"raft/applied"
 
 
 class MonStoreError(Exception):
@@ -69,8 +86,12 @@ def _open(path, create):
         raise MonStoreError(f"cannot open monitor store {path}: {text}") from None
 
 
-def mkfs(directory, fsid=None):
-    """Make a new monitor store in `directory` holding epoch 1 (an empty map); the fsid."""
+def mkfs(directory, fsid=None, members=None):
+    """Make a new monitor store in `directory` holding epoch 1 (an empty map); the fsid.
+
+    `members` ({name: address}) are the monitors the Raft log starts with; every founding
+    monitor is made with the same fsid and members. A monitor that joins later is made with
+    the cluster's fsid and no members ({}): it learns them from the leader."""
     path = os.path.join(directory, "store.db")
     if os.path.exists(path):
         raise MonStoreError(f"{path} exists; a monitor store is already there")
@@ -82,10 +103,19 @@ def mkfs(directory, fsid=None):
         batch = WriteBatch(raw_mode=True)
         batch.put(KEY_FSID, fsid.encode())
         batch.put(_key(PREFIX_FULL, 1), msgpack.packb(first.to_dict()))
+        batch.put(KEY_HARD, msgpack.packb([0, None, 0]))
+        batch.put(KEY_OFFSET, msgpack.packb([0, 0]))
+        batch.put(KEY_SNAPSHOT, msgpack.packb([0, 0, dict(members or {})]))
+        batch.put(KEY_APPLIED, msgpack.packb(0))
         db.write(batch, _sync())
     finally:
         db.close()
     return fsid
+
+
+def _entry(key, value):
+    term, kind, data = msgpack.unpackb(value, strict_map_key=False)
+    return Entry(term, _epoch_of(key, PREFIX_RAFT_LOG), kind, data)
 
 
 class MonStore:
@@ -108,6 +138,10 @@ class MonStore:
         if db.get(KEY_FSID) is None:
             db.close()
             raise MonStoreError(f"{path} is not a monitor store (no fsid)")
+        if db.get(KEY_HARD) is None:
+            db.close()
+            raise MonStoreError(f"{path} was made before monitors kept a Raft log; make a new "
+                                f"cluster")
         return cls(path, db)
 
     def _items(self, prefix, start=None, backwards=False):
@@ -139,10 +173,8 @@ class MonStore:
         self.first_log_epoch = _epoch_of(first[0], PREFIX_LOG) if first else None
         return cmap
 
-    def append(self, incremental, new_map):
-        """Durably log `incremental` (which made `new_map`); returns once fsynced."""
+    def _map_batch(self, batch, incremental, new_map):
         assert new_map.epoch == incremental.epoch
-        batch = WriteBatch(raw_mode=True)
         batch.put(_key(PREFIX_LOG, incremental.epoch), msgpack.packb(incremental.to_dict()))
         if incremental.epoch % FULL_MAP_EVERY_EPOCHS == 0:
             batch.put(_key(PREFIX_FULL, new_map.epoch), msgpack.packb(new_map.to_dict()))
@@ -158,7 +190,100 @@ class MonStore:
                     break
                 batch.delete(key)
             self.first_log_epoch = oldest_kept
+
+    def append(self, incremental, new_map):
+        """Durably log `incremental` (which made `new_map`) outside Raft; returns once
+        fsynced. Tests use it to build stores."""
+        batch = WriteBatch(raw_mode=True)
+        self._map_batch(batch, incremental, new_map)
         self._db.write(batch, self._sync)
+
+    # -- the state machine, driven by committed Raft entries ----------------------------------------
+
+    def apply_map(self, index, incremental, new_map):
+        batch = WriteBatch(raw_mode=True)
+        self._map_batch(batch, incremental, new_map)
+        batch.put(KEY_APPLIED, msgpack.packb(index))
+        self._db.write(batch)
+
+    def apply_pg_active(self, index, pool_id, pg_index, record):
+        batch = WriteBatch(raw_mode=True)
+        batch.put(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index), msgpack.packb(record))
+        batch.put(KEY_APPLIED, msgpack.packb(index))
+        self._db.write(batch)
+
+    def apply_nothing(self, index):
+        self._db.put(KEY_APPLIED, msgpack.packb(index))
+
+    def applied(self):
+        return msgpack.unpackb(self._db.get(KEY_APPLIED))
+
+    def state(self, cmap):
+        """The state machine as snapshot bytes: the map and every PG activation record."""
+        records = [[*struct.unpack(">II", key[len(PREFIX_PG_ACTIVE):]), msgpack.unpackb(value)]
+                   for key, value in self._items(PREFIX_PG_ACTIVE)]
+        return msgpack.packb({"map": cmap.to_dict(), "pgact": records})
+
+    # -- the Raft log ---------------------------------------------------------------------------
+
+    def restored(self):
+        """What the Raft core starts from (mon/raft.py Restored)."""
+        term, vote, commit = msgpack.unpackb(self._db.get(KEY_HARD))
+        index, snap_term, members = msgpack.unpackb(self._db.get(KEY_SNAPSHOT))
+        offset, offset_term = msgpack.unpackb(self._db.get(KEY_OFFSET))
+        entries = tuple(_entry(key, value) for key, value in self._items(PREFIX_RAFT_LOG))
+        return Restored(HardState(term, vote, commit),
+                        Snapshot(index, snap_term, members, self._db.get(KEY_SNAPSHOT_DATA)),
+                        offset, offset_term, entries, self.applied())
+
+    def persist(self, ready):
+        """Write the durable part of a Raft Ready in one synchronous batch; with a snapshot to
+        install, replace the state machine in the same batch and return the new map."""
+        batch = WriteBatch(raw_mode=True)
+        new_map = None
+        if ready.hard_state is not None:
+            hard = ready.hard_state
+            batch.put(KEY_HARD, msgpack.packb([hard.term, hard.vote, hard.commit]))
+        if ready.install:
+            for key, _ in self._items(PREFIX_RAFT_LOG):
+                batch.delete(key)
+            new_map = self._install(batch, ready.snapshot)
+        elif ready.entries_from is not None:
+            for key, _ in self._items(PREFIX_RAFT_LOG,
+                                      start=_key(PREFIX_RAFT_LOG, ready.entries_from)):
+                batch.delete(key)
+        for entry in ready.entries:
+            batch.put(_key(PREFIX_RAFT_LOG, entry.index),
+                      msgpack.packb([entry.term, entry.kind, entry.data]))
+        if ready.snapshot is not None:
+            snap = ready.snapshot
+            batch.put(KEY_SNAPSHOT, msgpack.packb([snap.index, snap.term, snap.members]))
+            if snap.data is not None:
+                batch.put(KEY_SNAPSHOT_DATA, snap.data)
+        if ready.compacted_to is not None:
+            index, term = ready.compacted_to
+            batch.put(KEY_OFFSET, msgpack.packb([index, term]))
+            if not ready.install:
+                for key, _ in self._items(PREFIX_RAFT_LOG):
+                    if _epoch_of(key, PREFIX_RAFT_LOG) > index:
+                        break
+                    batch.delete(key)
+        self._db.write(batch, self._sync)
+        return new_map
+
+    def _install(self, batch, snapshot):
+        state = msgpack.unpackb(snapshot.data, strict_map_key=False)
+        cmap = ClusterMap.from_dict(state["map"])
+        for prefix in (PREFIX_FULL, PREFIX_LOG, PREFIX_PG_ACTIVE):
+            for key, _ in self._items(prefix):
+                batch.delete(key)
+        batch.put(_key(PREFIX_FULL, cmap.epoch), msgpack.packb(cmap.to_dict()))
+        for pool_id, pg_index, record in state["pgact"]:
+            batch.put(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index),
+                      msgpack.packb(record))
+        batch.put(KEY_APPLIED, msgpack.packb(snapshot.index))
+        self.first_log_epoch = None
+        return cmap
 
     def incrementals(self, after_epoch, through_epoch):
         """Incremental dicts for epochs after_epoch+1..through_epoch, or None if trimmed."""
@@ -181,14 +306,6 @@ class MonStore:
         """[epoch, acting, complete] of the PG's last activation, or None."""
         raw = self._db.get(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index))
         return None if raw is None else msgpack.unpackb(raw)
-
-    def set_pg_active(self, pool_id, pg_index, epoch, acting, complete):
-        """Durably record that the PG went active at `epoch` with `acting`, of which
-        `complete` hold every acknowledged write (fsync)."""
-        batch = WriteBatch(raw_mode=True)
-        batch.put(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index),
-                  msgpack.packb([epoch, list(acting), list(complete)]))
-        self._db.write(batch, self._sync)
 
     def close(self):
         self._db.close()
