@@ -129,6 +129,8 @@ class Monitor:
         self._reads = {}                    # read context -> future: read-index rounds
         self._read_contexts = 0
         self._applied_changed = asyncio.Condition()
+        self._leader_changed = asyncio.Condition()
+        self._last_leader = None
         self._outbox = {}                   # monitor name -> deque of Raft messages
         self._outbox_ready = {}             # monitor name -> Event
         self._learned_addrs = {}            # monitor name -> address it sent from
@@ -215,6 +217,10 @@ class Monitor:
             await self._carry_out(self.raft.ready())
             if self.is_leader != was_leader:
                 self._leadership_changed()
+            if self.raft.leader != self._last_leader:
+                self._last_leader = self.raft.leader
+                async with self._leader_changed:
+                    self._leader_changed.notify_all()
 
     async def _carry_out(self, ready):
         if not ready:
@@ -524,21 +530,53 @@ class Monitor:
             leader = self.raft.leader
             addr = self._addr_of(leader) if leader is not None else None
             if addr is not None:
-                try:
-                    connection = await self._peers.get(("forward", leader), addr)
-                    reply = await connection.request(
-                        {**header, "forwarded": self.name}, bytes(received.payload),
-                        timeout_s=FORWARD_TIMEOUT_S)
-                    return dict(reply.header), bytes(reply.payload)
-                except (ConnectionClosed, RequestTimeout) as exc:
-                    log.info("forwarding %s to %s: %s", header.get("op"), leader, exc)
-                    await self._peers.discard(("forward", leader))
+                reply = await self._forward_to(leader, addr, received)
+                if reply is not None:
+                    return reply
             if loop.time() >= deadline:
                 raise no_quorum(f"{self.name} knows no leader (members "
                                 f"{', '.join(sorted(self.raft.members)) or 'unknown'}; heard "
                                 f"from {', '.join(self._heard()) or 'none'}); map changes wait "
                                 f"for a majority of monitors")
             await asyncio.sleep(0.05)
+
+    async def _forward_to(self, leader, addr, received):
+        """The leader's answer, or None when it could not be had: the connection failed, or
+        another monitor became leader meanwhile (a leader cut off from us cannot commit, so
+        asking the new one is safe; a change the old one did commit is refused as a
+        duplicate or repeated harmlessly)."""
+        header = {**received.header, "forwarded": self.name}
+        key = ("forward", leader)
+        try:
+            connection = await self._peers.get(key, addr)
+        except ConnectionClosed as exc:
+            log.info("forwarding %s to %s: %s", header.get("op"), leader, exc)
+            return None
+        request = asyncio.ensure_future(connection.request(
+            header, bytes(received.payload), timeout_s=FORWARD_TIMEOUT_S))
+
+        async def leader_moves():
+            async with self._leader_changed:
+                await self._leader_changed.wait_for(lambda: self.raft.leader != leader)
+
+        moved = asyncio.ensure_future(leader_moves())
+        try:
+            await asyncio.wait([request, moved], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            moved.cancel()
+        if not request.done():
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+            log.info("forwarding %s: the leader moved from %s to %s", header.get("op"),
+                     leader, self.raft.leader)
+            return None
+        try:
+            reply = request.result()
+        except (ConnectionClosed, RequestTimeout) as exc:
+            log.info("forwarding %s to %s: %s", header.get("op"), leader, exc)
+            await self._peers.discard(key)
+            return None
+        return dict(reply.header), bytes(reply.payload)
 
     def _map_reply(self, have):
         if not isinstance(have, int) or isinstance(have, bool) or have < 0:

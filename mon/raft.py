@@ -178,6 +178,9 @@ class _Follower:
     recent_active: bool = True      # heard from since the last check-quorum round
     snapshot_ticks: int = 0
     read_acked: int = 0             # the newest read-index round it confirmed
+    leaving_at: int = 0             # removed by the change at this index: tell it, then forget
+    leaving_ticks: int = 0
+    told: int = 0                   # heartbeats that told it the change is committed
 
 
 def quorum(count):
@@ -321,7 +324,14 @@ class Raft:
     def _tick_leader(self):
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
-        for follower in self.progress.values():
+        for name, follower in list(self.progress.items()):
+            if follower.leaving_at:
+                follower.leaving_ticks += 1
+                # Three heartbeats saying so (one may be lost), or give up on a silent one.
+                if follower.told >= 3 or \
+                        follower.leaving_ticks >= 2 * self.config.election_ticks:
+                    del self.progress[name]
+                    continue
             if follower.state is Progress.SNAPSHOT:
                 follower.snapshot_ticks += 1
                 if follower.snapshot_ticks >= self.config.snapshot_ticks_max:
@@ -433,7 +443,10 @@ class Raft:
         for name in new - old:
             self.progress[name] = _Follower(next=self.last_index)
         for name in old - new:
-            self.progress.pop(name, None)
+            # A removed member learns of its removal only from us: keep replicating to it
+            # (outside the quorum) until it has been told the change is committed.
+            if name in self.progress:
+                self.progress[name].leaving_at = index
         self._broadcast_append()
         self._maybe_commit()
         return index
@@ -652,8 +665,10 @@ class Raft:
     def _broadcast_heartbeat(self):
         for name in sorted(self.progress):
             follower = self.progress[name]
-            self._send(Kind.HEARTBEAT, name, commit=min(follower.match, self.commit),
-                       context=self._read_round)
+            commit = min(follower.match, self.commit)
+            self._send(Kind.HEARTBEAT, name, commit=commit, context=self._read_round)
+            if follower.leaving_at and commit >= follower.leaving_at:
+                follower.told += 1
 
     def _maybe_commit(self):
         members = sorted(self.members)

@@ -89,9 +89,10 @@ def _open(path, create):
 def mkfs(directory, fsid=None, members=None):
     """Make a new monitor store in `directory` holding epoch 1 (an empty map); the fsid.
 
-    `members` ({name: address}) are the monitors the Raft log starts with; every founding
-    monitor is made with the same fsid and members. A monitor that joins later is made with
-    the cluster's fsid and no members ({}): it learns them from the leader."""
+    `members` ({name: address}) are the monitors the Raft log starts with (default: mon.0
+    alone, its address learned when it runs); every founding monitor is made with the same
+    fsid and members. A monitor that joins later is made with the cluster's fsid and no members
+    ({}): it learns them from the leader."""
     path = os.path.join(directory, "store.db")
     if os.path.exists(path):
         raise MonStoreError(f"{path} exists; a monitor store is already there")
@@ -105,7 +106,8 @@ def mkfs(directory, fsid=None, members=None):
         batch.put(_key(PREFIX_FULL, 1), msgpack.packb(first.to_dict()))
         batch.put(KEY_HARD, msgpack.packb([0, None, 0]))
         batch.put(KEY_OFFSET, msgpack.packb([0, 0]))
-        batch.put(KEY_SNAPSHOT, msgpack.packb([0, 0, dict(members or {})]))
+        members = {"mon.0": None} if members is None else dict(members)
+        batch.put(KEY_SNAPSHOT, msgpack.packb([0, 0, members]))
         batch.put(KEY_APPLIED, msgpack.packb(0))
         db.write(batch, _sync())
     finally:

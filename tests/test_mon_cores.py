@@ -1,6 +1,7 @@
 """Monitor and OSD control-plane cores with a fake clock: failure detection, peer heartbeats,
 health, config options; and the monitor's durable map log (reopened as after a crash)."""
 
+import msgpack
 import pytest
 
 from cairn.common import config
@@ -202,3 +203,36 @@ def test_mon_store_logs_every_epoch_durably_and_reloads(tmp_path):
     reopened.close()
     with pytest.raises(MonStoreError, match="cairn-mon mkfs"):
         MonStore.open(str(tmp_path / "elsewhere"))
+
+
+def test_mon_store_persists_raft_readies_and_installs_snapshots(tmp_path):
+    """The Raft log's durable part round-trips through a reopen (as after a crash): hard state,
+    entries (a conflicting suffix replaced), compaction; a snapshot from the leader replaces the
+    state machine in the same batch."""
+    from cairn.mon.raft import CONF, DATA, Entry, HardState, Ready, Snapshot
+    directory = str(tmp_path / "mon")
+    mkfs(directory, members={"mon.0": "127.0.0.1:1", "mon.1": "127.0.0.1:2"})
+    store = MonStore.open(directory)
+    start = store.restored()
+    assert start.hard_state == HardState(0, None, 0) and start.entries == ()
+    assert start.snapshot.members == {"mon.0": "127.0.0.1:1", "mon.1": "127.0.0.1:2"}
+    entries = tuple(Entry(1, i, DATA, b"x%d" % i) for i in range(1, 6))
+    store.persist(Ready(hard_state=HardState(1, "mon.0", 3), entries_from=1, entries=entries))
+    store.persist(Ready(entries_from=4, entries=(Entry(2, 4, CONF, {"mon.0": "a"}),)))
+    store.persist(Ready(snapshot=Snapshot(3, 1, {"mon.0": "a"}, b"state"), compacted_to=(2, 1)))
+    store.close()
+    store = MonStore.open(directory)
+    back = store.restored()
+    assert back.hard_state == HardState(1, "mon.0", 3)
+    assert back.entries == (entries[2], Entry(2, 4, CONF, {"mon.0": "a"}))   # 5 replaced, 1-2 gone
+    assert (back.offset, back.offset_term, back.snapshot.data) == (2, 1, b"state")
+    cmap = step(cluster(), {"op": "config_set", "key": "osd.heartbeat_peers", "value": "3"})
+    state = msgpack.packb({"map": cmap.to_dict(), "pgact": [[1, 7, [9, [1, 2], [1]]]]})
+    installed = store.persist(Ready(snapshot=Snapshot(40, 3, {"mon.0": "a"}, state), install=True,
+                                    compacted_to=(40, 3), hard_state=HardState(3, None, 40)))
+    assert installed.epoch == cmap.epoch and store.applied() == 40
+    store.close()
+    store = MonStore.open(directory)
+    assert store.load().to_dict() == cmap.to_dict() and store.pg_active(1, 7) == [9, [1, 2], [1]]
+    assert store.restored().entries == () and store.restored().applied == 40
+    store.close()

@@ -167,6 +167,13 @@ def test_membership_changes_one_at_a_time_after_a_commit_in_the_term():
         deliver_all(nodes, leader.ready().messages)
     assert leader.commit >= index and nodes["mon.3"].last_index == leader.last_index
     assert set(nodes["mon.3"].members) == set(MEMBERS) | {"mon.3"}
+    # A removed member is told the change committed (it would never hear otherwise).
+    removal = leader.propose_members({n: a for n, a in leader.members.items() if n != "mon.2"})
+    for _ in range(6):
+        leader.tick()
+        deliver_all(nodes, leader.ready().messages)
+    assert "mon.2" not in leader.progress and nodes["mon.2"].commit >= removal
+    assert "mon.2" not in nodes["mon.2"].members
 
 
 def test_read_index_waits_for_a_heartbeat_round_from_a_majority():
