@@ -585,6 +585,7 @@ def build_parser():
     show_off.add_argument("--dir", help="cluster directory (default: a new one under "
                           "$CAIRN_SCRATCH_DIR or /var/tmp, removed afterwards)")
     show_off.add_argument("--hosts", type=_bounded(3, HOSTS_MAX), default=4)
+    show_off.add_argument("--mons", type=int, choices=(1, 3), default=3)
     show_off.add_argument("--osds-per-host", type=_bounded(2, OSDS_PER_HOST_MAX), default=2)
     show_off.add_argument("--data", default="2G", help="bytes to store and read back "
                           "(default 2G)")

@@ -1,14 +1,16 @@
 """`cairn-cluster demo`: the README's main job, as far as the system goes today.
 
 It runs the same commands a user would, printing each one and its output:
-1. bring up a local cluster of real processes (4 hosts x 2 OSDs, file devices);
+1. bring up a local cluster of real processes (3 monitors in a Raft quorum, 4 hosts x 2 OSDs,
+   file devices);
 2. `cairn status`, `cairn osd tree`; create a replicated pool and an erasure-coded pool on the
    host failure domain, and show where a few objects live;
 3. write real data through the client library (`cairn put`: a file of --data bytes striped over
    4 MiB objects, each acknowledged once on all 3 replicas), printing the throughput;
 4. SIGKILL an OSD and time how long the monitor takes to mark it down and then out; restart it,
-   watch it come back up and in while its PGs recover, and read the data back (`cairn get`),
-   comparing checksums;
+   watch it come back up and in while its PGs recover; SIGKILL the monitors' leader and time the
+   next map change (the other two elect a new leader), restart it; read the data back
+   (`cairn get`), comparing checksums;
 5. bring the cluster down (the directory is removed unless --keep).
 """
 
@@ -49,8 +51,9 @@ def demo(args):
     cluster = [_bin("cairn-cluster")]
     started = time.monotonic()
     print(f"cairn demo: a local cluster in {directory}\n", flush=True)
-    _run(cluster + ["up", "--dir", directory, "--hosts", str(args.hosts), "--osds-per-host",
-                    str(args.osds_per_host), "--device-size", "4G",
+    _run(cluster + ["up", "--dir", directory, "--mons", str(args.mons), "--hosts",
+                    str(args.hosts), "--osds-per-host", str(args.osds_per_host),
+                    "--device-size", "4G",
                     "--config", "mon.osd_grace_s=3", "--config", "mon.osd_down_out_interval_s=5",
                     "--config", "osd.heartbeat_interval_s=0.5"])
     try:
@@ -87,6 +90,8 @@ def demo(args):
         print(f"  {victim} up and in again {back_s - out_s:.1f} s after the restart began",
               flush=True)
         _run(cairn + ["status"])
+        if args.mons > 1:
+            _monitor_fault(cairn, cluster, directory)
         target = source + ".back"
         _run(cairn + ["get", "checkpoints", "llama/step-1000.ckpt", target])
         same = _digest(target) == digest
@@ -100,6 +105,19 @@ def demo(args):
         _run(cluster + ["down", "--dir", directory] + ([] if args.keep else ["--purge"]))
     print(f"\ncairn demo finished in {time.monotonic() - started:.1f} s", flush=True)
     return 0
+
+
+def _monitor_fault(cairn, cluster, directory):
+    leader = json.loads(_run(cairn + ["--json", "status"], show=False))["mons"]["leader"]
+    print(f"\nfault: SIGKILL the monitors' leader {leader}; the other two elect a new one and "
+          f"map changes go on", flush=True)
+    _run(cluster + ["kill", "--dir", directory, leader])
+    killed = time.monotonic()
+    _run(cairn + ["config", "set", "recovery.max_active", "4"])
+    print(f"  map change committed {time.monotonic() - killed:.1f} s after the leader died",
+          flush=True)
+    _run(cairn + ["status"])
+    _run(cluster + ["restart", "--dir", directory, leader])
 
 
 def _make_file(path, size):

@@ -33,7 +33,8 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     osd_heartbeat {id}                    -> epoch, up
     osd_failure {reporter, target, failed}
     osd_stop {id}                         -> marks it down (a clean shutdown)
-    status, osd_tree, pool_ls             -> views for the CLI
+    status [local]                        -> the leader's view (local: this monitor's own)
+    osd_tree, pool_ls                     -> views for the CLI
     osd_mark {id, state: out|in|down}, pool_create {...}, pool_delete {name},
     config_set {key, value}, config_get {key}
     pg_last_active {pool, pg}             -> record [epoch, acting, complete] or None
@@ -507,7 +508,8 @@ class Monitor:
         if handler is None:
             raise RequestFailed("unknown_op", f"unknown request {op!r} (known: "
                                 f"{', '.join(sorted(_REQUESTS))})")
-        if op in LEADER_OPS and not self.is_leader:
+        local = op == "status" and received.header.get("local") is True     # its own view
+        if op in LEADER_OPS and not self.is_leader and not local:
             try:
                 return await self._forward(received)
             except RequestFailed as exc:
