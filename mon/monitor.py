@@ -54,6 +54,7 @@ import msgpack
 from cairn.common import config, throttle
 from cairn.common import messenger
 from cairn.common.clustermap import Incremental, MapError
+from cairn.common.daemon import crash_on_error
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.mon import health, raft
 from cairn.mon.failure import FailureDetector
@@ -130,6 +131,7 @@ class Monitor:
         self._reads = {}                    # read context -> future: read-index rounds
         self._read_contexts = 0
         self._applied_changed = asyncio.Condition()
+        self._persisting = None             # the Raft write in flight (an executor future)
         self._leader_changed = asyncio.Condition()
         self._last_leader = None
         self._outbox = {}                   # monitor name -> deque of Raft messages
@@ -138,7 +140,6 @@ class Monitor:
         self._seen = {}                     # monitor name -> monotonic time last heard
         self._peers = messenger.ConnectionPool(connect_timeout_s=RAFT_CONNECT_TIMEOUT_S)
         self._was_member = False
-        self.proposals_total = 0
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -158,7 +159,10 @@ class Monitor:
         if set(self.raft.members) == {self.name}:
             self.raft.campaign()                    # alone: no one to wait for
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._raft_loop()), loop.create_task(self._tick_loop())]
+        self._tasks = [loop.create_task(self._raft_loop(), name="raft loop"),
+                       loop.create_task(self._tick_loop(), name="failure detector")]
+        for task in self._tasks:
+            task.add_done_callback(crash_on_error)
         log.info("%s serving %s: fsid %s, epoch %d, %d OSDs, %d pools; raft term %d, log %d, "
                  "applied %d, members %s", self.name, self.addr, self.map.fsid, self.map.epoch,
                  len(self.map.osds), len(self.map.pools), self.raft.term, self.raft.last_index,
@@ -169,6 +173,8 @@ class Monitor:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._persisting is not None:
+            await asyncio.gather(self._persisting, return_exceptions=True)
         await self._peers.close()
         if self._server is not None:
             self._server.close()
@@ -228,8 +234,10 @@ class Monitor:
             return
         if ready.hard_state or ready.entries_from is not None or ready.snapshot or \
                 ready.compacted_to:
-            new_map = await asyncio.get_running_loop().run_in_executor(
+            # Shielded: a stop cancels this loop, never a write half-way; stop() waits for it.
+            self._persisting = asyncio.get_running_loop().run_in_executor(
                 None, self.store.persist, ready)
+            new_map = await asyncio.shield(self._persisting)
             if ready.install:
                 self._installed(ready.snapshot, new_map)
         for m in ready.messages:
@@ -338,7 +346,6 @@ class Monitor:
 
     def _publish(self, new_map, form, payload):
         self.map = new_map
-        self.proposals_total += 1
         if self.is_leader:
             self._detector.observe(new_map, time.monotonic_ns())
         for peer in list(self._subscribers):
@@ -356,7 +363,10 @@ class Monitor:
         if box is None:
             box = self._outbox[m.target] = collections.deque(maxlen=OUTBOX_MESSAGES_MAX)
             self._outbox_ready[m.target] = asyncio.Event()
-            self._tasks.append(asyncio.get_running_loop().create_task(self._sender(m.target)))
+            sender = asyncio.get_running_loop().create_task(self._sender(m.target),
+                                                            name=f"raft sender to {m.target}")
+            sender.add_done_callback(crash_on_error)
+            self._tasks.append(sender)
         box.append(m)
         self._outbox_ready[m.target].set()
 

@@ -20,7 +20,8 @@ from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeo
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.native import open_device
 from cairn.osd.heartbeat import PeerWatch, choose_peers
-from cairn.osd.pgs import PgRegistry, crash_on_error
+from cairn.common.daemon import crash_on_error
+from cairn.osd.pgs import PgRegistry
 from cairn.osd.service import ObjectService
 from cairn.osd.store import Store
 

@@ -28,10 +28,10 @@ from time to time; once the PG is clean, recorded as such at the monitor, it del
 import asyncio
 import collections
 import logging
-import os
 import time
 
 from cairn.common import config, throttle
+from cairn.common.daemon import crash_on_error
 from cairn.common import pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.native.checksum import crc32c
@@ -91,15 +91,6 @@ def hash_order(name):
     """The sort key of backfill: the object name's crc32c (as placement hashes it), then the
     name."""
     return crc32c(name.encode()), name
-
-
-def crash_on_error(task):
-    """A peering (or tidying) task that died of anything but cancellation hit a bug: stop the
-    daemon rather than leave the PG stuck with nobody noticing (STYLE.md 2.5)."""
-    if task.cancelled() or task.exception() is None:
-        return
-    log.critical("peering task failed", exc_info=task.exception())
-    os._exit(70)
 
 
 class PgShell:

@@ -1,6 +1,7 @@
 """Small helpers shared by tests."""
 
 import asyncio
+import contextlib
 import os
 
 
@@ -83,3 +84,25 @@ def kill_leftovers(directory):
         if is_ours(entry.get("pid"), directory):
             os.kill(entry["pid"], signal.SIGKILL)
     return description
+
+
+@contextlib.contextmanager
+def isolated_up(directory, *up_args):
+    """`cairn-cluster up --isolated --dir DIR --hosts 3 --device-size 256M UP_ARGS`; the
+    directory. Afterwards `down`, then SIGKILL of anything left and removal of the namespaces,
+    bridge and loop devices, even if the test failed."""
+    import subprocess
+    import sys
+    argv = [sys.executable, "-m", "cairn.cluster.cli"]
+    result = subprocess.run(argv + ["up", "--dir", directory, "--hosts", "3", "--isolated",
+                                    "--device-size", "256M", *up_args],
+                            capture_output=True, text=True, timeout=120)
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        yield directory
+    finally:
+        subprocess.run(argv + ["down", "--dir", directory], capture_output=True, timeout=120)
+        from cairn.cluster.cli import undo_isolation
+        description = kill_leftovers(directory)
+        if description is not None:
+            undo_isolation(description)                # idempotent: nothing left if down ran

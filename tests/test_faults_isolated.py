@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.helpers import kill_leftovers
+from tests.helpers import isolated_up
 
 pytestmark = [
     pytest.mark.faults,
@@ -45,21 +45,9 @@ else:
 
 @pytest.fixture
 def isolated_cluster(disk_dir):
-    directory = os.path.join(str(disk_dir), "isolated")
-    argv = [sys.executable, "-m", "cairn.cluster.cli"]
-    result = subprocess.run(argv + ["up", "--dir", directory, "--hosts", "3", "--isolated",
-                                    "--device-size", "256M",
-                                    *[arg for pair in FAST for arg in ("--config", pair)]],
-                            capture_output=True, text=True, timeout=120)
-    try:
-        assert result.returncode == 0, result.stdout + result.stderr
+    with isolated_up(os.path.join(str(disk_dir), "isolated"),
+                     *[arg for pair in FAST for arg in ("--config", pair)]) as directory:
         yield directory
-    finally:
-        subprocess.run(argv + ["down", "--dir", directory], capture_output=True, timeout=120)
-        from cairn.cluster.cli import undo_isolation
-        description = kill_leftovers(directory)
-        if description is not None:
-            undo_isolation(description)                # idempotent: nothing left if down ran
 
 
 def script(directory, *args):

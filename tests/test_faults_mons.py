@@ -20,7 +20,7 @@ import pytest
 from cairn.cluster.cli import is_ours
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout, connect
 from cairn.common.monclient import MonClient, MonitorsUnavailable
-from tests.helpers import kill_leftovers, run
+from tests.helpers import isolated_up, run
 
 pytestmark = pytest.mark.faults
 
@@ -235,20 +235,8 @@ def needs_root(test):
 
 @pytest.fixture
 def isolated_three_mons(disk_dir):
-    directory = os.path.join(str(disk_dir), "isolated-mons")
-    argv = [sys.executable, "-m", "cairn.cluster.cli"]
-    result = subprocess.run(argv + ["up", "--dir", directory, "--hosts", "3", "--isolated",
-                                    "--mons", "3", "--device-size", "256M"],
-                            capture_output=True, text=True, timeout=120)
-    try:
-        assert result.returncode == 0, result.stdout + result.stderr
+    with isolated_up(os.path.join(str(disk_dir), "isolated-mons"), "--mons", "3") as directory:
         yield directory
-    finally:
-        subprocess.run(argv + ["down", "--dir", directory], capture_output=True, timeout=120)
-        from cairn.cluster.cli import undo_isolation
-        description = kill_leftovers(directory)
-        if description is not None:
-            undo_isolation(description)
 
 
 @needs_root
