@@ -122,7 +122,8 @@ def _request_for(args):
         return {"op": "config_get", "key": args.key}, _format_config
     if args.command == "mon" and args.mon_command == "add":
         return ({"op": "mon_add", "name": args.name, "addr": args.addr},
-                lambda reply: f"added {args.name} at {args.addr}; monitors now "
+                lambda reply: f"{'already a monitor: ' if reply.get('already') else 'added '}"
+                              f"{args.name} at {args.addr}; monitors now "
                               f"{', '.join(reply['members'])}")
     if args.command == "mon" and args.mon_command == "remove":
         return ({"op": "mon_remove", "name": args.name},

@@ -5,7 +5,9 @@
   (connection lost, no reply in time) it moves to the next address and retries, until
   `deadline_s` runs out. Errors the monitor itself returns (`RequestFailed`) are not retried:
   they are answers, except `no_quorum` (an election under way, or a monitor cut off from the
-  majority), which is retried on the next monitor while time is left.
+  majority), which is retried on the next monitor while time is left. Every request carries a
+  request id (`rid`), the same on every retry, so a map change whose reply was lost is done
+  once, not twice (mon/monitor.py).
 - `await subscribe()` fetches the map and keeps `self.map` current from the monitor's pushes; if
   the connection drops, a background task reconnects (to any monitor) and asks for the epochs it
   missed. `await wait_for_epoch(e)` waits until the map is at least epoch e. Callbacks registered
@@ -86,6 +88,8 @@ class MonClient:
         self.name = name
         self.map = None
         self._next = 0
+        self._id = os.urandom(8).hex()      # request ids: this client's id and a counter
+        self._requests = 0
         self._connection = None
         self._connect_lock = asyncio.Lock()
         self._subscribed = False
@@ -132,6 +136,9 @@ class MonClient:
         means none answered in time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline_s
+        if "rid" not in header:
+            self._requests += 1
+            header = {**header, "rid": f"{self._id}.{self._requests}"}
         refused = None                  # the last no_quorum answer: the truth if time runs out
         while True:
             try:

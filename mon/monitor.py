@@ -41,6 +41,12 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     pg_set_active {pool, pg, epoch, acting, complete}  (committed before the reply; peering.py)
     mon_add {name, addr}, mon_remove {name} -> members (one monitor at a time)
     raft {from, addr, fsid} + payload     -> Raft messages between monitors
+
+Any request may carry `rid`, the client's id for it (MonClient sends one): a map change re-sent
+with the same rid after its reply was lost (the monitor died, the leader moved) is answered
+with its first outcome instead of being done twice (mon/store.py keeps the outcomes in the
+replicated state). Adding a monitor that is already a member at the same address answers as
+if it had just been added.
 """
 
 import asyncio
@@ -95,6 +101,7 @@ PEER_SEEN_S = 3.0
 SUBSCRIBERS_MAX = 4096
 OSD_ID_MAX = 1 << 20
 MON_NAME_BYTES_MAX = 64
+RID_BYTES_MAX = 64
 assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
@@ -300,23 +307,42 @@ class Monitor:
                 future.set_result(result)
 
     def _apply_map(self, index, command):
+        rid = command.get("rid")
+        if rid is not None and rid in self.store.requests:
+            # The same request committed twice (re-sent after the leader moved): once counts.
+            log.info("entry %d: request %s was done by entry %d; not applied again", index, rid,
+                     self.store.requests[rid][0])
+            self.store.apply_nothing(index)
+            return self._outcome(rid)
         incremental = Incremental.from_dict(command["inc"])
+        refused = None
         if incremental.epoch != self.map.epoch + 1:
             log.error("entry %d: epoch %d does not follow %d; skipped", index, incremental.epoch,
                       self.map.epoch)
-            self.store.apply_nothing(index)
-            return RequestFailed("stale", f"epoch {incremental.epoch} does not follow "
-                                 f"{self.map.epoch}")
-        try:
-            new_map = self.map.apply(incremental)
-        except MapError as exc:
-            self.store.apply_nothing(index)
-            return RequestFailed("invalid", str(exc))
-        self.store.apply_map(index, incremental, new_map)
+            refused = RequestFailed("stale", f"epoch {incremental.epoch} does not follow "
+                                    f"{self.map.epoch}")
+        else:
+            try:
+                new_map = self.map.apply(incremental)
+            except MapError as exc:
+                refused = RequestFailed("invalid", str(exc))
+        if refused is not None:
+            self.store.apply_nothing(index, None if rid is None else
+                                     (rid, {"error": refused.code, "message": refused.message}))
+            return refused
+        self.store.apply_map(index, incremental, new_map, rid)
         self._publish(new_map, "incrementals", msgpack.packb([incremental.to_dict()]))
         log.info("epoch %d (%s): %s", new_map.epoch, command.get("why", "?"),
                  _describe(incremental.ops))
         return new_map
+
+    def _outcome(self, rid):
+        """What a request done before answers again: the map now (at or after the epoch its
+        change made), or its refusal."""
+        _, outcome = self.store.requests[rid]
+        if "error" in outcome:
+            return RequestFailed(outcome["error"], outcome["message"])
+        return self.map
 
     def _apply_pg_active(self, index, command):
         pool_id, pg_index, epoch = command["pool"], command["pg"], command["epoch"]
@@ -494,19 +520,32 @@ class Monitor:
 
     # -- the one writer ---------------------------------------------------------------------------
 
-    async def propose(self, ops, why):
+    async def propose(self, ops, why, rid=None):
         """Commit `ops` as the next epoch through Raft; the new map. RequestFailed if refused
-        or without a quorum. Only on the leader."""
+        or without a quorum. Only on the leader.
+
+        `rid` is the client's request id: a request already done (its reply lost, then
+        re-sent, perhaps to another monitor) is answered with its first outcome, not applied
+        again. Waiting until everything in this leader's log is applied first makes that
+        exact: an entry of an earlier term is either applied by then, or gone for good."""
         async with self._lock:
             if not self.is_leader:
                 raise no_quorum(f"{self.name} is not the leader; retry")
             await self._wait_applied(self.raft.last_index)     # the map is the newest
+            if rid is not None and rid in self.store.requests:
+                result = self._outcome(rid)
+                if isinstance(result, RequestFailed):
+                    raise result
+                return result
             incremental = Incremental(self.map.epoch + 1, tuple(ops))
             try:
                 self.map.apply(incremental)
             except MapError as exc:
                 raise RequestFailed("invalid", str(exc)) from None
-            return await self._replicate({"t": "map", "inc": incremental.to_dict(), "why": why})
+            command = {"t": "map", "inc": incremental.to_dict(), "why": why}
+            if rid is not None:
+                command["rid"] = rid
+            return await self._replicate(command)
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -518,6 +557,10 @@ class Monitor:
         if handler is None:
             raise RequestFailed("unknown_op", f"unknown request {op!r} (known: "
                                 f"{', '.join(sorted(_REQUESTS))})")
+        rid = received.header.get("rid")
+        if rid is not None and not (isinstance(rid, str) and 0 < len(rid) <= RID_BYTES_MAX):
+            raise RequestFailed("invalid", f"rid (request id) must be a string of 1 to "
+                                f"{RID_BYTES_MAX} characters")
         local = op == "status" and received.header.get("local") is True     # its own view
         if op in LEADER_OPS and not self.is_leader and not local:
             try:
@@ -635,7 +678,7 @@ class Monitor:
                         "registered one", osd_id, header.get("location"),
                         self.map.osds[osd_id]["location"])
         ops.append({"op": "osd_boot", "id": osd_id, "addr": header.get("addr")})
-        new_map = await self.propose(ops, why=f"osd.{osd_id} boot")
+        new_map = await self.propose(ops, why=f"osd.{osd_id} boot", rid=header.get("rid"))
         self._detector.heartbeat(osd_id, time.monotonic_ns())
         return {"id": osd_id, "epoch": new_map.epoch}, b""
 
@@ -673,13 +716,15 @@ class Monitor:
                      header.get("reason", "no reason given"))
             ops = [op for op in self._detector.tick(self.map, now_ns) if op["id"] == target]
             if ops:
-                await self.propose(ops, why=f"failure reports against osd.{target}")
+                await self.propose(ops, why=f"failure reports against osd.{target}",
+                                   rid=header.get("rid"))
         return {"epoch": self.map.epoch}, b""
 
     async def _osd_stop(self, peer, header):
         osd_id = self._known_osd(header)
         if self.map.osds[osd_id]["up"]:
-            await self.propose([{"op": "osd_down", "id": osd_id}], why=f"osd.{osd_id} stopping")
+            await self.propose([{"op": "osd_down", "id": osd_id}], why=f"osd.{osd_id} stopping",
+                               rid=header.get("rid"))
         return {"epoch": self.map.epoch}, b""
 
     async def _osd_mark(self, peer, header):
@@ -690,18 +735,20 @@ class Monitor:
                "down": [{"op": "osd_down", "id": osd_id}]}.get(state)
         if ops is None:
             raise RequestFailed("invalid", f"state must be out, in or down (was {state!r})")
-        new_map = await self.propose(ops, why=f"operator marks osd.{osd_id} {state}")
+        new_map = await self.propose(ops, why=f"operator marks osd.{osd_id} {state}",
+                                     rid=header.get("rid"))
         return {"epoch": new_map.epoch}, b""
 
     async def _pool_create(self, peer, header):
-        op = {key: value for key, value in header.items() if key not in ("op", "forwarded")}
+        op = {key: value for key, value in header.items()
+              if key not in ("op", "forwarded", "rid")}
         op["op"] = "pool_create"
-        new_map = await self.propose([op], why="operator")
-        return {"epoch": new_map.epoch, "pool": new_map.pools[op["name"]]}, b""
+        new_map = await self.propose([op], why="operator", rid=header.get("rid"))
+        return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
 
     async def _pool_delete(self, peer, header):
         new_map = await self.propose([{"op": "pool_delete", "name": header.get("name")}],
-                                     why="operator")
+                                     why="operator", rid=header.get("rid"))
         return {"epoch": new_map.epoch}, b""
 
     async def _pool_ls(self, peer, header):
@@ -710,7 +757,8 @@ class Monitor:
 
     async def _config_set(self, peer, header):
         new_map = await self.propose([{"op": "config_set", "key": header.get("key"),
-                                       "value": header.get("value")}], why="operator")
+                                       "value": header.get("value")}], why="operator",
+                                     rid=header.get("rid"))
         return {"epoch": new_map.epoch}, b""
 
     async def _config_get(self, peer, header):
@@ -828,7 +876,10 @@ class Monitor:
             raise RequestFailed("invalid", f"mon_add needs the new monitor's address: {exc}") \
                 from None
         if name in self.raft.members:
-            raise RequestFailed("invalid", f"{name} is already a monitor")
+            if self._addr_of(name) == addr:
+                return {"members": sorted(self.raft.members), "already": True}, b""
+            raise RequestFailed("invalid", f"{name} is already a monitor, at "
+                                f"{self._addr_of(name)}")
         return await self._change_members(self.raft.members | {name: addr})
 
     async def _mon_remove(self, peer, header):

@@ -12,6 +12,10 @@ Two parts share one RocksDB, so a batch can change both at once:
   `raft/applied` in one batch without fsync: the entry is already durable in the Raft log (and
   on a majority), and RocksDB's write-ahead log is ordered, so the next synchronous write
   carries these along; a restart replays whatever was lost.
+- **Requests done**: the outcome of the last `REQUESTS_KEPT` map changes that carried a request
+  id (`rid`), so a request retried after a lost reply (a monitor died, the leader moved) is
+  answered with its first outcome instead of being applied twice. It is part of the state
+  machine (applied, snapshotted and installed with it), so every monitor decides alike.
 
 Keys (epochs and indexes as 8-byte big-endian, so key order is numeric order):
     meta/fsid            the cluster's fsid (utf-8)
@@ -19,6 +23,8 @@ Keys (epochs and indexes as 8-byte big-endian, so key order is numeric order):
     log/<epoch>          msgpack of Incremental.to_dict()
     pgact/<pool><pg>     msgpack [epoch, acting, complete]: the PG's last activation
                          (osd/peering.py)
+    req/<index>          msgpack [rid, outcome]: a request done by the entry at that index;
+                         outcome {"epoch": e} or {"error": code, "message": text}
     raft/hard            msgpack [term, vote, commit]
     raft/log/<index>     msgpack [term, kind, data]
     raft/offset          msgpack [index, term]: the entry before the first one kept
@@ -42,11 +48,15 @@ FULL_MAP_EVERY_EPOCHS = 64
 # (mon_min_osdmap_epochs).
 LOG_EPOCHS_KEPT = 500
 assert FULL_MAP_EVERY_EPOCHS < LOG_EPOCHS_KEPT
+# Request outcomes remembered for retries. A client retries for at most its deadline (15 s);
+# this many map changes take minutes even in a storm of failures.
+REQUESTS_KEPT = 4096
 
 KEY_FSID = b"meta/fsid"
 PREFIX_PG_ACTIVE = b"pgact/"
 PREFIX_FULL = b"full/"
 PREFIX_LOG = b"log/"
+PREFIX_REQUEST = b"req/"
 PREFIX_RAFT_LOG = b"raft/log/"
 KEY_HARD = b"raft/hard"
 KEY_OFFSET = b"raft/offset"
@@ -129,6 +139,8 @@ class MonStore:
         self._sync = _sync()
         self.fsid = db.get(KEY_FSID).decode()
         self.first_log_epoch = None     # the oldest incremental kept (None: none yet)
+        self.requests = {}              # rid -> (index, outcome), oldest first
+        self._load_requests()
 
     @classmethod
     def open(cls, directory):
@@ -161,6 +173,24 @@ class MonStore:
                 iterator.prev()
             else:
                 iterator.next()
+
+    def _load_requests(self):
+        self.requests = {}
+        for key, value in self._items(PREFIX_REQUEST):
+            rid, outcome = msgpack.unpackb(value)
+            self.requests[rid] = (_epoch_of(key, PREFIX_REQUEST), outcome)
+
+    def _request_batch(self, batch, index, request):
+        """Remember `request` = (rid, outcome) as done by entry `index`, forgetting the oldest
+        beyond REQUESTS_KEPT (in index order, so every monitor forgets the same ones)."""
+        if request is None:
+            return
+        rid, outcome = request
+        batch.put(_key(PREFIX_REQUEST, index), msgpack.packb([rid, outcome]))
+        self.requests[rid] = (index, outcome)
+        while len(self.requests) > REQUESTS_KEPT:
+            oldest = next(iter(self.requests))
+            batch.delete(_key(PREFIX_REQUEST, self.requests.pop(oldest)[0]))
 
     def load(self):
         """The newest map: the newest full map with every later incremental applied."""
@@ -202,9 +232,11 @@ class MonStore:
 
     # -- the state machine, driven by committed Raft entries ----------------------------------------
 
-    def apply_map(self, index, incremental, new_map):
+    def apply_map(self, index, incremental, new_map, rid=None):
         batch = WriteBatch(raw_mode=True)
         self._map_batch(batch, incremental, new_map)
+        self._request_batch(batch, index, None if rid is None else
+                            (rid, {"epoch": new_map.epoch}))
         batch.put(KEY_APPLIED, msgpack.packb(index))
         self._db.write(batch)
 
@@ -214,17 +246,23 @@ class MonStore:
         batch.put(KEY_APPLIED, msgpack.packb(index))
         self._db.write(batch)
 
-    def apply_nothing(self, index):
-        self._db.put(KEY_APPLIED, msgpack.packb(index))
+    def apply_nothing(self, index, request=None):
+        """Entry `index` changed nothing; `request` (rid, outcome): a refusal to remember."""
+        batch = WriteBatch(raw_mode=True)
+        self._request_batch(batch, index, request)
+        batch.put(KEY_APPLIED, msgpack.packb(index))
+        self._db.write(batch)
 
     def applied(self):
         return msgpack.unpackb(self._db.get(KEY_APPLIED))
 
     def state(self, cmap):
-        """The state machine as snapshot bytes: the map and every PG activation record."""
+        """The state machine as snapshot bytes: the map, every PG activation record and the
+        requests done."""
         records = [[*struct.unpack(">II", key[len(PREFIX_PG_ACTIVE):]), msgpack.unpackb(value)]
                    for key, value in self._items(PREFIX_PG_ACTIVE)]
-        return msgpack.packb({"map": cmap.to_dict(), "pgact": records})
+        requests = [[index, rid, outcome] for rid, (index, outcome) in self.requests.items()]
+        return msgpack.packb({"map": cmap.to_dict(), "pgact": records, "requests": requests})
 
     # -- the Raft log ---------------------------------------------------------------------------
 
@@ -276,13 +314,17 @@ class MonStore:
     def _install(self, batch, snapshot):
         state = msgpack.unpackb(snapshot.data, strict_map_key=False)
         cmap = ClusterMap.from_dict(state["map"])
-        for prefix in (PREFIX_FULL, PREFIX_LOG, PREFIX_PG_ACTIVE):
+        for prefix in (PREFIX_FULL, PREFIX_LOG, PREFIX_PG_ACTIVE, PREFIX_REQUEST):
             for key, _ in self._items(prefix):
                 batch.delete(key)
         batch.put(_key(PREFIX_FULL, cmap.epoch), msgpack.packb(cmap.to_dict()))
         for pool_id, pg_index, record in state["pgact"]:
             batch.put(PREFIX_PG_ACTIVE + struct.pack(">II", pool_id, pg_index),
                       msgpack.packb(record))
+        self.requests = {}
+        for index, rid, outcome in state.get("requests", []):
+            batch.put(_key(PREFIX_REQUEST, index), msgpack.packb([rid, outcome]))
+            self.requests[rid] = (index, outcome)
         batch.put(KEY_APPLIED, msgpack.packb(snapshot.index))
         self.first_log_epoch = None
         return cmap

@@ -236,3 +236,45 @@ def test_mon_store_persists_raft_readies_and_installs_snapshots(tmp_path):
     assert store.load().to_dict() == cmap.to_dict() and store.pg_active(1, 7) == [9, [1, 2], [1]]
     assert store.restored().entries == () and store.restored().applied == 40
     store.close()
+
+
+def test_mon_store_remembers_requests_done_through_reopen_snapshot_and_install(tmp_path,
+                                                                               monkeypatch):
+    """The requests done (rid -> outcome) are state machine: written with the entry that did
+    them, reloaded after a crash, forgotten oldest first beyond REQUESTS_KEPT (by log index, so
+    every monitor forgets the same), carried in snapshots and replaced by an install."""
+    from cairn.mon import store as store_module
+    from cairn.mon.raft import Ready, Snapshot
+    monkeypatch.setattr(store_module, "REQUESTS_KEPT", 3)
+    directory = str(tmp_path / "mon")
+    mkfs(directory)
+    store = MonStore.open(directory)
+    cmap = store.load()
+    for index in range(1, 6):
+        incremental = Incremental(cmap.epoch + 1, ({"op": "config_set",
+                                                    "key": "osd.heartbeat_peers",
+                                                    "value": str(index)},))
+        cmap = cmap.apply(incremental)
+        store.apply_map(index, incremental, cmap, rid=f"c.{index}")
+    store.apply_nothing(6, ("c.6", {"error": "invalid", "message": "no such pool"}))
+    store.apply_nothing(7)                                    # an entry without a request
+    expected = {"c.4": (4, {"epoch": 5}), "c.5": (5, {"epoch": 6}),
+                "c.6": (6, {"error": "invalid", "message": "no such pool"})}
+    assert store.requests == expected and store.applied() == 7
+    state = store.state(cmap)
+    store.close()
+    store = MonStore.open(directory)                          # as after a crash
+    assert store.requests == expected
+    assert list(store.requests) == ["c.4", "c.5", "c.6"]      # oldest first, to forget next
+    store.close()
+    other = str(tmp_path / "other")
+    mkfs(other)
+    follower = MonStore.open(other)
+    follower.apply_nothing(1, ("stale.1", {"epoch": 2}))
+    follower.persist(Ready(snapshot=Snapshot(7, 1, {"mon.0": None}, state), install=True,
+                           compacted_to=(7, 1)))
+    assert follower.requests == expected                      # replaced, not merged
+    follower.close()
+    follower = MonStore.open(other)
+    assert follower.requests == expected and follower.load().to_dict() == cmap.to_dict()
+    follower.close()
