@@ -20,10 +20,14 @@ Rules of this module:
    off cannot raise terms and depose a healthy leader when it returns; check-quorum, so a leader
    that cannot hear a majority steps down, and the matching lease, so servers that hear a leader
    ignore (pre-)votes from others for an election timeout.
-4. Linearizable reads by read-index (dissertation 6.4): the leader records its commit index,
+4. Leadership transfer (dissertation 3.10): the leader stops taking proposals, brings the chosen
+   member's log up to date and tells it to campaign at once (TIMEOUT_NOW); its vote request
+   says so, and voters let it past their lease. A leader whose own removal commits hands over
+   the same way, so a graceful stop or a removal costs no election timeout.
+5. Linearizable reads by read-index (dissertation 6.4): the leader records its commit index,
    confirms leadership with a heartbeat round, and only then says the read may be served once
    that index is applied.
-5. The log after a snapshot: entries may be kept from before the snapshot's index (so a follower
+6. The log after a snapshot: entries may be kept from before the snapshot's index (so a follower
    a little behind gets entries, not the whole state); `log[0]` is a sentinel carrying the index
    and term just before the first kept entry.
 
@@ -56,6 +60,7 @@ class Kind(enum.Enum):
     HEARTBEAT = "heartbeat"
     HEARTBEAT_RESPONSE = "heartbeat_response"
     SNAPSHOT = "snapshot"
+    TIMEOUT_NOW = "timeout_now"
 
 
 class Progress(enum.Enum):
@@ -69,8 +74,8 @@ class RaftError(Exception):
 
 
 class NotLeader(RaftError):
-    def __init__(self, leader):
-        super().__init__(f"not the leader (leader: {leader or 'unknown'})")
+    def __init__(self, leader, why=None):
+        super().__init__(why or f"not the leader (leader: {leader or 'unknown'})")
         self.leader = leader
 
 
@@ -116,6 +121,7 @@ class Message:
     hint: int = 0                   # a rejected append: the follower's last index
     context: int = 0                # heartbeats: the read-index round they confirm
     snapshot: Snapshot | None = None
+    transfer: bool = False          # a vote asked for by the leader handing over (TIMEOUT_NOW)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +217,9 @@ class Raft:
         self.progress = {}
         self.granted = {}
         self.pending_conf_index = 0
+        self.transferee = None          # leader: the member it is handing the leadership to
+        self.transfer_elapsed = 0
+        self.handed_over_by = None      # the leader that told us to campaign (this campaign)
         self._reads = []                # leader: [(context, index, round)]
         self._read_round = 0
         self._reset_effects()
@@ -324,6 +333,10 @@ class Raft:
     def _tick_leader(self):
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
+        if self.transferee is not None:
+            self.transfer_elapsed += 1
+            if self.transfer_elapsed >= self.config.election_ticks:
+                self.transferee = None                  # it did not take over: carry on
         for name, follower in list(self.progress.items()):
             if follower.leaving_at:
                 follower.leaving_ticks += 1
@@ -358,9 +371,12 @@ class Raft:
         self.election_elapsed = 0
         self.timeout = self._random_timeout()
         self.progress = {}
+        self.transferee = None
         self._reads = []
 
-    def _campaign(self, pre):
+    def _campaign(self, pre, transfer=False):
+        if not transfer:
+            self.handed_over_by = None
         self.election_elapsed = 0
         self.timeout = self._random_timeout()
         self.leader = None
@@ -378,7 +394,8 @@ class Raft:
         kind = Kind.PRE_VOTE if pre else Kind.VOTE
         for name in sorted(self.members):
             if name != self.name:
-                self._send(kind, name, term=term, index=self.last_index, log_term=self.last_term)
+                self._send(kind, name, term=term, index=self.last_index, log_term=self.last_term,
+                           transfer=transfer)
 
     def _tally(self):
         """Count (pre-)votes; moves on and returns True once decided."""
@@ -400,6 +417,7 @@ class Raft:
         assert self.role is Role.CANDIDATE and self.vote == self.name
         self.role = Role.LEADER
         self.leader = self.name
+        self.transferee = None
         self.election_elapsed = self.heartbeat_elapsed = 0
         self.progress = {name: _Follower(next=self.last_index + 1)
                          for name in self.members if name != self.name}
@@ -416,10 +434,16 @@ class Raft:
         if self.role is not Role.LEADER and self.name in self.members:
             self._campaign(pre=True)
 
-    def propose(self, data):
-        """Append `data` (bytes) to the log; its index. Raises NotLeader."""
+    def _check_leading(self):
         if self.role is not Role.LEADER:
             raise NotLeader(self.leader)
+        if self.transferee is not None:
+            raise NotLeader(self.transferee, f"handing the leadership to {self.transferee}")
+
+    def propose(self, data):
+        """Append `data` (bytes) to the log; its index. Raises NotLeader (also while handing
+        the leadership over)."""
+        self._check_leading()
         index = self._append(DATA, data)
         self._broadcast_append()
         self._maybe_commit()
@@ -428,8 +452,7 @@ class Raft:
     def propose_members(self, members):
         """Change the members to `members` ({name: address}), one server added or removed;
         the index of the change. Raises NotLeader, ChangeRefused."""
-        if self.role is not Role.LEADER:
-            raise NotLeader(self.leader)
+        self._check_leading()
         if self.pending_conf_index > self.commit or self.term_at(self.commit) != self.term:
             raise ChangeRefused("a membership change is still being committed; try again")
         old, new = set(self.members), set(members)
@@ -450,6 +473,24 @@ class Raft:
         self._broadcast_append()
         self._maybe_commit()
         return index
+
+    def transfer_leadership(self, target):
+        """Hand the leadership to `target`, a member: stop taking proposals, bring its log up
+        to date, then tell it to campaign at once. Given up (proposals taken again) if it has
+        not taken over within an election timeout. Raises NotLeader, RaftError."""
+        self._check_leading()
+        if target not in self.progress or target not in self.members:
+            raise RaftError(f"cannot hand the leadership to {target!r}: not another member "
+                            f"(members {', '.join(sorted(self.members))})")
+        self.transferee, self.transfer_elapsed = target, 0
+        self._hand_over_if_caught_up(target)
+
+    def _hand_over_if_caught_up(self, name):
+        follower = self.progress[name]
+        if follower.match == self.last_index:
+            self._send(Kind.TIMEOUT_NOW, name)
+        else:
+            self._send_append(name)
 
     def read_index(self, context):
         """Ask to serve a linearizable read tagged `context` (an int); a read state (context,
@@ -486,7 +527,7 @@ class Raft:
         assert m.target == self.name
         if m.term > self.term:
             if m.kind in (Kind.PRE_VOTE, Kind.VOTE) and self.leader is not None and \
-                    self.election_elapsed < self.config.election_ticks:
+                    self.election_elapsed < self.config.election_ticks and not m.transfer:
                 return                  # we hear a leader: its lease holds (rule 3)
             if m.kind is Kind.PRE_VOTE or (m.kind is Kind.PRE_VOTE_RESPONSE and not m.reject):
                 pass                    # pre-votes never change terms
@@ -507,7 +548,8 @@ class Raft:
                    Kind.APPEND: self._on_append, Kind.HEARTBEAT: self._on_heartbeat,
                    Kind.SNAPSHOT: self._on_snapshot,
                    Kind.APPEND_RESPONSE: self._on_append_response,
-                   Kind.HEARTBEAT_RESPONSE: self._on_heartbeat_response}[m.kind]
+                   Kind.HEARTBEAT_RESPONSE: self._on_heartbeat_response,
+                   Kind.TIMEOUT_NOW: self._on_timeout_now}[m.kind]
         handler(m)
 
     def _on_vote(self, m):
@@ -530,6 +572,12 @@ class Raft:
         if self.role is expected:
             self.granted[m.source] = not m.reject
             self._tally()
+
+    def _on_timeout_now(self, m):
+        # The leader hands over to us, our log as long as its: campaign now, no pre-vote.
+        if self.role is not Role.LEADER and self.name in self.members:
+            self.handed_over_by = m.source
+            self._campaign(pre=False, transfer=True)
 
     def _follow(self, m):
         assert self.role is not Role.LEADER, f"two leaders in term {self.term}"
@@ -606,6 +654,8 @@ class Raft:
                     return                                  # it committed our removal
                 self._broadcast_append()
             self._release_reads()
+            if m.source == self.transferee and follower.match == self.last_index:
+                self._send(Kind.TIMEOUT_NOW, m.source)
         elif follower.state is Progress.PROBE:
             follower.paused = False
         if follower.next <= self.last_index:
@@ -623,6 +673,8 @@ class Raft:
         if m.context > follower.read_acked:
             follower.read_acked = m.context
             self._release_reads()
+        if m.source == self.transferee and follower.match == self.last_index:
+            self._send(Kind.TIMEOUT_NOW, m.source)          # again, in case it was lost
 
     def _release_reads(self):
         if not self._reads:
@@ -680,7 +732,13 @@ class Raft:
             return False
         self._set_hard(commit=candidate)
         if self.name not in self.members and self.commit >= self.pending_conf_index:
-            self._become_follower(self.term, None)       # removed, and the change is committed
+            # Removed, and the change is committed: hand over to the most up-to-date member
+            # (if one has everything), then step down.
+            successor = max(self.members, key=lambda name: (self.progress[name].match, name)
+                            if name in self.progress else (-1, name))
+            if successor in self.progress and self.progress[successor].match == self.last_index:
+                self._send(Kind.TIMEOUT_NOW, successor)
+            self._become_follower(self.term, None)
         return True
 
     # -- views ------------------------------------------------------------------------------------
@@ -708,6 +766,8 @@ def message_to_wire(m):
             wire[key] = value
     if m.reject:
         wire["r"] = True
+    if m.transfer:
+        wire["tr"] = True
     if m.entries:
         wire["e"] = [[e.term, e.index, e.kind, e.data] for e in m.entries]
     if m.snapshot is not None:
@@ -732,7 +792,8 @@ def message_from_wire(wire):
                     index=int(wire.get("i", 0)), log_term=int(wire.get("lt", 0)),
                     entries=entries, commit=int(wire.get("c", 0)),
                     reject=bool(wire.get("r", False)), hint=int(wire.get("h", 0)),
-                    context=int(wire.get("x", 0)), snapshot=snapshot)
+                    context=int(wire.get("x", 0)), snapshot=snapshot,
+                    transfer=bool(wire.get("tr", False)))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed raft message: {exc}") from None
     if m.kind is Kind.SNAPSHOT and snapshot is None:

@@ -3,7 +3,8 @@
 The simulation runs 3 to 5 monitors' cores in one process over a fake network that loses,
 delays (so reorders) and duplicates messages and that partitions (a leader cut off from the
 majority among them); monitors crash and restart from what their Readies persisted, and the
-leader adds and removes monitors one at a time, compacts, and serves read-index reads. After
+leader adds and removes monitors one at a time, hands its leadership over, compacts, and serves
+read-index reads. After
 every step it checks the invariants of the Raft paper (figure 3): at most one leader per term,
 log matching, leader completeness, state machine safety, and that a read-index read never misses
 a committed entry. At the end it heals everything and checks that a leader commits again. A
@@ -176,6 +177,40 @@ def test_membership_changes_one_at_a_time_after_a_commit_in_the_term():
     assert "mon.2" not in nodes["mon.2"].members
 
 
+def test_leadership_is_handed_over_without_waiting_for_an_election_timeout():
+    nodes = {name: make(name, seed=i) for i, name in enumerate(MEMBERS)}
+    elect(nodes, "mon.0")
+    leader = nodes["mon.0"]
+    # mon.1 misses an entry: the leader brings it up to date before telling it to campaign.
+    leader.propose(b"x")
+    deliver_all(nodes, leader.ready().messages, drop=lambda m: m.target == "mon.1")
+    assert nodes["mon.1"].last_index < leader.last_index
+    with pytest.raises(RaftError, match="not another member"):
+        leader.transfer_leadership("mon.0")
+    leader.transfer_leadership("mon.1")
+    with pytest.raises(NotLeader, match="handing the leadership to mon.1"):
+        leader.propose(b"refused while handing over")
+    deliver_all(nodes, leader.ready().messages)           # no tick: no election timeout
+    new = nodes["mon.1"]
+    assert new.role is Role.LEADER and new.term == 2 and leader.role is Role.FOLLOWER
+    assert new.handed_over_by == "mon.0"
+    assert leader.leader == "mon.1" or leader.leader is None
+    # A handover the target never answers is given up after an election timeout.
+    new.transfer_leadership("mon.2")
+    for _ in range(new.config.election_ticks):
+        new.tick()
+        deliver_all(nodes, new.ready().messages, drop=lambda m: m.target == "mon.2")
+    assert new.role is Role.LEADER and new.transferee is None
+    new.propose(b"taken again")
+    # A leader whose own removal commits hands over to a member that has everything.
+    new.ready()
+    removal = new.propose_members({n: a for n, a in new.members.items() if n != "mon.1"})
+    deliver_all(nodes, new.ready().messages)
+    assert new.commit >= removal and new.role is Role.FOLLOWER
+    leaders = [n.name for n in nodes.values() if n.role is Role.LEADER]
+    assert leaders in (["mon.0"], ["mon.2"]), leaders
+
+
 def test_read_index_waits_for_a_heartbeat_round_from_a_majority():
     nodes = {name: make(name, seed=i) for i, name in enumerate(MEMBERS)}
     elect(nodes, "mon.0")
@@ -193,6 +228,8 @@ def test_wire_form_round_trips_and_rejects_garbage():
     m = Message(Kind.APPEND, "mon.0", "mon.1", 3, index=4, log_term=2,
                 entries=(Entry(3, 5, DATA, b"x"), Entry(3, 6, CONF, {"mon.0": "a"})), commit=4)
     assert raft.message_from_wire(msgpack.unpackb(msgpack.packb(raft.message_to_wire(m)))) == m
+    vote = Message(Kind.VOTE, "mon.1", "mon.2", 4, index=6, log_term=3, transfer=True)
+    assert raft.message_from_wire(raft.message_to_wire(vote)) == vote
     for garbage in ({}, {"k": "nope", "s": "a", "t": "b", "T": 1},
                     {"k": "append", "s": "a", "t": "b", "T": 1, "e": [[1, 9, "data", b""]]},
                     {"k": "snapshot", "s": "a", "t": "b", "T": 1}, {"k": "vote", "T": "x"}):
@@ -230,6 +267,7 @@ class Simulation:
         self.loss = self.rng.choice([0.0, 0.05, 0.2])
         self.duplication = self.rng.choice([0.0, 0.05])
         self.delay_max = self.rng.choice([1, 3, 8])
+        self.transfers = self.rng.choice([0.02, 0.3])         # leadership handed over, per step
         # One entry per append in some runs, so a follower can hold an old term's entry without
         # the new leader's no-op (the figure 8 case of the Raft paper).
         self.config = raft.RaftConfig(entries_per_message_max=self.rng.choice([1, 64]))
@@ -250,6 +288,7 @@ class Simulation:
         self.proposed = 0
         self.reads_served = 0
         self.snapshots_sent = 0
+        self.handovers = set()              # (member told to campaign, the term it would lead)
 
     def _boot(self, name):
         return Raft(name, self.disks[name].restored(), random.Random(self.rng.random()),
@@ -305,6 +344,8 @@ class Simulation:
     def send(self, m):
         if m.kind is Kind.SNAPSHOT:
             self.snapshots_sent += 1
+        if m.kind is Kind.TIMEOUT_NOW:
+            self.handovers.add((m.target, m.term + 1))
         copies = 1
         if self.rng.random() < self.loss:
             copies = 0
@@ -384,7 +425,9 @@ class Simulation:
                 context = self.now * 10 + 1
                 node.read_index(context)
                 self.reads[context] = max((n.commit for n in self.nodes.values()), default=0)
-            elif roll < 0.53:
+            elif roll < 0.5 + self.transfers:
+                node.transfer_leadership(self.rng.choice(sorted(node.members)))
+            elif roll < 0.53 + self.transfers:
                 members = dict(node.members)
                 spare = [n for n in NAMES if n not in members]
                 if spare and (len(members) < 3 or self.rng.random() < 0.5):
@@ -495,15 +538,20 @@ def test_simulation(block):
 
 
 def test_the_simulation_reaches_the_rare_paths():
-    totals = {"leaders": 0, "reads": 0, "snapshots": 0, "members": 0}
+    totals = {"leaders": 0, "reads": 0, "snapshots": 0, "members": 0, "handed_over": 0}
     for seed in range(30):
         sim = run_simulation(seed)
         totals["leaders"] += len(sim.leaders)
         totals["reads"] += sim.reads_served
         totals["snapshots"] += sim.snapshots_sent
         totals["members"] += len(set().union(*(n.members for n in sim.nodes.values()))) > 3
+        # Handovers that made their target leader in the term it campaigned for.
+        totals["handed_over"] += len(sim.handovers & {(name, term) for term, name in
+                                                      sim.leaders.items()})
     assert totals["leaders"] > 60 and totals["reads"] > 50
     assert totals["snapshots"] > 10 and totals["members"] > 5, totals
+    print(totals)
+    assert totals["handed_over"] > 20, totals
 
 
 @pytest.mark.skipif("CAIRN_RAFT_SEED" not in os.environ,
