@@ -202,13 +202,10 @@ class Monitor:
     async def _hand_over(self):
         """A leader that stops hands the leadership to the most up-to-date member it heard
         lately, so the others need not wait out an election timeout (1.5-3 s)."""
-        if not self.is_leader:
+        heard = [name for name in self._heard() if name in self.raft.progress]
+        if not self.is_leader or not heard:
             return
-        heard = [name for name in self._heard() if name != self.name]
-        progress = self.raft.status().get("progress", {})
-        if not heard:
-            return
-        target = max(heard, key=lambda name: (progress.get(name, {}).get("match", 0), name))
+        target = max(heard, key=lambda name: (self.raft.progress[name].match, name))
         try:
             self.raft.transfer_leadership(target)
         except RaftError as exc:
