@@ -46,8 +46,9 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
 Any request may carry `rid`, the client's id for it (MonClient sends one): a map change re-sent
 with the same rid after its reply was lost (the monitor died, the leader moved) is answered
 with its first outcome instead of being done twice (mon/store.py keeps the outcomes in the
-replicated state). Adding a monitor that is already a member at the same address answers as
-if it had just been added.
+replicated state); so is a membership change (the request id travels in its Raft entry).
+Adding a monitor that is already a member at the same address answers as if it had just been
+added.
 """
 
 import asyncio
@@ -323,10 +324,14 @@ class Monitor:
             else:
                 log.error("entry %d: unknown command %r; skipped", entry.index, kind)
                 self.store.apply_nothing(entry.index)
+        elif entry.kind == raft.CONF:
+            rid = entry.context
+            self.store.apply_nothing(entry.index, None if rid is None or
+                                     rid in self.store.requests else
+                                     (rid, {"members": sorted(entry.data)}))
+            self._apply_members(entry)
         else:
             self.store.apply_nothing(entry.index)
-            if entry.kind == raft.CONF:
-                self._apply_members(entry)
         self._applied = entry.index
         waiter = self._waiting.pop(entry.index, None)
         if waiter is not None:
@@ -900,6 +905,9 @@ class Monitor:
         return {}, b""
 
     async def _mon_add(self, peer, header):
+        done = await self._membership_done(header.get("rid"))
+        if done is not None:
+            return done
         name, addr = header.get("name"), header.get("addr")
         if not isinstance(name, str) or not 0 < len(name) <= MON_NAME_BYTES_MAX:
             raise RequestFailed("invalid", "mon_add needs the new monitor's name (like mon.3)")
@@ -913,20 +921,36 @@ class Monitor:
                 return {"members": sorted(self.raft.members), "already": True}, b""
             raise RequestFailed("invalid", f"{name} is already a monitor, at "
                                 f"{self._addr_of(name)}")
-        return await self._change_members(self.raft.members | {name: addr})
+        return await self._change_members(self.raft.members | {name: addr}, header.get("rid"))
 
     async def _mon_remove(self, peer, header):
+        done = await self._membership_done(header.get("rid"))
+        if done is not None:
+            return done
         name = header.get("name")
         if name not in self.raft.members:
             raise RequestFailed("not_found", f"no monitor {name!r} (monitors: "
                                 f"{', '.join(sorted(self.raft.members))})")
         members = dict(self.raft.members)
         del members[name]
-        return await self._change_members(members)
+        return await self._change_members(members, header.get("rid"))
 
-    async def _change_members(self, members):
+    async def _membership_done(self, rid):
+        """The answer a membership change with request id `rid` got, if it was done (its
+        reply lost, the request re-sent); None if not. As for map changes (propose), the
+        leader first applies its whole log, so the answer is exact."""
+        if rid is None:
+            return None
+        await self._wait_applied(self.raft.last_index)
+        found = self.store.requests.get(rid)
+        if found is None:
+            return None
+        index, outcome = found
+        return {"members": outcome["members"], "index": index}, b""
+
+    async def _change_members(self, members, rid):
         try:
-            index = self.raft.propose_members(members)
+            index = self.raft.propose_members(members, context=rid)
         except NotLeader:
             raise no_quorum(f"{self.name} is no longer the leader; retry") from None
         except ChangeRefused as exc:

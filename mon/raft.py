@@ -90,6 +90,7 @@ class Entry:
     index: int
     kind: str
     data: object = None             # bytes (DATA), a members dict (CONF), None (NOOP)
+    context: str | None = None      # CONF: the shell's tag for the change (a request id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,8 +267,8 @@ class Raft:
         self._dirty_from = first if self._dirty_from is None else min(self._dirty_from, first)
         self.members = self._members_at(self.last_index)
 
-    def _append(self, kind, data):
-        entry = Entry(self.term, self.last_index + 1, kind, data)
+    def _append(self, kind, data, context=None):
+        entry = Entry(self.term, self.last_index + 1, kind, data, context)
         self._truncate_and_append([entry])
         return entry.index
 
@@ -449,9 +450,10 @@ class Raft:
         self._maybe_commit()
         return index
 
-    def propose_members(self, members):
+    def propose_members(self, members, context=None):
         """Change the members to `members` ({name: address}), one server added or removed;
-        the index of the change. Raises NotLeader, ChangeRefused."""
+        the index of the change. `context` (a string) travels with the entry for the shell.
+        Raises NotLeader, ChangeRefused."""
         self._check_leading()
         if self.pending_conf_index > self.commit or self.term_at(self.commit) != self.term:
             raise ChangeRefused("a membership change is still being committed; try again")
@@ -461,7 +463,7 @@ class Raft:
                                 f"{sorted(old)}, asked for {sorted(new)})")
         if not new:
             raise ChangeRefused("the last monitor cannot be removed")
-        index = self._append(CONF, dict(members))
+        index = self._append(CONF, dict(members), context)
         self.pending_conf_index = index
         for name in new - old:
             self.progress[name] = _Follower(next=self.last_index)
@@ -769,7 +771,8 @@ def message_to_wire(m):
     if m.transfer:
         wire["tr"] = True
     if m.entries:
-        wire["e"] = [[e.term, e.index, e.kind, e.data] for e in m.entries]
+        wire["e"] = [[e.term, e.index, e.kind, e.data] + ([e.context] if e.context else [])
+                     for e in m.entries]
     if m.snapshot is not None:
         s = m.snapshot
         wire["S"] = [s.index, s.term, s.members, s.data]
@@ -779,9 +782,11 @@ def message_to_wire(m):
 def message_from_wire(wire):
     """A Message from its wire dict; ValueError names what is wrong."""
     try:
-        entries = tuple(Entry(int(t), int(i), k, d) for t, i, k, d in wire.get("e", ()))
-        if any(e.kind not in ENTRY_KINDS for e in entries):
-            raise ValueError("unknown entry kind")
+        entries = tuple(Entry(int(t), int(i), k, d, *context)
+                        for t, i, k, d, *context in wire.get("e", ()))
+        if any(e.kind not in ENTRY_KINDS or not isinstance(e.context, (str, type(None)))
+               for e in entries):
+            raise ValueError("unknown entry kind or context")
         snapshot = None
         if "S" in wire:
             index, term, members, data = wire["S"]

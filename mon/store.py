@@ -12,8 +12,8 @@ Two parts share one RocksDB, so a batch can change both at once:
   `raft/applied` in one batch without fsync: the entry is already durable in the Raft log (and
   on a majority), and RocksDB's write-ahead log is ordered, so the next synchronous write
   carries these along; a restart replays whatever was lost.
-- **Requests done**: the outcome of the last `REQUESTS_KEPT` map changes that carried a request
-  id (`rid`), so a request retried after a lost reply (a monitor died, the leader moved) is
+- **Requests done**: the outcome of the last `REQUESTS_KEPT` map and membership changes that
+  carried a request id (`rid`), so a request retried after a lost reply (a monitor died, the leader moved) is
   answered with its first outcome instead of being applied twice. It is part of the state
   machine (applied, snapshotted and installed with it), so every monitor decides alike.
 
@@ -24,9 +24,10 @@ Keys (epochs and indexes as 8-byte big-endian, so key order is numeric order):
     pgact/<pool><pg>     msgpack [epoch, acting, complete]: the PG's last activation
                          (osd/peering.py)
     req/<index>          msgpack [rid, outcome]: a request done by the entry at that index;
-                         outcome {"epoch": e} or {"error": code, "message": text}
+                         outcome {"epoch": e}, {"error": code, "message": text} (map
+                         changes) or {"members": [names]} (membership changes)
     raft/hard            msgpack [term, vote, commit]
-    raft/log/<index>     msgpack [term, kind, data]
+    raft/log/<index>     msgpack [term, kind, data] or [term, kind, data, context]
     raft/offset          msgpack [index, term]: the entry before the first one kept
     raft/snap            msgpack [index, term, members]; raft/snapdata: its state (bytes)
     raft/applied         msgpack index: the state machine includes entries up to here
@@ -126,8 +127,8 @@ def mkfs(directory, fsid=None, members=None):
 
 
 def _entry(key, value):
-    term, kind, data = msgpack.unpackb(value, strict_map_key=False)
-    return Entry(term, _epoch_of(key, PREFIX_RAFT_LOG), kind, data)
+    term, kind, data, *context = msgpack.unpackb(value, strict_map_key=False)
+    return Entry(term, _epoch_of(key, PREFIX_RAFT_LOG), kind, data, *context)
 
 
 class MonStore:
@@ -294,7 +295,8 @@ class MonStore:
                 batch.delete(key)
         for entry in ready.entries:
             batch.put(_key(PREFIX_RAFT_LOG, entry.index),
-                      msgpack.packb([entry.term, entry.kind, entry.data]))
+                      msgpack.packb([entry.term, entry.kind, entry.data] +
+                                    ([entry.context] if entry.context else [])))
         if ready.snapshot is not None:
             snap = ready.snapshot
             batch.put(KEY_SNAPSHOT, msgpack.packb([snap.index, snap.term, snap.members]))

@@ -285,8 +285,11 @@ def test_monitors_are_removed_and_added_one_at_a_time(local_cluster):
     description = cluster.description
     fsid = cluster.cairn("status")[1]["fsid"]
     leaving = "mon.2"
-    _, removed = cluster.cairn("mon", "remove", leaving)
+    remove = {"op": "mon_remove", "name": leaving, "rid": "test.rm"}
+    removed = run(ask(mons(cluster)["mon.0"]["addr"], remove))
     assert removed["members"] == ["mon.0", "mon.1"]
+    again = run(ask(mons(cluster)["mon.1"]["addr"], remove))    # its reply lost, re-sent
+    assert again == removed, (removed, again)
     entry = mons(cluster)[leaving]
     cluster.wait_for(f"{leaving} exits once removed", lambda: not is_ours(entry["pid"],
                                                                           cluster.dir), 10)

@@ -218,13 +218,13 @@ def test_mon_store_persists_raft_readies_and_installs_snapshots(tmp_path):
     assert start.snapshot.members == {"mon.0": "127.0.0.1:1", "mon.1": "127.0.0.1:2"}
     entries = tuple(Entry(1, i, DATA, b"x%d" % i) for i in range(1, 6))
     store.persist(Ready(hard_state=HardState(1, "mon.0", 3), entries_from=1, entries=entries))
-    store.persist(Ready(entries_from=4, entries=(Entry(2, 4, CONF, {"mon.0": "a"}),)))
+    store.persist(Ready(entries_from=4, entries=(Entry(2, 4, CONF, {"mon.0": "a"}, "rid.9"),)))
     store.persist(Ready(snapshot=Snapshot(3, 1, {"mon.0": "a"}, b"state"), compacted_to=(2, 1)))
     store.close()
     store = MonStore.open(directory)
     back = store.restored()
     assert back.hard_state == HardState(1, "mon.0", 3)
-    assert back.entries == (entries[2], Entry(2, 4, CONF, {"mon.0": "a"}))   # 5 replaced, 1-2 gone
+    assert back.entries == (entries[2], Entry(2, 4, CONF, {"mon.0": "a"}, "rid.9"))  # 5 replaced
     assert (back.offset, back.offset_term, back.snapshot.data) == (2, 1, b"state")
     cmap = step(cluster(), {"op": "config_set", "key": "osd.heartbeat_peers", "value": "3"})
     state = msgpack.packb({"map": cmap.to_dict(), "pgact": [[1, 7, [9, [1, 2], [1]]]]})

@@ -226,13 +226,17 @@ def test_read_index_waits_for_a_heartbeat_round_from_a_majority():
 
 def test_wire_form_round_trips_and_rejects_garbage():
     m = Message(Kind.APPEND, "mon.0", "mon.1", 3, index=4, log_term=2,
-                entries=(Entry(3, 5, DATA, b"x"), Entry(3, 6, CONF, {"mon.0": "a"})), commit=4)
+                entries=(Entry(3, 5, DATA, b"x"), Entry(3, 6, CONF, {"mon.0": "a"}, "rid.1")),
+                commit=4)
     assert raft.message_from_wire(msgpack.unpackb(msgpack.packb(raft.message_to_wire(m)))) == m
     vote = Message(Kind.VOTE, "mon.1", "mon.2", 4, index=6, log_term=3, transfer=True)
     assert raft.message_from_wire(raft.message_to_wire(vote)) == vote
     for garbage in ({}, {"k": "nope", "s": "a", "t": "b", "T": 1},
                     {"k": "append", "s": "a", "t": "b", "T": 1, "e": [[1, 9, "data", b""]]},
-                    {"k": "snapshot", "s": "a", "t": "b", "T": 1}, {"k": "vote", "T": "x"}):
+                    {"k": "snapshot", "s": "a", "t": "b", "T": 1}, {"k": "vote", "T": "x"},
+                    {"k": "append", "s": "a", "t": "b", "T": 1, "e": [[1, 1, "conf", {}, 7]]},
+                    {"k": "append", "s": "a", "t": "b", "T": 1, "e": [[1, 1, "conf", {}, "r",
+                                                                      "extra"]]}):
         with pytest.raises(ValueError, match="malformed raft message"):
             raft.message_from_wire(garbage)
 
