@@ -12,6 +12,12 @@
   the connection drops, a background task reconnects (to any monitor) and asks for the epochs it
   missed. `await wait_for_epoch(e)` waits until the map is at least epoch e. Callbacks registered
   with `on_map(fn)` get every new map in order.
+- A monitor cut off from the majority still answers, with the last map it has, and pushes
+  nothing new. Its replies say it knows no leader (`leader: None`), so `get_map` then asks the
+  other monitors too and keeps the newest map, and moves the subscription to a monitor that
+  knows a leader. `wait_for_epoch` asks with `get_map` whenever no push brought the epoch
+  within `EPOCH_PUSH_WAIT_S`. A client whose monitor is cut off therefore catches up as soon as
+  an OSD tells it its map is old. It does not wait for the partition to heal.
 
 `load_cluster(where)` turns what a user typed (a cluster directory made by `cairn-cluster up`,
 its `cluster.json`, or `host:port,host:port`) into monitor addresses.
@@ -36,6 +42,8 @@ MON_DEADLINE_S_DEFAULT = 15.0
 # A no_quorum answer is retried on another monitor only with this much of the deadline left.
 NO_QUORUM_RETRY_S_MIN = 1.0
 RECONNECT_DELAY_S_MAX = 1.0
+# wait_for_epoch waits this long for a push before it asks for the map.
+EPOCH_PUSH_WAIT_S = 0.5
 # Map pushes waiting to be applied; each is one small incremental.
 PUSHES_QUEUED_MAX = 1024
 
@@ -181,9 +189,17 @@ class MonClient:
     # -- the map ------------------------------------------------------------------------------
 
     async def get_map(self):
-        """Fetch the current map once (no subscription)."""
-        reply = await self.request({"op": "get_map", "have": self._epoch()})
-        await self._absorb(reply.header, reply.payload)
+        """Fetch the current map (no subscription needed). A monitor that knows no leader may be
+        behind: then each other monitor is asked too, until one that knows a leader answers,
+        and the connection (with the subscription) stays with that one."""
+        for _ in range(len(self.addrs)):
+            reply = await self.request({"op": "get_map", "have": self._epoch()})
+            await self._absorb(reply.header, reply.payload)
+            if reply.header.get("leader", "") is not None or len(self.addrs) == 1:
+                break
+            log.info("%s: monitor %s knows no leader (epoch %s); asking another", self.name,
+                     self._connection.addr, reply.header.get("epoch"))
+            await self._connection.close()
         return self.map
 
     async def subscribe(self):
@@ -269,7 +285,22 @@ class MonClient:
             self._map_changed.notify_all()
 
     async def wait_for_epoch(self, epoch, timeout_s=10.0):
+        """The map once it is at least `epoch`; TimeoutError after `timeout_s`. Pushes bring
+        new epochs; when none has within EPOCH_PUSH_WAIT_S, the map is asked for (get_map
+        moves away from a monitor that knows no leader)."""
         async with asyncio.timeout(timeout_s):
-            async with self._map_changed:
-                await self._map_changed.wait_for(lambda: self._epoch() >= epoch)
-        return self.map
+            while True:
+                try:
+                    async with asyncio.timeout(EPOCH_PUSH_WAIT_S):
+                        async with self._map_changed:
+                            await self._map_changed.wait_for(lambda: self._epoch() >= epoch)
+                    return self.map
+                except TimeoutError:
+                    pass
+                try:
+                    await self.get_map()
+                except (MonitorsUnavailable, RequestFailed, ConnectionClosed,
+                        RequestTimeout) as exc:
+                    log.info("%s: waiting for epoch %d: %s", self.name, epoch, exc)
+                if self._epoch() >= epoch:
+                    return self.map

@@ -28,7 +28,8 @@ Where requests are answered:
 
 Requests (frame header `op`; replies are headers, maps travel as msgpack payloads):
     hello                                 -> fsid, epoch, name
-    get_map {have}                        -> epoch, form (current|incrementals|full) + payload
+    get_map {have}                        -> epoch, leader, form (current|incrementals|full)
+                                             + payload
     subscribe {have}                      -> as get_map; later epochs are pushed (op "map")
     osd_boot {uuid, location, weight, addr, [id]} -> id, epoch
     osd_heartbeat {id}                    -> epoch, up
@@ -672,16 +673,19 @@ class Monitor:
         return dict(reply.header), bytes(reply.payload)
 
     def _map_reply(self, have):
+        # `leader`: None when this monitor knows no leader (cut off from the majority, or an
+        # election under way), so its map may be behind; MonClient then asks another.
         if not isinstance(have, int) or isinstance(have, bool) or have < 0:
             have = 0
         epoch = self.map.epoch
+        reply = {"epoch": epoch, "leader": self.raft.leader}
         if have == epoch:
-            return {"epoch": epoch, "form": "current"}, b""
+            return {**reply, "form": "current"}, b""
         if 0 < have < epoch:
             found = self.store.incrementals(have, epoch)
             if found is not None:
-                return {"epoch": epoch, "form": "incrementals"}, msgpack.packb(found)
-        return {"epoch": epoch, "form": "full"}, msgpack.packb(self.map.to_dict())
+                return {**reply, "form": "incrementals"}, msgpack.packb(found)
+        return {**reply, "form": "full"}, msgpack.packb(self.map.to_dict())
 
     async def _hello(self, peer, header):
         return {"fsid": self.map.fsid, "epoch": self.map.epoch, "name": self.name}, b""

@@ -393,6 +393,23 @@ def test_a_partitioned_leader_steps_down_and_the_majority_elects(isolated_three_
           f"{changed_s:.1f} s, the old leader stepped down within {stepped_down_s:.1f} s (its "
           f"own view: {view['positions'][old]})")
     assert view["leader"] in (None, new_leader())
+    # A client on the cut-off monitor has its last map and gets no pushes; told of a newer
+    # epoch (as an OSD's refusal would), it moves to a monitor that knows a leader.
+    target = run(ask(majority[0], {"op": "hello"}))["epoch"]
+
+    async def catch_up():
+        monc = MonClient([entry["addr"]] + majority, deadline_s=10, name="test")
+        try:
+            stale = (await monc.subscribe()).epoch
+            started = time.monotonic()
+            await monc.wait_for_epoch(target, timeout_s=10)
+            return stale, time.monotonic() - started, monc._connection.addr
+        finally:
+            await monc.close()
+    stale, caught_up_s, addr = run(catch_up())
+    print(f"a client subscribed to the cut-off {old} (epoch {stale}) reached epoch {target} "
+          f"in {caught_up_s:.2f} s, now on {addr}")
+    assert stale < target and addr in majority, (stale, target, addr)
     subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "fault", "--dir", directory,
                     "clear"], check=True, capture_output=True, timeout=60)
     target = run(ask(majority[0], {"op": "hello"}))["epoch"]

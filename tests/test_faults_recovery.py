@@ -84,8 +84,12 @@ def degrade_and_recover(cluster, tag, mib):
             blob = os.urandom(1024 * 1024)
             await asyncio.gather(*(pool.put(f"{tag}-{i}", blob) for i in range(mib)))
     run(write())
+    # The baseline comes before the restart: recovery may start before the restart returns.
+    # osd.2 counts from 0 again once it runs.
+    before = recovery_counters(cluster)
+    before[2] = 0
+    samples = [(time.monotonic(), before)]
     cluster.script("restart", "osd.2")
-    samples = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         samples.append((time.monotonic(), recovery_counters(cluster)))
@@ -107,6 +111,19 @@ def rates(samples, osd_id):
             worst = max(worst, (last - first) / 5.0)     # bytes in this span, per 5 s
     total = points[-1][1] - points[0][1]
     return worst, total
+
+
+def peak_rate(samples, osd_id, span_s=1.0):
+    """The highest rate (bytes/s) over any span of at least `span_s` between samples."""
+    points = [(when, counters[osd_id]) for when, counters in samples
+              if counters.get(osd_id) is not None]
+    best = 0.0
+    for i, (start, first) in enumerate(points):
+        for end, last in points[i + 1:]:
+            if end - start >= span_s:
+                best = max(best, (last - first) / (end - start))
+                break
+    return best
 
 
 def test_recovery_obeys_the_window_and_runs_faster_outside_it(local_cluster):
@@ -136,8 +153,9 @@ def test_recovery_obeys_the_window_and_runs_faster_outside_it(local_cluster):
     assert status["recovery"]["window"] == "default"
     samples = degrade_and_recover(cluster, "out", 24)
     fast_s = samples[-1][0] - samples[0][0]
-    fastest = max(rates(samples, osd_id)[1] for osd_id in (0, 1, 2)) / max(fast_s, 0.1)
-    print(f"outside it: recovery took {fast_s:.1f} s, fastest OSD {fastest / 1e6:.2f} MB/s")
+    fastest = max(peak_rate(samples, osd_id) for osd_id in (0, 1, 2))
+    print(f"outside it: recovery took {fast_s:.1f} s, fastest OSD at its busiest second "
+          f"{fastest / 1e6:.2f} MB/s")
     assert fastest > LIMIT, f"outside the window: {fastest / 1e6:.2f} MB/s"
     assert fast_s < slow_s, (fast_s, slow_s)
 
