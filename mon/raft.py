@@ -485,14 +485,15 @@ class Raft:
             raise RaftError(f"cannot hand the leadership to {target!r}: not another member "
                             f"(members {', '.join(sorted(self.members))})")
         self.transferee, self.transfer_elapsed = target, 0
-        self._hand_over_if_caught_up(target)
+        if not self._timeout_now_if_caught_up(target):
+            self._send_append(target)               # the append's answer hands over
 
-    def _hand_over_if_caught_up(self, name):
-        follower = self.progress[name]
-        if follower.match == self.last_index:
-            self._send(Kind.TIMEOUT_NOW, name)
-        else:
-            self._send_append(name)
+    def _timeout_now_if_caught_up(self, name):
+        """Tell `name` to campaign at once if its log is all of ours; whether it was told."""
+        if self.progress[name].match != self.last_index:
+            return False
+        self._send(Kind.TIMEOUT_NOW, name)
+        return True
 
     def read_index(self, context):
         """Ask to serve a linearizable read tagged `context` (an int); a read state (context,
@@ -656,8 +657,8 @@ class Raft:
                     return                                  # it committed our removal
                 self._broadcast_append()
             self._release_reads()
-            if m.source == self.transferee and follower.match == self.last_index:
-                self._send(Kind.TIMEOUT_NOW, m.source)
+            if m.source == self.transferee:
+                self._timeout_now_if_caught_up(m.source)
         elif follower.state is Progress.PROBE:
             follower.paused = False
         if follower.next <= self.last_index:
@@ -675,8 +676,8 @@ class Raft:
         if m.context > follower.read_acked:
             follower.read_acked = m.context
             self._release_reads()
-        if m.source == self.transferee and follower.match == self.last_index:
-            self._send(Kind.TIMEOUT_NOW, m.source)          # again, in case it was lost
+        if m.source == self.transferee:
+            self._timeout_now_if_caught_up(m.source)        # again, in case it was lost
 
     def _release_reads(self):
         if not self._reads:
@@ -734,12 +735,11 @@ class Raft:
             return False
         self._set_hard(commit=candidate)
         if self.name not in self.members and self.commit >= self.pending_conf_index:
-            # Removed, and the change is committed: hand over to the most up-to-date member
-            # (if one has everything), then step down.
-            successor = max(self.members, key=lambda name: (self.progress[name].match, name)
-                            if name in self.progress else (-1, name))
-            if successor in self.progress and self.progress[successor].match == self.last_index:
-                self._send(Kind.TIMEOUT_NOW, successor)
+            # Removed, and the change is committed: hand over to a member that has everything
+            # (if one does), then step down.
+            for name in sorted(self.members, reverse=True):
+                if name in self.progress and self._timeout_now_if_caught_up(name):
+                    break
             self._become_follower(self.term, None)
         return True
 

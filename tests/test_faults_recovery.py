@@ -99,10 +99,15 @@ def degrade_and_recover(cluster, tag, mib):
     raise AssertionError("recovery did not finish in 120 s")
 
 
+def points_of(samples, osd_id):
+    """[(time, recovery bytes)] of one OSD, where it answered."""
+    return [(when, counters[osd_id]) for when, counters in samples
+            if counters.get(osd_id) is not None]
+
+
 def rates(samples, osd_id):
     """(the most bytes any 5 s span carried, bytes over the whole run) for one OSD."""
-    points = [(when, counters[osd_id]) for when, counters in samples
-              if counters.get(osd_id) is not None]
+    points = points_of(samples, osd_id)
     worst = 0.0
     for i, (start, first) in enumerate(points):
         for end, last in points[i + 1:]:
@@ -115,8 +120,7 @@ def rates(samples, osd_id):
 
 def peak_rate(samples, osd_id, span_s=1.0):
     """The highest rate (bytes/s) over any span of at least `span_s` between samples."""
-    points = [(when, counters[osd_id]) for when, counters in samples
-              if counters.get(osd_id) is not None]
+    points = points_of(samples, osd_id)
     best = 0.0
     for i, (start, first) in enumerate(points):
         for end, last in points[i + 1:]:
