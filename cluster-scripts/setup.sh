@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SYSTEM_PACKAGES=(liburing-dev fio gcc python3-dev python3-venv iproute2 nftables mount)
+SYSTEM_PACKAGES=(liburing-dev liberasurecode-dev libisal-dev fio gcc python3-dev python3-venv iproute2
+                 nftables mount)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()

@@ -132,7 +132,8 @@ FORBIDDEN = {"asyncio", "socket", "os", "random", "time", "subprocess"}
 CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock",
          "cairn.common.units", "cairn.common.limits", "cairn.common.placement",
          "cairn.common.clustermap", "cairn.common.config", "cairn.common.frame",
-         "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat", "cairn.mon.raft"]
+         "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat", "cairn.mon.raft",
+         "cairn.osd.peering", "cairn.osd.ecstripe", "cairn.native.erasure"]
 
 
 @pytest.mark.parametrize("module", CORES)
