@@ -5,9 +5,10 @@ does not depend on the layout: map checks, object locks, PG versions, the PG log
 activation records, the recovery budget. What does depend on it goes through a `PgBackend`,
 chosen by the pool's kind:
 
-    write(pg, acting, name, payload, version, epoch, delete, manifest, complete)
-        apply one client write on every acting member (called on the primary, under the
-        object's lock); returns (this OSD committed, the first failure or None)
+    write(pg, plan, payload)
+        apply one client write (an osd/pg.py WritePlan: version, targets) on every acting
+        member (called on the primary, under the object's lock); returns (this OSD committed,
+        the first failure or None)
     apply(pg, name, payload, version, delete, manifest, complete)
         this member's part of a write, with its log entry
     read(pg, name, offset, length) -> (stat, data)
@@ -38,7 +39,7 @@ ZERO_COPY_READ_BYTES_MIN = 64 * 1024
 
 class PgBackend(abc.ABC):
     @abc.abstractmethod
-    async def write(self, pg, acting, name, payload, version, epoch, delete, manifest, complete):
+    async def write(self, pg, plan, payload):
         ...
 
     @abc.abstractmethod
@@ -72,15 +73,16 @@ class ReplicatedBackend(PgBackend):
     def me(self):
         return self.service.daemon.id
 
-    async def write(self, pg, acting, name, payload, version, epoch, delete, manifest, complete):
+    async def write(self, pg, plan, payload):
         """Write locally and send rep_put/rep_delete to every other up member in parallel."""
-        header = {"op": "rep_delete" if delete else "rep_put", "pool": pg.key[0],
-                  "pg": pg.key[1], "name": name, "version": version, "epoch": epoch,
-                  "from": self.me, "manifest": manifest}
-        replicas = [m for m in acting.up_members if m != self.me]
-        local = self.apply(pg, name, payload, version, delete, manifest, self.me in complete)
-        remote = [self._replicate(osd_id, {**header, "complete": osd_id in complete},
-                                  payload or b"") for osd_id in replicas]
+        header = {"op": "rep_delete" if plan.delete else "rep_put", "pool": pg.key[0],
+                  "pg": pg.key[1], "name": plan.name, "version": plan.version,
+                  "epoch": plan.epoch, "from": self.me, "manifest": plan.manifest}
+        local = self.apply(pg, plan.name, payload, plan.version, plan.delete, plan.manifest,
+                           plan.target(self.me).complete)
+        remote = [self._replicate(target.osd, {**header, "complete": target.complete},
+                                  payload or b"")
+                  for target in plan.targets if target.osd != self.me]
         results = await asyncio.gather(local, *remote, return_exceptions=True)
         failures = [result for result in results if isinstance(result, BaseException)]
         return not isinstance(results[0], BaseException), (failures[0] if failures else None)
@@ -102,7 +104,7 @@ class ReplicatedBackend(PgBackend):
             txn.put(pg.collection, name, payload, attrs=attrs)
         self.registry.log_ops(pg, txn, version, name, delete, complete)
         await self.store.apply(txn)
-        self.registry.applied(pg, version, complete)
+        pg.applied(version, complete)
 
     async def _replicate(self, osd_id, header, payload):
         osd = self.service.map.osds.get(osd_id)

@@ -34,18 +34,15 @@ from cairn.common import config, throttle
 from cairn.common.daemon import crash_on_error
 from cairn.common import pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.native.checksum import crc32c
 from cairn.common.monclient import MonitorsUnavailable
 from cairn.osd import peering
+from cairn.osd.pg import (COMPLETE_ATTR, TAIL_NAME, PgCore, Role, backfill_names, delta_names,
+                          hash_order)
 from cairn.osd.errors import CollectionExists, ObjectNotFound
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
 
-# Log entries kept per PG (Ceph keeps 3000 by default, osd_max_pg_log_entries); trimmed in
-# batches so most writes carry no deletes.
-LOG_ENTRIES_KEPT = 1024
-LOG_TRIM_BATCH = 256
 # How long a client op waits for its PG to finish peering before answering `again`.
 ACTIVE_WAIT_S_MAX = 5.0
 # Pause before peering again after a failure (an OSD that did not answer, a refused record).
@@ -61,68 +58,14 @@ STRAY_CHECK_S = 5.0
 STRAY_DELETE_BATCH = 256
 
 
-COMPLETE_ATTR = "c"              # on a log entry: every acknowledged write up to it is here
-TAIL_NAME = "~tail"              # not an entry: holds the version the log is complete after
+class PgShell(PgCore):
+    """A PG's core with what the asyncio shell needs beside it: the event client ops wait on
+    until the PG is active, and the primary's peering task."""
 
-
-def delta_names(source_log, target_log):
-    """The object names that recovery by log must sync from source to target, or None when the
-    source's log does not cover the target's gap (then: backfill).
-
-    A log is complete after its `tail` (trimmed below it; or, on a member that was itself
-    recovered, unknown before its recovery). The target holds every acknowledged write up to
-    its `complete_to`, and after it exactly the writes its entries list. The source's log
-    covers the target when the target's complete_to is not older than the source's tail. Names
-    come from the source's entries after the target's complete_to that the target lacks (writes
-    it missed) and from the target's entries after the source's tail that the source lacks
-    (writes the target applied that were never acknowledged: divergent)."""
-    if target_log["complete_to"] < source_log["tail"]:
-        return None
-    source_versions = {version for version, _ in source_log["entries"]}
-    target_versions = {version for version, _ in target_log["entries"]}
-    names = {name for version, name in source_log["entries"]
-             if version > target_log["complete_to"] and version not in target_versions}
-    names |= {name for version, name in target_log["entries"]
-              if version > source_log["tail"] and version not in source_versions}
-    return sorted(names)
-
-
-def hash_order(name):
-    """The sort key of backfill: the object name's crc32c (as placement hashes it), then the
-    name."""
-    return crc32c(name.encode()), name
-
-
-class PgShell:
-    """What this OSD knows about one PG."""
-
-    def __init__(self, key):
-        self.key = key                                  # (pool id, pg index)
-        self.collection = pgs.collection(*key)
-        self.log_collection = pgs.log_collection(*key)
-        self.interval = None                            # (epoch, Acting)
-        self.state = "stray"
-        self.min_epoch = 0
+    def __init__(self, key, me):
+        super().__init__(key, me)
         self.active = asyncio.Event()
         self.task = None
-        self.log_names = None                           # deque of entry names, oldest first
-        self.log_tail = 0                               # the log is complete after this version
-        self.last_update = 0
-        self.complete_to = 0                            # every acknowledged write to here is here
-        self.assigned = 0                               # the last version handed out (primary)
-        self.recovered_objects = 0
-        # As primary, for this interval:
-        self.complete_members = frozenset()             # their writes carry the complete flag
-        self.missing = {}                               # name -> authority's version (None: gone)
-        self.missing_from = None                        # the authority the missing set is from
-        self.missing_mark = 0                           # its last_update when the set was made
-        self.missing_sizes = {}                         # name -> bytes (the budget's estimate)
-        self.remaining = {}                             # member -> objects still to sync
-        self.object_count = 0
-        self.clean = False                              # every member complete, and recorded
-        # As a stray:
-        self.stray_objects = None
-        self.removing = False                           # a stray copy being deleted
 
 
 class RecoveryThrottle:
@@ -203,7 +146,7 @@ class PgRegistry:
     def shell(self, key):
         found = self.pgs.get(key)
         if found is None:
-            found = self.pgs[key] = PgShell(key)
+            found = self.pgs[key] = PgShell(key, self.me)
         return found
 
     # -- map changes ------------------------------------------------------------------------------
@@ -229,17 +172,11 @@ class PgRegistry:
             self._stop_task(self.pgs.pop(key))
 
     def _new_interval(self, pg, epoch, acting, cmap):
-        pg.interval = (epoch, acting)
         pg.active.clear()
         self._stop_task(pg)
-        pg.complete_members = frozenset()
-        pg.missing, pg.missing_from, pg.remaining = {}, None, {}
-        pg.clean = False
-        if acting.primary != self.me:
-            pg.state = "replica" if self.me in acting.members else "stray"
+        if pg.new_interval(epoch, acting) is not Role.PRIMARY:
             return
         up = {osd_id for osd_id, osd in cmap.osds.items() if osd["up"]}
-        pg.state = "peering"
         pg.task = asyncio.get_running_loop().create_task(
             self._peer(pg, epoch, tuple(acting.up_members), up, acting.writable))
         pg.task.add_done_callback(crash_on_error)
@@ -271,12 +208,8 @@ class PgRegistry:
 
     def states(self):
         """{state: count} of the PGs this OSD is primary of (reported to the monitor)."""
-        counts = collections.Counter()
-        for pg in self.pgs.values():
-            if pg.interval and pg.interval[1].primary == self.me:
-                degraded = len(pg.interval[1].up_members) < pg.interval[1].size
-                state = pg.state + ("+degraded" if degraded and pg.state == "active" else "")
-                counts[state] += 1
+        counts = collections.Counter(pg.reported_state() for pg in self.pgs.values())
+        counts.pop(None, None)
         return dict(counts)
 
     def copies_held(self):
@@ -288,18 +221,9 @@ class PgRegistry:
         should have), `degraded` (copies acting members still lack: being recovered, or a
         member short of the pool's size) and `misplaced` (copies held here by PGs this OSD is
         no longer a member of, until they are deleted)."""
-        total = degraded = misplaced = 0
-        for pg in self.pgs.values():
-            if pg.interval is None:
-                continue
-            acting = pg.interval[1]
-            if acting.primary == self.me and pg.active.is_set():
-                total += pg.object_count * acting.size
-                degraded += sum(pg.remaining.values()) + len(pg.missing)
-                degraded += pg.object_count * (acting.size - len(acting.up_members))
-            elif pg.state == "stray" and pg.stray_objects:
-                misplaced += pg.stray_objects
-        return {"total": total, "degraded": degraded, "misplaced": misplaced}
+        sums = [sum(column) for column in zip((0, 0, 0), *(pg.object_counts()
+                                                            for pg in self.pgs.values()))]
+        return dict(zip(("total", "degraded", "misplaced"), sums))
 
     # -- peering ----------------------------------------------------------------------------------
 
@@ -351,10 +275,7 @@ class PgRegistry:
                 recorded = await asyncio.gather(*(self._recover_in_background(pg, core, r, epoch,
                                                                               writable)
                                                   for r in background))
-                pg.state = "active" if core.clean else "active+degraded"
-                if not writable:
-                    pg.state = "active+readonly"
-                pg.clean = writable and core.clean and all(recorded)
+                pg.recovery_finished(core.clean, writable, all(recorded))
                 return True
             elif isinstance(effect, peering.Recover):
                 pg.state = "recovering"             # the primary catches up first
@@ -374,13 +295,11 @@ class PgRegistry:
                     except RequestFailed as exc:
                         queue += core.failed(effect.missing_from, str(exc))
                         continue
-                pg.object_count = self._count_objects(pg)
+                self._count_objects(pg)
                 if writable:
                     await self._record(pg, effect)
                 core.activated()
-                pg.complete_members = frozenset(effect.complete)
-                pg.state = "active" if writable else "active+readonly"
-                pg.clean = writable and not queue
+                pg.activated(effect.complete, writable, more_to_recover=bool(queue))
                 pg.active.set()
                 if not queue:
                     return True
@@ -418,7 +337,7 @@ class PgRegistry:
                     return False
                 await asyncio.sleep(PEERING_RETRY_S * 2 ** attempt)
         effects = core.recovered(recover.target)
-        pg.complete_members = frozenset(core.complete)      # its next writes carry the flag
+        pg.member_recovered(core.complete)                  # its next writes carry the flag
         for effect in effects:
             if isinstance(effect, peering.Complete) and writable:
                 try:
@@ -485,7 +404,7 @@ class PgRegistry:
                 if start_after is None:
                     break
             await self.store.apply(txn.remove_collection(pg.log_collection))
-        pg.log_names, pg.log_tail, pg.last_update, pg.complete_to = None, 0, 0, 0
+        pg.log_forgotten()
         while self.store.has_collection(pg.collection) and pg.state == "stray":
             names, _ = self.store.list_objects(pg.collection, limit=STRAY_DELETE_BATCH)
             txn = Transaction()
@@ -544,9 +463,7 @@ class PgRegistry:
             return names, source_log["last_update"], "log"
         wanted, source_last_update = await self._listing(pg, source, epoch)
         have, _ = await self._listing(pg, target, epoch)
-        behind = [name for name, version in wanted.items() if have.get(name) != version]
-        extra = list(have.keys() - wanted.keys())
-        return sorted(behind + extra, key=hash_order), source_last_update, "backfill"
+        return backfill_names(wanted, have), source_last_update, "backfill"
 
     async def _recover(self, pg, source, target, epoch, locked=False):
         """Make `target`'s copy of the PG equal to `source`'s, within the recovery budget.
@@ -581,20 +498,17 @@ class PgRegistry:
         """Before a primary that is behind serves: the objects whose version here differs from
         the authority's, with the authority's version (None where it has no such object)."""
         names, mark, _ = await self._plan(pg, authority, self.me, epoch)
-        missing, sizes = {}, {}
+        candidates = {}
         for first in range(0, len(names), RECOVERY_LIST_PAGE):
             batch = names[first:first + RECOVERY_LIST_PAGE]
             header, _ = await self.call(authority, self.header(pg, "pg_stat", epoch,
                                                                 names=batch))
-            for name, version, size in zip(batch, header["versions"], header["sizes"]):
-                if self.local_version(pg, name) != version:
-                    missing[name] = version
-                    sizes[name] = size
-        pg.missing, pg.missing_from, pg.missing_mark = missing, authority, mark
-        pg.missing_sizes = sizes
+            candidates.update(zip(batch, zip(header["versions"], header["sizes"])))
+        missing = pg.set_missing(authority, mark, candidates,
+                                 {name: self.local_version(pg, name) for name in candidates})
         if missing:
             log.info("pg %d.%x: serving with %d objects missing here (recovered from osd.%d "
-                     "first when a client asks for them)", *pg.key, len(missing), authority)
+                     "first when a client asks for them)", *pg.key, missing, authority)
 
     def local_record(self, pg, name):
         """The store's stat of this OSD's copy of `name`, or None."""
@@ -616,9 +530,7 @@ class PgRegistry:
 
     def exists(self, pg, name):
         """Whether the PG holds `name`, as this primary serves it (the missing set first)."""
-        if name in pg.missing:
-            return pg.missing[name] is not None
-        return self.present(pg, name)
+        return pg.exists(name, lambda: self.present(pg, name))
 
     async def _recover_missing(self, pg, epoch):
         """Recover this primary's missing objects in the background (within the budget), then
@@ -644,8 +556,7 @@ class PgRegistry:
             return
         outcome = await self._sync_object(pg, pg.missing_from, self.me, name, pg.interval[0],
                                           locked=False, throttled=False)
-        pg.missing.pop(name, None)
-        pg.recovered_objects += 1
+        pg.object_recovered(name)
         if not background:
             self.on_demand_total += 1
             log.debug("pg %d.%x: %s %r on demand", *pg.key, outcome, name)
@@ -653,12 +564,9 @@ class PgRegistry:
     def _count_objects(self, pg):
         """The PG's objects as this primary serves them (its copy, corrected by the missing
         set); kept up to date by writes."""
-        if not self.store.has_collection(pg.collection):
-            return sum(1 for version in pg.missing.values() if version is not None)
-        count = self.store.count_objects(pg.collection)
-        for name, version in pg.missing.items():
-            count += (version is not None) - self.present(pg, name)
-        return count
+        stored = (self.store.count_objects(pg.collection)
+                  if self.store.has_collection(pg.collection) else 0)
+        return pg.count_objects(stored, lambda name: self.present(pg, name))
 
     async def _log(self, pg, osd_id, epoch):
         header, _ = await self.call(osd_id, self.header(pg, "pg_log", epoch))
@@ -696,6 +604,7 @@ class PgRegistry:
                 pass
 
     def load_log(self, pg):
+        """Hand the PG's log as the store holds it to the core (once per PG)."""
         if pg.log_names is not None:
             return
         names, start_after = [], None
@@ -707,52 +616,21 @@ class PgRegistry:
                 names.extend(batch)
                 if start_after is None:
                     break
+        tail_attrs = None
         if TAIL_NAME in names:
             names.remove(TAIL_NAME)
-            attrs = self.store.stat(pg.log_collection, TAIL_NAME).attrs
-            pg.log_tail = int(attrs.get("t", b"0").decode(), 16)
-            pg.complete_to = max(pg.complete_to, int(attrs.get("c", b"0").decode(), 16))
-        for entry in reversed(names):                   # the newest flagged entry
-            if COMPLETE_ATTR in self.store.stat(pg.log_collection, entry).attrs:
-                pg.complete_to = max(pg.complete_to, int(entry, 16))
-                break
-        pg.log_names = collections.deque(names)
-        pg.last_update = max(pg.last_update, pg.log_tail, int(names[-1], 16) if names else 0)
+            tail_attrs = self.store.stat(pg.log_collection, TAIL_NAME).attrs
+        newest_complete = next((entry for entry in reversed(names) if COMPLETE_ATTR in
+                                self.store.stat(pg.log_collection, entry).attrs), None)
+        pg.log_loaded(names, tail_attrs, newest_complete)
 
     def log_ops(self, pg, txn, version, name, delete, complete):
-        """Add this write's log entry (and a trim when due) to `txn`; `complete`: this OSD is
-        a complete member, so it holds every acknowledged write up to `version`. Only committed
-        entries are trimmed (`applied()` records them), so a trim never deletes an entry whose
-        own transaction is still in flight."""
         self.load_log(pg)
-        entry = pgs.log_entry_name(version)
-        attrs = {"n": name.encode(), "o": b"d" if delete else b"p"}
-        if complete:
-            attrs[COMPLETE_ATTR] = b"1"
-        txn.put(pg.log_collection, entry, b"", attrs=attrs)
-        if len(pg.log_names) > LOG_ENTRIES_KEPT + LOG_TRIM_BATCH:
-            oldest = sorted(set(pg.log_names) - {entry})        # never this write's own entry
-            for old in oldest[:LOG_TRIM_BATCH]:
-                txn.delete(pg.log_collection, old)
-            pg.log_names = collections.deque(oldest[LOG_TRIM_BATCH:])
-            pg.log_tail = max(pg.log_tail, int(oldest[LOG_TRIM_BATCH - 1], 16))
-            self._tail_ops(pg, txn, pg.log_tail, pg.complete_to)
-
-    def _tail_ops(self, pg, txn, tail, complete_to):
-        txn.put(pg.log_collection, TAIL_NAME, b"", attrs={"t": f"{tail:x}".encode(),
-                                                          "c": f"{complete_to:x}".encode()})
+        pg.log_ops(txn, version, name, delete, complete)
 
     def mark_ops(self, pg, txn, version):
-        """This member was recovered up to `version`: it holds every acknowledged write up to
-        it, and its log (what it applied before) is no history to recover others by."""
         self.load_log(pg)
-        self._tail_ops(pg, txn, max(pg.log_tail, version), max(pg.complete_to, version))
-
-    def marked(self, pg, version):
-        """The transaction of mark_ops(version) committed."""
-        pg.log_tail = max(pg.log_tail, version)
-        pg.complete_to = max(pg.complete_to, version)
-        pg.last_update = max(pg.last_update, version)
+        pg.mark_ops(txn, version)
 
     def log_entries(self, pg):
         """[(version, object name)] of the PG's log here, oldest first."""
@@ -765,13 +643,6 @@ class PgRegistry:
                 continue
             entries.append((int(entry, 16), attrs.get("n", b"").decode()))
         return entries
-
-    def applied(self, pg, version, complete):
-        """The transaction carrying log entry `version` committed."""
-        pg.last_update = max(pg.last_update, version)
-        if complete:
-            pg.complete_to = max(pg.complete_to, version)
-        pg.log_names.append(pgs.log_entry_name(version))
 
     def listing(self, pg, start_after, limit):
         """([(name, version)], next start_after) of the PG's objects here."""

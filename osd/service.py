@@ -37,6 +37,7 @@ from cairn.common.messenger import RequestFailed
 from cairn.common import pg as pgs
 from cairn.osd.backend import ReplicatedBackend
 from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound
+from cairn.osd.pg import Refused, merge_missing
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
@@ -88,6 +89,9 @@ class ObjectService:
             raise RequestFailed("io_error", f"osd.{self.daemon.id}: {exc}") from None
         except InvalidArgument as exc:
             raise RequestFailed("invalid", str(exc)) from None
+        except Refused as exc:
+            raise RequestFailed(exc.code, f"{exc.message} (osd.{self.daemon.id}, epoch "
+                                f"{self.map.epoch})") from None
 
     # -- map checks -------------------------------------------------------------------------------
 
@@ -174,36 +178,22 @@ class ObjectService:
         return await self._write(pool, pg, self._name(header), None, delete=True)
 
     async def _write(self, pool, pg, name, payload, delete, manifest=False):
-        acting = pg.interval[1]
-        if not acting.writable:
-            raise RequestFailed("pool_unavailable", f"pg {pool['id']}.{pg.key[1]:x} of pool "
-                                f"{pool['name']} has {len(acting.up_members)} members up, "
-                                f"fewer than min_size {pool['min_size']}: writes refused")
+        acting = pg.check_writable(pool["name"])
         pg = await self.registry.wait_active(pg.key)
         key = (pg.collection, name)
         entry = await self._locked(key)
         try:
-            if pg.interval[1] is not acting:
-                raise RequestFailed("again", "the acting set changed; retry")
-            epoch = self.map.epoch
             self.registry.load_log(pg)
-            version = max(pgs.make_version(epoch, 1), pg.last_update + 1, pg.assigned + 1)
-            pg.assigned = version
-            existed = self.registry.exists(pg, name)
-            if delete and not existed:
-                raise ObjectNotFound(pg.collection, name)     # before any change
-            committed, failure = await self.backend(pool).write(
-                pg, acting, name, payload, version, epoch, delete, manifest,
-                pg.complete_members)
-            if committed:
-                pg.missing.pop(name, None)          # our copy is the newest now
-                pg.object_count += (not delete) - existed
+            plan = pg.plan_write(acting, self.map.epoch, name, delete, manifest,
+                                 existed=self.registry.exists(pg, name))
+            committed, failure = await self.backend(pool).write(pg, plan, payload)
+            pg.write_finished(plan, committed)
             if failure is not None:
                 # Not acknowledged. Members that did commit keep the new version; the next
                 # peering reconciles them (an unacknowledged write may appear whole or not).
                 raise failure
             self.ops_total += 1
-            return {"version": version, "epoch": epoch}, b""
+            return {"version": plan.version, "epoch": plan.epoch}, b""
         finally:
             self._unlock(key, entry)
 
@@ -255,17 +245,11 @@ class ObjectService:
     async def _from_primary(self, header):
         """The PgShell, if `from` is the PG's primary in our map and the epoch is current."""
         pool, pg = await self._pg_of(header, as_primary=False)
-        if pg is not None and pg.removing:
-            raise RequestFailed("again", f"osd.{self.daemon.id} is deleting its stray copy of "
-                                f"pg {pg.key[0]}.{pg.key[1]:x}; retry")
-        acting = pg.interval[1] if pg is not None and pg.interval else None
-        if acting is None or acting.primary != header.get("from"):
+        if pg is None:
             raise RequestFailed("wrong_primary", f"osd.{header.get('from')} is not the primary "
                                 f"of pg {header.get('pool')}.{header.get('pg'):x} at epoch "
                                 f"{self.map.epoch}")
-        if header.get("epoch", 0) < pg.min_epoch:
-            raise RequestFailed("stale", f"epoch {header.get('epoch')} is older than this PG's "
-                                f"peering (epoch {pg.min_epoch})")
+        pg.check_from_primary(header.get("from"), header.get("epoch", 0))
         return pool, pg
 
     def _version(self, header):
@@ -291,9 +275,8 @@ class ObjectService:
 
     async def _pg_query(self, header, payload):
         pool, pg = await self._from_primary(header)
-        pg.min_epoch = max(pg.min_epoch, header.get("epoch", 0))
         self.registry.load_log(pg)
-        return {"last_update": pg.last_update}, b""
+        return {"last_update": pg.query(header.get("epoch", 0))}, b""
 
     async def _pg_list(self, header, payload):
         pool, pg = await self._from_primary(header)
@@ -304,9 +287,7 @@ class ObjectService:
 
     async def _pg_log(self, header, payload):
         pool, pg = await self._from_primary(header)
-        entries = self.registry.log_entries(pg)
-        return {"entries": entries, "last_update": pg.last_update, "tail": pg.log_tail,
-                "complete_to": pg.complete_to}, b""
+        return pg.log_summary(self.registry.log_entries(pg)), b""
 
     async def _pg_stat(self, header, payload):
         pool, pg = await self._from_primary(header)
@@ -352,7 +333,7 @@ class ObjectService:
             txn = Transaction()
             self.registry.mark_ops(pg, txn, version)
             await self.store.apply(txn)
-            self.registry.marked(pg, version)
+            pg.marked(version)
         return {}, b""
 
     async def _pg_info(self, header, payload):
@@ -362,19 +343,3 @@ class ObjectService:
 
     async def close(self):
         await self.connections.close()
-
-
-def merge_missing(names, following, missing, prefix, start_after, limit):
-    """A listing page of this OSD's copy corrected by a missing set (name -> the authority's
-    version, None: absent there): what the authority has is listed, what it has not is not.
-    `following` is None when the local listing reached its end; otherwise names after it
-    belong to the next page."""
-    gone = {name for name, version in missing.items() if version is None}
-    extra = {name for name, version in missing.items()
-             if version is not None and name.startswith(prefix)
-             and (start_after is None or name > start_after)
-             and (following is None or name <= following)}
-    merged = sorted((set(names) | extra) - gone)
-    if len(merged) > limit:
-        return merged[:limit], merged[limit - 1]
-    return merged, following

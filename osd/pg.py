@@ -1,0 +1,403 @@
+"""One placement group as one OSD sees it: its state and every decision about it (pure: no I/O).
+
+Theory of operation. A PG lives through *intervals*: spans of map epochs with one acting set.
+On every map the OSD hands each PG its acting set (`new_interval` when it changed); the PG is
+then this OSD's to lead (PRIMARY: it peers, assigns versions and serves clients), to follow
+(REPLICA: it applies what its primary sends), or a STRAY copy kept until the PG is clean
+elsewhere. The core decides, the shell (osd/pgs.py for peering and recovery, osd/service.py and
+osd/backend.py for ops) carries out: it reads and writes the store, talks to other OSDs and the
+monitors, holds object locks and timers, and feeds the answers back.
+
+What the core owns, and the rules it keeps:
+- **Versions.** The primary gives each write the next PG version: (epoch << 32) | sequence,
+  above anything this OSD applied or handed out (`plan_write`). A later primary's versions
+  are greater than an earlier one's because every change of primary is a new epoch.
+- **Fencing.** A member refuses a replicated op from an OSD that is not the PG's primary in its
+  map, or from an epoch older than `min_epoch`, which a new primary's query raised
+  (`check_from_primary`, `query`): once a new primary looked, the old one can no longer get a
+  write acknowledged. The check runs before any await in the shell, so no op slips between.
+- **The log window.** Every write leaves a log entry (an empty store object named by version
+  in `pglog.POOL.PG`). The newest LOG_ENTRIES_KEPT are kept, trimmed in batches; the tail says
+  below which versions the log is no longer complete. An entry written as a *complete* member
+  carries a flag: the OSD then held every acknowledged write up to it (`complete_to`). A
+  member recovered up to a version is *marked*: tail and complete_to move to it. `last_update`
+  (the highest version applied, deletes included) moves only when a transaction committed
+  (`applied`, `marked`), never when it is planned.
+- **Missing set.** A primary behind another acting member (the authority) serves at once with
+  the set of objects whose version here differs from the authority's: a client op on one of
+  them recovers it first; a write replaces it; listings and existence follow the set.
+- **Recovery planning.** From the PG logs when the source's log covers the target's gap
+  (`delta_names`), otherwise by comparing listings in hash order (`backfill_names`).
+- **What the monitors see.** The state string and the object counts for `cairn status`.
+
+Both pool kinds use this core; what differs (whole copies or shards) lives in osd/backend.py.
+Peering's own decisions (authority, activation, who is complete) are the `Peering` core in
+osd/peering.py, which the shell runs per interval.
+"""
+
+import collections
+import dataclasses
+import enum
+
+from cairn.common import pg as pgs
+from cairn.native.checksum import crc32c
+
+# Log entries kept per PG (Ceph keeps 3000 by default, osd_max_pg_log_entries); trimmed in
+# batches so most writes carry no deletes.
+LOG_ENTRIES_KEPT = 1024
+LOG_TRIM_BATCH = 256
+COMPLETE_ATTR = "c"              # on a log entry: every acknowledged write up to it is here
+TAIL_NAME = "~tail"              # not an entry: holds the version the log is complete after
+
+
+class Refused(Exception):
+    """An op the PG refuses, with the code the client library turns into a typed error
+    (pool_unavailable, wrong_primary, stale, again, not_found)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class Role(enum.Enum):
+    PRIMARY = "primary"
+    REPLICA = "replica"
+    STRAY = "stray"
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteTarget:
+    osd: int
+    position: int               # the member's place in the acting set (its shard, for EC)
+    complete: bool              # its log entry carries the complete flag
+
+
+@dataclasses.dataclass(frozen=True)
+class WritePlan:
+    """One client write, as the primary decided it: the version, and every member to apply it
+    (this OSD included) in acting order."""
+    name: str
+    version: int
+    epoch: int
+    delete: bool
+    manifest: bool
+    existed: bool
+    targets: tuple              # WriteTarget, one per acting member up
+
+    def target(self, osd_id):
+        return next(t for t in self.targets if t.osd == osd_id)
+
+
+def delta_names(source_log, target_log):
+    """The object names that recovery by log must sync from source to target, or None when the
+    source's log does not cover the target's gap (then: backfill).
+
+    A log is complete after its `tail` (trimmed below it; or, on a member that was itself
+    recovered, unknown before its recovery). The target holds every acknowledged write up to
+    its `complete_to`, and after it exactly the writes its entries list. The source's log
+    covers the target when the target's complete_to is not older than the source's tail. Names
+    come from the source's entries after the target's complete_to that the target lacks (writes
+    it missed) and from the target's entries after the source's tail that the source lacks
+    (writes the target applied that were never acknowledged: divergent)."""
+    if target_log["complete_to"] < source_log["tail"]:
+        return None
+    source_versions = {version for version, _ in source_log["entries"]}
+    target_versions = {version for version, _ in target_log["entries"]}
+    names = {name for version, name in source_log["entries"]
+             if version > target_log["complete_to"] and version not in target_versions}
+    names |= {name for version, name in target_log["entries"]
+              if version > source_log["tail"] and version not in source_versions}
+    return sorted(names)
+
+
+def hash_order(name):
+    """The sort key of backfill: the object name's crc32c (as placement hashes it), then the
+    name."""
+    return crc32c(name.encode()), name
+
+
+def backfill_names(wanted, have):
+    """The names a backfill syncs, in hash order: what the source has at another version than
+    the target ({name: version} each), and what the target has that the source has not."""
+    behind = [name for name, version in wanted.items() if have.get(name) != version]
+    extra = list(have.keys() - wanted.keys())
+    return sorted(behind + extra, key=hash_order)
+
+
+def merge_missing(names, following, missing, prefix, start_after, limit):
+    """A listing page of this OSD's copy corrected by a missing set (name -> the authority's
+    version, None: absent there): what the authority has is listed, what it has not is not.
+    `following` is None when the local listing reached its end; otherwise names after it
+    belong to the next page."""
+    gone = {name for name, version in missing.items() if version is None}
+    extra = {name for name, version in missing.items()
+             if version is not None and name.startswith(prefix)
+             and (start_after is None or name > start_after)
+             and (following is None or name <= following)}
+    merged = sorted((set(names) | extra) - gone)
+    if len(merged) > limit:
+        return merged[:limit], merged[limit - 1]
+    return merged, following
+
+
+class PgCore:
+    """What this OSD knows about one PG, and the decisions that change it."""
+
+    # The log window; the simulation shrinks it to a few entries so trims happen.
+    log_entries_kept = LOG_ENTRIES_KEPT
+    log_trim_batch = LOG_TRIM_BATCH
+
+    def __init__(self, key, me):
+        self.key = key                                  # (pool id, pg index)
+        self.me = me
+        self.collection = pgs.collection(*key)
+        self.log_collection = pgs.log_collection(*key)
+        self.interval = None                            # (epoch, Acting)
+        self.state = "stray"
+        self.min_epoch = 0
+        self.log_names = None                           # deque of entry names, oldest first
+        self.log_tail = 0                               # the log is complete after this version
+        self.last_update = 0
+        self.complete_to = 0                            # every acknowledged write to here is here
+        self.assigned = 0                               # the last version handed out (primary)
+        self.recovered_objects = 0
+        # As primary, for this interval:
+        self.complete_members = frozenset()             # their writes carry the complete flag
+        self.missing = {}                               # name -> authority's version (None: gone)
+        self.missing_from = None                        # the authority the missing set is from
+        self.missing_mark = 0                           # its last_update when the set was made
+        self.missing_sizes = {}                         # name -> bytes (the budget's estimate)
+        self.remaining = {}                             # member -> objects still to sync
+        self.object_count = 0
+        self.clean = False                              # every member complete, and recorded
+        self.serving = False                            # active: client ops are served
+        # As a stray:
+        self.stray_objects = None
+        self.removing = False                           # a stray copy being deleted
+
+    @property
+    def acting(self):
+        return self.interval[1] if self.interval else None
+
+    @property
+    def role(self):
+        acting = self.acting
+        if acting is not None and acting.primary == self.me:
+            return Role.PRIMARY
+        if acting is not None and self.me in acting.members:
+            return Role.REPLICA
+        return Role.STRAY
+
+    # -- intervals and peering's outcomes ------------------------------------------------------------
+
+    def new_interval(self, epoch, acting):
+        """The acting set changed at `epoch`: forget the last interval's serving state.
+        Returns this OSD's role in the new one (PRIMARY: the shell starts peering)."""
+        assert self.interval is None or self.interval[1].members != acting.members
+        self.interval = (epoch, acting)
+        self.serving = False
+        self.complete_members = frozenset()
+        self.missing, self.missing_from, self.remaining = {}, None, {}
+        self.clean = False
+        role = self.role
+        self.state = {Role.PRIMARY: "peering", Role.REPLICA: "replica",
+                      Role.STRAY: "stray"}[role]
+        return role
+
+    def activated(self, complete, writable, more_to_recover):
+        """Peering activated the PG: it serves from now on; `complete` members' writes carry
+        the complete flag."""
+        assert self.role is Role.PRIMARY
+        self.complete_members = frozenset(complete)
+        self.state = "active" if writable else "active+readonly"
+        self.clean = writable and not more_to_recover
+        self.serving = True
+
+    def member_recovered(self, complete):
+        """A member finished its background recovery; `complete`: who is complete now."""
+        self.complete_members = frozenset(complete)
+
+    def recovery_finished(self, clean, writable, all_recorded):
+        """Every background recovery of the interval ended (each succeeded or gave up)."""
+        self.state = "active" if clean else "active+degraded"
+        if not writable:
+            self.state = "active+readonly"
+        self.clean = writable and clean and all_recorded
+
+    # -- client writes on the primary ---------------------------------------------------------------
+
+    def check_writable(self, pool_name):
+        acting = self.acting
+        if not acting.writable:
+            raise Refused("pool_unavailable", f"pg {self.key[0]}.{self.key[1]:x} of pool "
+                          f"{pool_name} has {len(acting.up_members)} members up, fewer than "
+                          f"min_size {acting.min_size}: writes refused")
+        return acting
+
+    def plan_write(self, acting_seen, epoch, name, delete, manifest, existed):
+        """The version and targets of one write (the caller holds the object's lock).
+        `acting_seen`: the acting set the op was admitted under; `existed`: whether the PG
+        holds the object now (see `exists`)."""
+        if self.acting is not acting_seen or not self.serving:
+            raise Refused("again", "the acting set changed; retry")
+        if delete and not existed:
+            raise Refused("not_found", f"object {name!r} not found")
+        version = max(pgs.make_version(epoch, 1), self.last_update + 1, self.assigned + 1)
+        self.assigned = version
+        targets = tuple(WriteTarget(osd, position, osd in self.complete_members)
+                        for position, osd in enumerate(acting_seen.members) if osd is not None)
+        return WritePlan(name, version, epoch, delete, manifest, existed, targets)
+
+    def write_finished(self, plan, committed_here):
+        """The write's members answered; `committed_here`: this OSD's copy committed."""
+        if committed_here:
+            self.missing.pop(plan.name, None)           # our copy is the newest now
+            self.object_count += (not plan.delete) - plan.existed
+
+    # -- replicated ops on members ----------------------------------------------------------------
+
+    def check_from_primary(self, sender, epoch):
+        """Refuse an op from a member that is not this PG's primary here, or from an epoch
+        older than the last peering's."""
+        if self.removing:
+            raise Refused("again", f"osd.{self.me} is deleting its stray copy of pg "
+                          f"{self.key[0]}.{self.key[1]:x}; retry")
+        acting = self.acting
+        if acting is None or acting.primary != sender:
+            raise Refused("wrong_primary", f"osd.{sender} is not the primary of pg "
+                          f"{self.key[0]}.{self.key[1]:x} here")
+        if epoch < self.min_epoch:
+            raise Refused("stale", f"epoch {epoch} is older than this PG's peering (epoch "
+                          f"{self.min_epoch})")
+
+    def query(self, epoch):
+        """A new primary asks for last_update: from now on refuse its predecessors' writes.
+        The log must be loaded."""
+        assert self.log_names is not None
+        self.min_epoch = max(self.min_epoch, epoch)
+        return self.last_update
+
+    # -- the log window -----------------------------------------------------------------------------
+
+    def log_loaded(self, names, tail_attrs, newest_complete):
+        """The log as the store holds it: entry names oldest first (without the tail object),
+        the tail object's attributes (None: none), and the newest entry that carries the
+        complete flag (None: none)."""
+        if self.log_names is not None:
+            return
+        if tail_attrs is not None:
+            self.log_tail = int(tail_attrs.get("t", b"0").decode(), 16)
+            self.complete_to = max(self.complete_to, int(tail_attrs.get("c", b"0").decode(), 16))
+        if newest_complete is not None:
+            self.complete_to = max(self.complete_to, int(newest_complete, 16))
+        self.log_names = collections.deque(names)
+        self.last_update = max(self.last_update, self.log_tail,
+                               int(names[-1], 16) if names else 0)
+
+    def log_ops(self, txn, version, name, delete, complete):
+        """Add this write's log entry (and a trim when due) to `txn`; `complete`: this OSD is
+        a complete member, so it holds every acknowledged write up to `version`. Only committed
+        entries are trimmed (`applied()` records them), so a trim never deletes an entry whose
+        own transaction is still in flight."""
+        assert self.log_names is not None
+        entry = pgs.log_entry_name(version)
+        attrs = {"n": name.encode(), "o": b"d" if delete else b"p"}
+        if complete:
+            attrs[COMPLETE_ATTR] = b"1"
+        txn.put(self.log_collection, entry, b"", attrs=attrs)
+        batch = self.log_trim_batch
+        if len(self.log_names) > self.log_entries_kept + batch:
+            oldest = sorted(set(self.log_names) - {entry})     # never this write's own entry
+            for old in oldest[:batch]:
+                txn.delete(self.log_collection, old)
+            self.log_names = collections.deque(oldest[batch:])
+            self.log_tail = max(self.log_tail, int(oldest[batch - 1], 16))
+            self._tail_ops(txn, self.log_tail, self.complete_to)
+
+    def _tail_ops(self, txn, tail, complete_to):
+        txn.put(self.log_collection, TAIL_NAME, b"", attrs={"t": f"{tail:x}".encode(),
+                                                            "c": f"{complete_to:x}".encode()})
+
+    def applied(self, version, complete):
+        """The transaction carrying log entry `version` committed."""
+        self.last_update = max(self.last_update, version)
+        if complete:
+            self.complete_to = max(self.complete_to, version)
+        self.log_names.append(pgs.log_entry_name(version))
+
+    def mark_ops(self, txn, version):
+        """This member was recovered up to `version`: it holds every acknowledged write up to
+        it, and its log (what it applied before) is no history to recover others by."""
+        assert self.log_names is not None
+        self._tail_ops(txn, max(self.log_tail, version), max(self.complete_to, version))
+
+    def marked(self, version):
+        """The transaction of mark_ops(version) committed."""
+        self.log_tail = max(self.log_tail, version)
+        self.complete_to = max(self.complete_to, version)
+        self.last_update = max(self.last_update, version)
+
+    def log_forgotten(self):
+        """The log collection was deleted (a stray copy going away)."""
+        self.log_names, self.log_tail, self.last_update, self.complete_to = None, 0, 0, 0
+
+    def log_summary(self, entries):
+        """The log as peering exchanges it, from [(version, name)] oldest first."""
+        return {"entries": entries, "last_update": self.last_update, "tail": self.log_tail,
+                "complete_to": self.complete_to}
+
+    # -- the missing set ----------------------------------------------------------------------------
+
+    def set_missing(self, authority, mark, candidates, local_versions):
+        """Serve with a missing set from `authority`: `candidates` {name: (its version, size)}
+        for the names its plan gave; `local_versions` {name: version here or None}."""
+        self.missing = {name: version for name, (version, _) in candidates.items()
+                        if local_versions.get(name) != version}
+        self.missing_sizes = {name: candidates[name][1] for name in self.missing}
+        self.missing_from, self.missing_mark = authority, mark
+        return len(self.missing)
+
+    def exists(self, name, present):
+        """Whether the PG holds `name`, as this primary serves it: the missing set first, then
+        `present()` (whether the copy here has it; asked only when needed, it reads the store)."""
+        if name in self.missing:
+            return self.missing[name] is not None
+        return present()
+
+    def object_recovered(self, name):
+        """A missing object was recovered here (on demand or in the background)."""
+        self.missing.pop(name, None)
+        self.recovered_objects += 1
+
+    def count_objects(self, stored, present):
+        """The PG's objects as this primary serves it: `stored` objects in its copy, corrected
+        by the missing set (`present(name)`: whether the copy here has it)."""
+        count = stored
+        for name, version in self.missing.items():
+            count += (version is not None) - present(name)
+        self.object_count = count
+        return count
+
+    # -- what the monitors see ----------------------------------------------------------------------
+
+    def reported_state(self):
+        """The state string, for PGs this OSD is primary of (None otherwise)."""
+        if self.role is not Role.PRIMARY:
+            return None
+        acting = self.acting
+        degraded = len(acting.up_members) < acting.size
+        return self.state + ("+degraded" if degraded and self.state == "active" else "")
+
+    def object_counts(self):
+        """(total, degraded, misplaced) object copies this OSD accounts for: see
+        PgRegistry.object_counts."""
+        acting = self.acting
+        if acting is None:
+            return 0, 0, 0
+        if acting.primary == self.me and self.serving:
+            degraded = sum(self.remaining.values()) + len(self.missing)
+            degraded += self.object_count * (acting.size - len(acting.up_members))
+            return self.object_count * acting.size, degraded, 0
+        if self.state == "stray" and self.stray_objects:
+            return 0, 0, self.stray_objects
+        return 0, 0, 0

@@ -1,0 +1,119 @@
+"""Store transactions: operations applied atomically by `Store.apply()` (pure: no I/O).
+
+They live apart from the store so that pure cores (osd/pg.py builds a write's object and log
+operations) can make them without importing the engine.
+"""
+
+import typing
+
+from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
+from cairn.osd import records
+from cairn.osd.errors import InvalidArgument
+
+# Operations are named tuples: a transaction of 4 KiB puts spends more time building them than
+# writing the bytes, and a tuple is the cheapest immutable record Python has.
+
+
+class CreateCollection(typing.NamedTuple):
+    collection: str
+
+
+class RemoveCollection(typing.NamedTuple):
+    collection: str
+
+
+class Put(typing.NamedTuple):
+    collection: str
+    name: str
+    data: object            # any buffer
+    attrs: dict
+
+
+class Write(typing.NamedTuple):
+    collection: str
+    name: str
+    offset: int
+    data: object
+
+
+class Delete(typing.NamedTuple):
+    collection: str
+    name: str
+
+
+class SetAttrs(typing.NamedTuple):
+    collection: str
+    name: str
+    attrs: dict             # a value of None removes that attribute
+
+
+class Transaction:
+    """Operations applied atomically by `Store.apply()`, in order.
+
+    >>> txn = Transaction().put("pg.1", "a", b"hello").set_attrs("pg.1", "a", {"k": b"v"})
+    >>> await store.apply(txn)
+    """
+
+    def __init__(self):
+        self.ops = []
+
+    def create_collection(self, collection):
+        records.check_collection_name(collection)
+        self.ops.append(CreateCollection(collection))
+        return self
+
+    def remove_collection(self, collection):
+        records.check_collection_name(collection)
+        self.ops.append(RemoveCollection(collection))
+        return self
+
+    def put(self, collection, name, data, attrs=None):
+        """Create or replace a whole object."""
+        self._check_object(collection, name)
+        _check_data(data)
+        attrs = dict(attrs or {})
+        records.check_attrs(attrs)
+        self.ops.append(Put(collection, name, data, attrs))
+        return self
+
+    def write(self, collection, name, offset, data):
+        """Write `data` at `offset`, creating the object if needed and growing it past its end
+        (a gap reads as zeros)."""
+        self._check_object(collection, name)
+        _check_data(data)
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgument(f"write offset must be a non-negative integer (was {offset!r})")
+        if offset + len(data) > OBJECT_SIZE_BYTES_MAX:
+            raise InvalidArgument(f"write would grow {name!r} to {offset + len(data)} bytes; the "
+                                  f"limit is {OBJECT_SIZE_BYTES_MAX}")
+        self.ops.append(Write(collection, name, offset, data))
+        return self
+
+    def delete(self, collection, name):
+        self._check_object(collection, name)
+        self.ops.append(Delete(collection, name))
+        return self
+
+    def set_attrs(self, collection, name, attrs):
+        self._check_object(collection, name)
+        records.check_attrs(attrs)
+        self.ops.append(SetAttrs(collection, name, dict(attrs)))
+        return self
+
+    @staticmethod
+    def _check_object(collection, name):
+        records.check_collection_name(collection)
+        records.check_object_name(name)
+
+
+def _check_data(data):
+    try:
+        length = memoryview(data).nbytes
+    except TypeError:
+        raise InvalidArgument(f"object data must be a bytes-like buffer (was "
+                              f"{type(data).__name__})") from None
+    if length > OBJECT_SIZE_BYTES_MAX:
+        raise InvalidArgument(f"object data is {length} bytes; the limit is "
+                              f"{OBJECT_SIZE_BYTES_MAX} (clients stripe larger data)")
+
+
