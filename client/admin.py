@@ -40,8 +40,11 @@ def add_parsers(commands, common):
     kind = create.add_mutually_exclusive_group(required=True)
     kind.add_argument("--replicated", type=int, metavar="N", help="N copies")
     kind.add_argument("--erasure", metavar="K+M", help="erasure coded, e.g. 18+6")
-    create.add_argument("--min-size", type=int, help="replicated: writes need this many copies "
-                        "up (default: a majority of N)")
+    create.add_argument("--min-size", type=int, help="writes need this many copies or shards "
+                        "up (default: a majority of N; k+1 for erasure, k allowed with a "
+                        "warning)")
+    create.add_argument("--backend", help="erasure: the pyeclib backend (default "
+                        "isa_l_rs_cauchy; liberasurecode_rs_vand; isa_l_rs_vand for m <= 4)")
     create.add_argument("--failure-domain", default="host", help="no two copies or shards in "
                         "one of these (default host)")
     create.add_argument("--osds-per-domain", type=int, help="erasure: shards per failure domain "
@@ -144,8 +147,14 @@ def _pool_create_request(args):
             raise ValueError(f"--erasure takes K+M, e.g. 18+6 (was {args.erasure!r})")
         request.update(kind="erasure", k=int(k), m=int(m))
         if args.min_size is not None:
-            raise ValueError("--min-size applies to replicated pools; an erasure pool needs "
-                             "k+1 shards (k when m = 1)")
+            request["min_size"] = args.min_size
+            if args.min_size == int(k) and int(m) > 1:
+                print(f"warning: min_size {k} = k: a write acknowledged with only k shards up "
+                      "is lost if one more shard fails before recovery", file=sys.stderr)
+        if args.backend is not None:
+            request["backend"] = args.backend
+    if args.backend is not None and args.replicated is not None:
+        raise ValueError("--backend applies to erasure pools")
     if args.osds_per_domain is not None:
         if args.replicated is not None:
             raise ValueError("--osds-per-domain applies to erasure pools")
@@ -264,6 +273,7 @@ def _describe_pool(pool):
         kind = f"erasure {pool['k']}+{pool['m']}"
         if pool.get("osds_per_domain", 1) > 1:
             kind += f" ({pool['osds_per_domain']} per {pool['failure_domain']})"
+        kind += f" {pool.get('backend', 'isa_l_rs_cauchy')} min_size {pool['min_size']}"
     return f"{pool['name']} (id {pool['id']}): {kind}, failure domain " \
            f"{pool['failure_domain']}, {pool['pg_num']} PGs"
 

@@ -19,8 +19,8 @@ import dataclasses
 import secrets
 
 from cairn.client import striping
-from cairn.client.errors import (ObjectNotFound, NoSpace, PoolNotFound, PoolUnavailable,
-                                 ProtocolError, Timeout)
+from cairn.client.errors import (DataUnavailable, ObjectNotFound, NoSpace, PoolNotFound,
+                                 PoolUnavailable, ProtocolError, Timeout)
 from cairn.common import messenger, pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable, load_cluster
@@ -163,6 +163,8 @@ class Cluster:
             raise NoSpace(exc.message) from None
         if exc.code == "pool_unavailable":
             raise PoolUnavailable(exc.message) from None
+        if exc.code == "unavailable":
+            raise DataUnavailable(exc.message) from None
         if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error",
                         "unsupported"):
             raise ProtocolError(f"{exc.code}: {exc.message}") from None

@@ -5,6 +5,9 @@
 - NoSpace: an OSD holding the object is full; free space or add OSDs.
 - PoolUnavailable: the object's PG has fewer members up than min_size; writes are refused until
   OSDs return (reads may still work).
+- DataUnavailable: too few shards of an erasure-coded object can be read right now (the message
+  names the PG, the shards found and how many are needed); it may be readable again when OSDs
+  return.
 - Timeout: no answer within the op's deadline (OSDs or monitors unreachable).
 - ProtocolError: a daemon sent something we do not understand, or refused the request as
   malformed.
@@ -28,6 +31,10 @@ class NoSpace(ClientError):
 
 
 class PoolUnavailable(ClientError):
+    pass
+
+
+class DataUnavailable(ClientError):
     pass
 
 

@@ -31,10 +31,13 @@ import dataclasses
 
 from cairn.common import config
 from cairn.common.placement import DEFAULT_TYPES, PlacementError, PlacementMap
+from cairn.native.erasure import BACKENDS as EC_BACKENDS, DEFAULT_BACKEND as EC_BACKEND_DEFAULT
 
 ROOT_NAME = "default"
 PG_NUM_MAX = 1 << 16
 POOL_SIZE_MAX = 64
+# liberasurecode codes at most 32 fragments (EC_MAX_FRAGMENTS).
+EC_SIZE_MAX = 32
 CONFIG_KEY_BYTES_MAX = 128
 CONFIG_VALUE_BYTES_MAX = 4096
 
@@ -316,8 +319,9 @@ def _pool_create(new, op):
     elif kind == "erasure":
         k = _int(op, "k", 1, POOL_SIZE_MAX)
         m = _int(op, "m", 1, POOL_SIZE_MAX)
-        if k + m > POOL_SIZE_MAX:
-            raise MapError(f"pool_create: k+m must be at most {POOL_SIZE_MAX}")
+        if k + m > EC_SIZE_MAX:
+            raise MapError(f"pool_create: k+m must be at most {EC_SIZE_MAX} (liberasurecode's "
+                           f"limit; was {k + m})")
         per_domain = _int(op, "osds_per_domain", 1, k + m) if "osds_per_domain" in op else 1
         if (k + m) % per_domain:
             raise MapError(f"pool_create: osds_per_domain {per_domain} must divide k+m = "
@@ -325,8 +329,21 @@ def _pool_create(new, op):
         if per_domain > m:
             raise MapError(f"pool_create: {per_domain} shards per {domain} would lose data "
                            f"when one {domain} fails (m = {m})")
-        pool.update(size=k + m, min_size=k + 1 if m > 1 else k, k=k, m=m,
-                    osds_per_domain=per_domain)
+        # min_size k + 1 by default (as Ceph): at exactly k shards one more lost shard loses
+        # data written meanwhile. k is allowed (the CLI warns).
+        min_size = op.get("min_size", k + 1 if m > 1 else k)
+        if not isinstance(min_size, int) or not k <= min_size <= k + m:
+            raise MapError(f"pool_create: min_size of an erasure pool must be within "
+                           f"{k}..{k + m} (k..k+m; was {min_size!r})")
+        backend = op.get("backend", EC_BACKEND_DEFAULT)
+        if backend not in EC_BACKENDS:
+            raise MapError(f"pool_create: erasure backend must be one of "
+                           f"{', '.join(EC_BACKENDS)} (was {backend!r})")
+        if backend == "isa_l_rs_vand" and m > 4:
+            raise MapError("pool_create: isa_l_rs_vand cannot decode every loss of more than 4 "
+                           "shards (not MDS for m > 4); use isa_l_rs_cauchy")
+        pool.update(size=k + m, min_size=min_size, k=k, m=m, osds_per_domain=per_domain,
+                    backend=backend)
     else:
         raise MapError(f"pool_create: kind must be replicated or erasure (was {kind!r})")
     new.pools[name] = pool

@@ -18,6 +18,10 @@ import struct
 
 VERSION_ATTR = "_v"
 MANIFEST_ATTR = "_m"
+# On an erasure-coded shard: its shard index (decimal), and the object's size and stripe unit
+# (EC_ATTR: 12 bytes, big-endian u64 size and u32 unit).
+SHARD_ATTR = "_s"
+EC_ATTR = "_e"
 SEQUENCE_BITS = 32
 
 
@@ -55,6 +59,21 @@ def version_bytes(version):
 def version_of(attrs):
     raw = attrs.get(VERSION_ATTR)
     return struct.unpack(">Q", raw)[0] if raw is not None else 0
+
+
+def shard_of(attrs):
+    """The shard index an erasure-coded shard holds, or None (a whole replicated copy)."""
+    raw = attrs.get(SHARD_ATTR)
+    return int(raw) if raw is not None else None
+
+
+def ec_attrs(shard_index, size, unit):
+    return {SHARD_ATTR: str(shard_index).encode(), EC_ATTR: struct.pack(">QI", size, unit)}
+
+
+def ec_geometry(attrs):
+    """(object size, stripe unit) of an erasure-coded shard."""
+    return struct.unpack(">QI", attrs[EC_ATTR])
 
 
 def acting_set(cmap, pool_name, pg_index):

@@ -169,6 +169,8 @@ class PgCore:
         self.missing_sizes = {}                         # name -> bytes (the budget's estimate)
         self.remaining = {}                             # member -> objects still to sync
         self.object_count = 0
+        self.damaged = set()                            # names with a shard or copy that failed
+                                                        # its checksum: to repair
         self.clean = False                              # every member complete, and recorded
         self.serving = False                            # active: client ops are served
         # As a stray:

@@ -156,8 +156,6 @@ class PgRegistry:
         interval's primary."""
         live = set()
         for pool in cmap.pools.values():
-            if pool["kind"] != "replicated":
-                continue                    # erasure-coded pools are served by a later issue
             for pg_index, acting in enumerate(pgs.acting_sets(cmap, pool["name"])):
                 key = (pool["id"], pg_index)
                 live.add(key)
@@ -439,12 +437,13 @@ class PgRegistry:
         header, _ = await self.call(osd_id, self.header(pg, "pg_query", epoch))
         return header["last_update"]
 
-    async def _listing(self, pg, osd_id, epoch):
+    async def _listing(self, pg, osd_id, epoch, as_target=False):
         versions, start_after = {}, None
         while True:
             header, _ = await self.call(osd_id, self.header(pg, "pg_list", epoch,
                                                              start_after=start_after,
-                                                             limit=RECOVERY_LIST_PAGE))
+                                                             limit=RECOVERY_LIST_PAGE,
+                                                             as_target=as_target))
             versions.update((name, version) for name, version in header["entries"])
             start_after = header["next"]
             if start_after is None:
@@ -462,7 +461,7 @@ class PgRegistry:
         if names is not None:
             return names, source_log["last_update"], "log"
         wanted, source_last_update = await self._listing(pg, source, epoch)
-        have, _ = await self._listing(pg, target, epoch)
+        have, _ = await self._listing(pg, target, epoch, as_target=True)
         return backfill_names(wanted, have), source_last_update, "backfill"
 
     async def _recover(self, pg, source, target, epoch, locked=False):
@@ -520,9 +519,18 @@ class PgRegistry:
             return None
 
     def local_version(self, pg, name):
-        """The version of this OSD's copy of `name`, or None."""
+        """The version of this OSD's copy of `name`, or None (also for a shard of another
+        position than this OSD's: it must be rebuilt)."""
         record = self.local_record(pg, name)
-        return pgs.version_of(record.attrs) if record else None
+        return self._version_here(pg, record) if record else None
+
+    def _version_here(self, pg, record):
+        shard = pgs.shard_of(record.attrs)
+        if shard is not None:
+            members = pg.acting.members if pg.acting else ()
+            if shard >= len(members) or members[shard] != self.me:
+                return None
+        return pgs.version_of(record.attrs)
 
     def present(self, pg, name):
         """Whether this OSD's copy of the PG has `name`."""
@@ -644,8 +652,9 @@ class PgRegistry:
             entries.append((int(entry, 16), attrs.get("n", b"").decode()))
         return entries
 
-    def listing(self, pg, start_after, limit):
-        """([(name, version)], next start_after) of the PG's objects here."""
+    def listing(self, pg, start_after, limit, as_target=False):
+        """([(name, version)], next start_after) of the PG's objects here. `as_target`: this
+        OSD is to be recovered, so a shard held for another position counts as absent."""
         if not self.store.has_collection(pg.collection):
             return [], None
         names, following = self.store.list_objects(pg.collection, start_after=start_after,
@@ -653,7 +662,10 @@ class PgRegistry:
         entries = []
         for name in names:
             try:
-                entries.append((name, pgs.version_of(self.store.stat(pg.collection, name).attrs)))
+                record = self.store.stat(pg.collection, name)
+                version = self._version_here(pg, record) if as_target else \
+                    pgs.version_of(record.attrs)
+                entries.append((name, version))
             except ObjectNotFound:
                 continue
         return entries, following

@@ -35,7 +35,7 @@ from cairn.common import messenger
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
 from cairn.common import pg as pgs
-from cairn.osd.backend import ReplicatedBackend
+from cairn.osd.backend import ErasureBackend, ReplicatedBackend
 from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound
 from cairn.osd.pg import Refused, merge_missing
 from cairn.osd.store import Transaction
@@ -45,6 +45,9 @@ log = logging.getLogger("cairn.osd")
 # How long an op waits for this OSD's map to reach the epoch its sender already has.
 MAP_CATCH_UP_S_MAX = 3.0
 LIST_PAGE_DEFAULT = 1000
+# Byte ranges one pg_read may ask for (a healthy EC read of a 64 MiB object over 4 MiB stripes
+# asks each data shard for 16).
+PG_READ_RANGES_MAX = 1024
 
 
 class ObjectService:
@@ -53,7 +56,8 @@ class ObjectService:
         self._object_locks = {}             # (collection, name) -> [lock, users]
         self.collection_lock = asyncio.Lock()
         self.connections = messenger.ConnectionPool()     # osd id -> Connection
-        self.backends = {"replicated": ReplicatedBackend(self)}     # by pool kind
+        self.backends = {"replicated": ReplicatedBackend(self),      # by pool kind
+                         "erasure": ErasureBackend(self)}
         self.ops_total = 0
 
     @property
@@ -223,9 +227,10 @@ class ObjectService:
                 await self.registry.recover_now(pg, name)
         if not self.store.has_collection(pg.collection):
             raise ObjectNotFound(pg.collection, name)
-        record = self.store.stat(pg.collection, name)
+        record, extra = await self.backend(pool).stat(pg, name)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
-                "mtime_ns": record.mtime_ns, "manifest": pgs.MANIFEST_ATTR in record.attrs}, b""
+                "mtime_ns": record.mtime_ns, "manifest": pgs.MANIFEST_ATTR in record.attrs,
+                **extra}, b""
 
     async def _list(self, header, payload):
         pool, pg = await self._pg_of(header)
@@ -260,15 +265,16 @@ class ObjectService:
 
     async def _rep_put(self, header, payload):
         pool, pg = await self._from_primary(header)
-        await self.backend(pool).apply(pg, self._name(header), payload, self._version(header),
-                                       delete=False, manifest=bool(header.get("manifest")),
-                                       complete=bool(header.get("complete")))
+        self._name(header)                  # both checked before the backend reads them
+        self._version(header)
+        await self.backend(pool).apply_message(pg, header, payload, delete=False)
         return {}, b""
 
     async def _rep_delete(self, header, payload):
         pool, pg = await self._from_primary(header)
-        await self.backend(pool).apply(pg, self._name(header), None, self._version(header),
-                                       delete=True, complete=bool(header.get("complete")))
+        self._name(header)                  # both checked before the backend reads them
+        self._version(header)
+        await self.backend(pool).apply_message(pg, header, payload, delete=True)
         return {}, b""
 
     # -- peering and recovery ops -------------------------------------------------------------------
@@ -281,7 +287,8 @@ class ObjectService:
     async def _pg_list(self, header, payload):
         pool, pg = await self._from_primary(header)
         entries, following = self.registry.listing(pg, header.get("start_after"),
-                                                   header.get("limit", LIST_PAGE_DEFAULT))
+                                                   header.get("limit", LIST_PAGE_DEFAULT),
+                                                   as_target=bool(header.get("as_target")))
         self.registry.load_log(pg)
         return {"entries": entries, "next": following, "last_update": pg.last_update}, b""
 
@@ -302,10 +309,23 @@ class ObjectService:
         return {"versions": versions, "sizes": sizes}, b""
 
     async def _pg_read(self, header, payload):
+        """This member's copy or shard: whole, or the byte `ranges` [[offset, length], ...]
+        one after another (none: its attributes only)."""
         pool, pg = await self._from_primary(header)
-        record, data = await self.backend(pool).read(pg, self._name(header))
-        return {"version": pgs.version_of(record.attrs),
-                "manifest": pgs.MANIFEST_ATTR in record.attrs}, data
+        ranges = header.get("ranges")
+        if ranges is not None and not (
+                isinstance(ranges, list) and len(ranges) <= PG_READ_RANGES_MAX
+                and all(isinstance(r, list) and len(r) == 2 and all(
+                    isinstance(v, int) and v >= 0 for v in r) for r in ranges)):
+            raise RequestFailed("invalid", f"ranges must be a list of at most "
+                                f"{PG_READ_RANGES_MAX} [offset, length] pairs")
+        record, data = await self.backend(pool).read_local(pg, self._name(header), ranges)
+        reply = {"version": pgs.version_of(record.attrs),
+                 "manifest": pgs.MANIFEST_ATTR in record.attrs}
+        if pgs.SHARD_ATTR in record.attrs:
+            reply["shard"] = pgs.shard_of(record.attrs)
+            reply["ec"] = list(pgs.ec_geometry(record.attrs))
+        return reply, data
 
     async def _pg_push(self, header, payload):
         pool, pg = await self._from_primary(header)
@@ -313,6 +333,14 @@ class ObjectService:
         attrs = {pgs.VERSION_ATTR: pgs.version_bytes(self._version(header))}
         if header.get("manifest"):
             attrs[pgs.MANIFEST_ATTR] = b"1"
+        if pool["kind"] == "erasure":
+            shard, geometry = header.get("shard"), header.get("ec")
+            if not (isinstance(shard, int) and 0 <= shard < pool["size"] and
+                    isinstance(geometry, list) and len(geometry) == 2 and
+                    all(isinstance(v, int) and v >= 0 for v in geometry)):
+                raise RequestFailed("invalid", "pg_push of a shard needs shard and ec: "
+                                    "[size, unit]")
+            attrs.update(pgs.ec_attrs(shard, *geometry))
         await self.store.apply(Transaction().put(pg.collection, self._name(header), payload,
                                                  attrs=attrs))
         return {}, b""
