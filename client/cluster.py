@@ -33,6 +33,10 @@ OP_TIMEOUT_S_DEFAULT = 30.0
 # Stripe objects in flight for one put_stream/get_stream.
 STREAM_CONCURRENCY_DEFAULT = 8
 LIST_PAGE_DEFAULT = 1000
+# One PG's scrub may read every byte it holds on every member: allow minutes, and scrub a few
+# PGs at once (each on its own primary).
+SCRUB_PG_TIMEOUT_S = 600.0
+SCRUB_CONCURRENCY = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +46,8 @@ class ObjectStat:
     version: int
     mtime_ns: int
     striped: bool
+    shards: tuple = None            # erasure-coded: the shard indices present of its version
+    shards_needed: int = None       # ... and how many a read needs (k)
 
 
 class Cluster:
@@ -109,10 +115,11 @@ class Cluster:
         return await self._send(pool_name, lambda pool: stable_pg(name, pool["pg_num"]),
                                 dict(header, name=name), payload, f"{pool_name}/{name}")
 
-    async def _send(self, pool_name, pg_of, header, payload, what):
-        """Send `header` to the primary of PG `pg_of(pool)`, retrying until the deadline."""
+    async def _send(self, pool_name, pg_of, header, payload, what, timeout_s=None):
+        """Send `header` to the primary of PG `pg_of(pool)`, retrying until the deadline (the
+        op timeout unless `timeout_s` says otherwise)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.op_timeout_s
+        deadline = loop.time() + (timeout_s or self.op_timeout_s)
         last_error = "no attempt"
         maybe_applied = False
         while True:
@@ -208,8 +215,11 @@ class Pool:
         if reply.header.get("manifest"):
             size = striping.Manifest.decode(
                 (await self.cluster._op(self.name, name, {"op": "get"})).payload).size
+        shards = reply.header.get("shards")
         return ObjectStat(name, size, reply.header["version"], reply.header["mtime_ns"],
-                          bool(reply.header.get("manifest")))
+                          bool(reply.header.get("manifest")),
+                          tuple(shards) if shards is not None else None,
+                          reply.header.get("shards_needed"))
 
     async def delete(self, name):
         """Delete `name` (and its stripes if it was written by put_stream)."""
@@ -242,6 +252,38 @@ class Pool:
         if pg_index >= pool["pg_num"]:
             return names, None
         return names, (pg_index, start_after)
+
+    async def scrub(self, deep=False, repair=False, progress=None, timeout_s=SCRUB_PG_TIMEOUT_S,
+                    concurrency=SCRUB_CONCURRENCY):
+        """Scrub every PG of the pool (each on its primary); the report as `cairn pg scrub
+        --json` prints it: {pool, pgs, objects, bytes, errors: [{pg, object, osd, shard,
+        kind}], repaired, skipped}. `progress(done, total)` after each PG."""
+        pool = self.cluster.map.pools.get(self.name)
+        if pool is None:
+            raise PoolNotFound(f"pool {self.name!r} does not exist")
+        report = {"pool": self.name, "pgs": 0, "objects": 0, "bytes": 0, "errors": [],
+                  "repaired": 0, "skipped": []}
+        gate = asyncio.Semaphore(concurrency)
+        done = 0
+
+        async def one(pg_index):
+            nonlocal done
+            async with gate:
+                reply = await self.cluster._send(
+                    self.name, lambda _: pg_index,
+                    {"op": "pg_scrub", "deep": deep, "repair": repair}, b"",
+                    f"{self.name} pg {pg_index:x}", timeout_s=timeout_s)
+            for key in ("pgs", "objects", "bytes", "repaired"):
+                report[key] += reply.header[key]
+            report["errors"] += reply.header["errors"]
+            report["skipped"] += reply.header.get("skipped", [])
+            done += 1
+            if progress is not None:
+                progress(done, pool["pg_num"])
+
+        await asyncio.gather(*(one(index) for index in range(pool["pg_num"])))
+        report["errors"].sort(key=lambda e: (e["pg"], e["object"], e["osd"]))
+        return report
 
     async def _list_pg(self, pg_index, prefix, start_after, limit):
         return await self.cluster._send(

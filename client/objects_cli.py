@@ -20,7 +20,7 @@ from cairn.common.units import format_size
 
 PROGRESS_FROM_BYTES = 64 * 1024 * 1024
 PROGRESS_EVERY_S = 1.0
-COMMANDS = ("put", "get", "ls", "rm", "stat")
+COMMANDS = ("put", "get", "ls", "rm", "stat", "pg")
 
 
 def add_parsers(commands, common):
@@ -39,9 +39,20 @@ def add_parsers(commands, common):
     remove = commands.add_parser("rm", parents=[common], help="delete an object")
     remove.add_argument("pool")
     remove.add_argument("name")
-    stat = commands.add_parser("stat", parents=[common], help="an object's size and version")
+    stat = commands.add_parser("stat", parents=[common], help="an object's size and version "
+                               "(and, erasure-coded, its shards present)")
     stat.add_argument("pool")
     stat.add_argument("name")
+    pg = commands.add_parser("pg", help="placement group commands: scrub")
+    pg_commands = pg.add_subparsers(dest="pg_command", required=True, metavar="SUBCOMMAND")
+    scrub = pg_commands.add_parser(
+        "scrub", parents=[common], help="compare every PG's copies or shards; --deep reads and "
+        "checks every byte; --repair mends what it finds from good copies")
+    scrub.add_argument("pool")
+    scrub.add_argument("--deep", action="store_true", help="read every replica and shard, "
+                       "check every 4 KiB checksum, compare replica crc32c and EC parity")
+    scrub.add_argument("--repair", action="store_true", help="rewrite bad replicas and shards "
+                       "from good ones")
 
 
 class _Progress:
@@ -103,12 +114,22 @@ async def run(args):
                 if page is None:
                     break
             return {"pool": args.pool, "names": sorted(names)}
+        if args.command == "pg":
+            def progress(done, total):
+                if not args.json and (done == total or time.monotonic() - progress.shown >= 1):
+                    progress.shown = time.monotonic()
+                    print(f"  scrubbed {done} of {total} PGs", file=sys.stderr, flush=True)
+            progress.shown = 0.0
+            return await pool.scrub(args.deep, args.repair, progress)
         if args.command == "rm":
             await pool.delete(args.name)
             return {"pool": args.pool, "name": args.name, "deleted": True}
         info = await pool.stat(args.name)
-        return {"pool": args.pool, "name": info.name, "size": info.size,
-                "version": info.version, "mtime_ns": info.mtime_ns, "striped": info.striped}
+        result = {"pool": args.pool, "name": info.name, "size": info.size,
+                  "version": info.version, "mtime_ns": info.mtime_ns, "striped": info.striped}
+        if info.shards is not None:
+            result.update(shards=list(info.shards), shards_needed=info.shards_needed)
+        return result
     finally:
         await cluster.close()
 
@@ -118,7 +139,8 @@ def main(args):
         result = _run_loop(run(args))
     except (errors.ObjectNotFound, errors.PoolNotFound) as exc:
         return fail(args, "not_found", str(exc), 1)
-    except (errors.NoSpace, errors.PoolUnavailable, errors.ProtocolError) as exc:
+    except (errors.NoSpace, errors.PoolUnavailable, errors.ProtocolError,
+            errors.DataUnavailable) as exc:
         return fail(args, type(exc).__name__, str(exc), 1)
     except (errors.Timeout, ClusterNotFound) as exc:
         return fail(args, "unavailable", str(exc), 2)
@@ -126,6 +148,8 @@ def main(args):
         return fail(args, "os_error", f"{exc.filename or ''}: {exc.strerror or exc}", 2)
     if args.json:
         print(json.dumps(result))
+        if args.command == "pg":
+            return 1 if len(result["errors"]) > result["repaired"] else 0
     elif args.command == "ls":
         print("\n".join(result["names"]) if result["names"] else "(no objects)")
     elif args.command in ("put", "get"):
@@ -135,7 +159,32 @@ def main(args):
               file=sys.stderr if args.command == "get" and not args.file else sys.stdout)
     elif args.command == "rm":
         print(f"deleted {args.pool}/{args.name}")
+    elif args.command == "pg":
+        print(_format_scrub(result, args))
+        return 1 if len(result["errors"]) > result["repaired"] else 0
     else:
+        shards = ""
+        if "shards" in result:
+            shards = (f", shards {','.join(map(str, result['shards']))} present "
+                      f"({result['shards_needed']} needed)")
         print(f"{args.pool}/{result['name']}: {result['size']} bytes, version "
-              f"{result['version']}{', striped' if result['striped'] else ''}")
+              f"{result['version']}{', striped' if result['striped'] else ''}{shards}")
     return 0
+
+
+def _format_scrub(report, args):
+    kind = "deep scrub" if args.deep else "scrub"
+    lines = [f"{kind} of pool {report['pool']}: {report['pgs']} PGs, {report['objects']} "
+             f"objects, {report['bytes'] / 1e6:.1f} MB checked; {len(report['errors'])} errors"
+             + (f", {report['repaired']} repaired" if args.repair else "")]
+    for error in report["errors"][:50]:
+        shard = f" shard {error['shard']}" if error["shard"] is not None else ""
+        lines.append(f"  pg {error['pg']}: {error['kind']} {error['object']!r} on "
+                     f"osd.{error['osd']}{shard}")
+    if len(report["errors"]) > 50:
+        lines.append(f"  ... and {len(report['errors']) - 50} more (--json lists all)")
+    for skipped in report["skipped"]:
+        lines.append(f"  pg {skipped['pg']} not scrubbed: {skipped['reason']}")
+    if report["errors"] and not args.repair:
+        lines.append(f"repair with: cairn pg scrub {report['pool']} --deep --repair")
+    return "\n".join(lines)

@@ -63,6 +63,11 @@ OPTIONS = {option.name: option for option in [
            convert=lambda text: _non_negative_size(text)),
     Option("recovery.max_active", int, 4, 1, 64,
            "PGs one OSD recovers at once outside every window"),
+    # Ceph scrubs daily and deep-scrubs weekly (osd_scrub_min_interval, osd_deep_scrub_interval).
+    Option("scrub.interval_s", float, 86400.0, 0.0, 365 * 86400.0,
+           "each PG is scrubbed (versions compared) this often (0: never in the background)"),
+    Option("scrub.deep_interval_s", float, 7 * 86400.0, 0.0, 365 * 86400.0,
+           "each PG is deep-scrubbed (every byte read and checked) this often (0: never)"),
 ]}
 
 

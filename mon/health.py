@@ -7,6 +7,8 @@ Checks (name: severity):
 - PG_DEGRADED (WARN): per pool, PGs with fewer up members than the pool's size.
 - PG_UNAVAILABLE (ERR): per pool, PGs with fewer up members than min_size: writes to them are
   refused until members return.
+- PG_INCONSISTENT (ERR; from the OSDs' reports, added by the monitor's status): PGs whose scrub
+  found errors it did not repair, or whose reads found a damaged copy or shard not yet repaired.
 The status is the worst severity present: HEALTH_OK, HEALTH_WARN or HEALTH_ERR.
 """
 
@@ -33,6 +35,13 @@ class Health:
 def _ids(ids):
     named = ", ".join(f"osd.{i}" for i in ids[:IDS_LISTED_MAX])
     return named + (f" and {len(ids) - IDS_LISTED_MAX} more" if len(ids) > IDS_LISTED_MAX else "")
+
+
+def inconsistent_message(pg_names):
+    named = ", ".join(pg_names[:IDS_LISTED_MAX])
+    more = f" and {len(pg_names) - IDS_LISTED_MAX} more" if len(pg_names) > IDS_LISTED_MAX else ""
+    return (f"{len(pg_names)} PGs inconsistent: {named}{more} (repair: cairn pg scrub POOL "
+            "--deep --repair)")
 
 
 def evaluate(cmap):

@@ -136,6 +136,7 @@ class Monitor:
         self._health_cache = (None, None)
         self._pg_states = {}                # osd id -> {state: PGs it is primary of}
         self._objects = {}                  # osd id -> {total, degraded, misplaced} copies
+        self._inconsistent = {}             # osd id -> PGs ("POOL.PG") it found damaged
         self._recovery = {}                 # osd id -> deque of (when, recovery bytes total)
         self._tasks = []
         self._wake = asyncio.Event()
@@ -741,6 +742,9 @@ class Monitor:
         if isinstance(states, dict):
             self._pg_states[osd_id] = {str(k): int(v) for k, v in states.items()
                                        if isinstance(v, int)}
+        inconsistent = header.get("inconsistent")
+        if isinstance(inconsistent, list):
+            self._inconsistent[osd_id] = [str(name) for name in inconsistent[:64]]
         objects = header.get("objects")
         if isinstance(objects, dict):
             self._objects[osd_id] = {key: objects[key] for key in OBJECT_COUNTS
@@ -826,6 +830,13 @@ class Monitor:
         osds = self.map.osds.values()
         judged = judged.to_dict()
         mons = self._mons_view()
+        inconsistent = sorted({name for osd_id, names in self._inconsistent.items()
+                               if osd_id in self.map.osds and self.map.osds[osd_id]["up"]
+                               for name in names})
+        if inconsistent:
+            judged["checks"]["PG_INCONSISTENT"] = health.inconsistent_message(inconsistent)
+            judged["severities"]["PG_INCONSISTENT"] = "HEALTH_ERR"
+            judged["health"] = "HEALTH_ERR"
         if mons["leader"] is None:
             judged["checks"]["MON_NO_QUORUM"] = (
                 f"{self.name} knows no leader; map changes wait for a majority of "

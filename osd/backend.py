@@ -185,11 +185,32 @@ class ReplicatedBackend(PgBackend):
                          delete, bool(header.get("manifest")), bool(header.get("complete")))
 
     async def read(self, pg, name, offset=0, length=None):
-        """(stat, bytes to send) of the local copy, zero-copy when large (see read_local)."""
+        """(stat, bytes to send) of the local copy, zero-copy when large (see read_local). A
+        local copy that fails its checksum is read from another member instead and queued for
+        repair."""
         record = self.store.stat(pg.collection, name)
-        if record.size >= ZERO_COPY_READ_BYTES_MIN:
-            return record, await self.store.read(pg.collection, name, offset, length)
-        return record, await self.store.read_bytes(pg.collection, name, offset, length)
+        try:
+            if record.size >= ZERO_COPY_READ_BYTES_MIN:
+                return record, await self.store.read(pg.collection, name, offset, length)
+            return record, await self.store.read_bytes(pg.collection, name, offset, length)
+        except ChecksumError as exc:
+            pg.damaged.add(name)
+            log.warning("pg %d.%x: osd.%d's copy of %r is damaged (%s); reading another "
+                        "replica, queued for repair", *pg.key, self.me, name, exc)
+            damage = exc
+        wanted = pgs.version_of(record.attrs)
+        ranges = [[offset, record.size if length is None else length]]
+        for osd in pg.acting.up_members:
+            if osd == self.me:
+                continue
+            try:
+                header, data = await self.registry.call(osd, self.registry.header(
+                    pg, "pg_read", pg.interval[0], name=name, ranges=ranges))
+            except RequestFailed:
+                continue
+            if header.get("version") == wanted:
+                return record, data
+        raise damage
 
     async def stat(self, pg, name):
         return self.store.stat(pg.collection, name), {}
@@ -312,10 +333,10 @@ class ErasureBackend(PgBackend):
         offset, length = layout.clamp(offset, length)
         if length == 0:
             return info, b""
-        data = await self._read_healthy(pg, name, version, layout, offset, length)
+        data, failed = await self._read_healthy(pg, name, version, layout, offset, length)
         if data is None:
             self.degraded_reads_total += 1
-            data = await self._read_degraded(pg, name, version, layout, offset, length)
+            data = await self._read_degraded(pg, name, version, layout, offset, length, failed)
         return info, data
 
     async def stat(self, pg, name):
@@ -368,34 +389,39 @@ class ErasureBackend(PgBackend):
                     "shards, queued for repair", *pg.key, shard_index, name, osd, reason)
 
     async def _read_healthy(self, pg, name, version, layout, offset, length):
-        """The range from the data shards alone, or None if one of them failed."""
+        """(the range from the data shards alone, None) or (None, the shard indices that
+        failed) if one of them did."""
         extents = layout.data_extents(offset, length)
         ranges = collections.defaultdict(list)
         for shard_index, start, size in extents:
             ranges[shard_index].append((start, size))
         members = pg.acting.members
-        if any(members[index] is None for index in ranges):
-            return None
+        holes = {index for index in ranges if members[index] is None}
+        if holes:
+            return None, holes
         shards = list(ranges)
         results = await asyncio.gather(*(self._fetch(pg, members[index], index, name, version,
                                                      ranges[index]) for index in shards),
                                        return_exceptions=True)
-        pieces = {}
+        pieces, failed = {}, set()
         for index, result in zip(shards, results):
             if isinstance(result, ShardUnavailable):
-                return None
-            if isinstance(result, BaseException):
+                failed.add(index)
+            elif isinstance(result, BaseException):
                 raise result
-            pieces[index] = memoryview(result)
+            else:
+                pieces[index] = memoryview(result)
+        if failed:
+            return None, failed
         if len(extents) == 1:
-            return pieces[extents[0][0]]
+            return pieces[extents[0][0]], None
         out, cursors = bytearray(length), collections.Counter()
         position = 0
         for index, _, size in extents:
             out[position:position + size] = pieces[index][cursors[index]:cursors[index] + size]
             cursors[index] += size
             position += size
-        return out
+        return out, None
 
     def _preference(self, pg):
         """Shard indices to read a degraded range from: this OSD's own, then data shards, then
@@ -437,9 +463,9 @@ class ErasureBackend(PgBackend):
                                 f"{sorted(got)}, {layout.k} needed ({'; '.join(failures)})")
         return got
 
-    async def _read_degraded(self, pg, name, version, layout, offset, length):
+    async def _read_degraded(self, pg, name, version, layout, offset, length, failed):
         first, last, start, span = layout.stripe_span(offset, length)
-        spans = await self._gather(pg, name, version, layout, [(start, span)])
+        spans = await self._gather(pg, name, version, layout, [(start, span)], exclude=failed)
         codec = self.codec(pg)
         try:
             data = await self._in_thread_if_large(span * layout.k, ecstripe.decode_span, codec,

@@ -62,6 +62,19 @@ def build_parser(prog="cairn-osd"):
                       "its crc32c")
     fsck.add_argument("--json", action="store_true", help="print one JSON object")
 
+    bitrot = commands.add_parser(
+        "bitrot", help="fault injection: flip bits in one object's bytes on this device (works "
+        "beside a running OSD; its checksums must catch it)")
+    bitrot.add_argument("--device", required=True)
+    bitrot.add_argument("--meta")
+    bitrot.add_argument("--object", required=True, help="object name (a replica or a shard)")
+    bitrot.add_argument("--collection", help="e.g. pg.1.a, when several PGs hold the name")
+    bitrot.add_argument("--offset", type=int, default=0, help="byte of the object to change "
+                        "(default 0)")
+    bitrot.add_argument("--mask", type=lambda text: int(text, 0), default=0x01,
+                        help="XOR mask for that byte (default 0x01: one bit)")
+    bitrot.add_argument("--json", action="store_true", help="print one JSON object")
+
     add_bench_parser(commands)
 
     run = commands.add_parser("run", help="run the OSD daemon on a device until SIGTERM")
@@ -279,7 +292,23 @@ async def _progress(label, store, count, started):
         print(f"{label} {done}/{count} objects ({time.perf_counter() - started:.0f} s)")
 
 
-COMMANDS = {"mkfs": run_mkfs, "fsck": run_fsck, "bench": run_bench, "demo": run_demo}
+async def run_bitrot(args):
+    from cairn.osd.bitrot import BitrotError, flip_bits
+    try:
+        done = flip_bits(args.device, args.object, collection=args.collection, meta_dir=args.meta,
+                         offset=args.offset, mask=args.mask)
+    except BitrotError as exc:
+        raise ValueError(str(exc)) from None
+    if args.json:
+        print(json.dumps(done))
+    else:
+        print(f"flipped bits {args.mask:#04x} of byte {args.offset} of {done['collection']}/"
+              f"{done['object']} at device offset {done['device_offset']}")
+    return 0
+
+
+COMMANDS = {"mkfs": run_mkfs, "fsck": run_fsck, "bench": run_bench, "demo": run_demo,
+            "bitrot": run_bitrot}
 
 
 def run_daemon(args, prog):

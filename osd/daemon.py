@@ -22,6 +22,7 @@ from cairn.native import open_device
 from cairn.osd.heartbeat import PeerWatch, choose_peers
 from cairn.common.daemon import crash_on_error
 from cairn.osd.pgs import PgRegistry
+from cairn.osd.scrubber import Scrubber
 from cairn.osd.service import ObjectService
 from cairn.osd.store import Store
 
@@ -54,6 +55,7 @@ class OsdDaemon:
         self.boots_total = 0
         self.service = ObjectService(self)
         self.pgs = PgRegistry(self)
+        self.scrubber = Scrubber(self)
 
     @property
     def name(self):
@@ -73,8 +75,10 @@ class OsdDaemon:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._mon_heartbeat_loop()),
                        loop.create_task(self._peer_ping_loop()),
-                       loop.create_task(self.pgs.tidy_strays_forever())]
+                       loop.create_task(self.pgs.tidy_strays_forever()),
+                       loop.create_task(self.scrubber.run_forever())]
         self._tasks[-1].add_done_callback(crash_on_error)
+        self._tasks[-2].add_done_callback(crash_on_error)
         log.info("%s up at %s: device %s (uuid %s), location %s, epoch %d", self.name,
                  self.addr, self.device_path, self.store.superblock.uuid, self.location,
                  self.monc.map.epoch)
@@ -129,6 +133,9 @@ class OsdDaemon:
                     "pgs_held": self.pgs.copies_held(),
                     "pg_states": self.pgs.states(),
                     "objects": self.pgs.object_counts(),
+                    "inconsistent": self.pgs.inconsistent(),
+                    "scrubs": self.scrubber.scrubs_total,
+                    "repairs": self.scrubber.repairs_total,
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:
             return await self.service.handle(received.header, received.payload)
@@ -155,6 +162,7 @@ class OsdDaemon:
                 reply = await self.monc.request({"op": "osd_heartbeat", "id": self.id,
                                                  "pg_states": self.pgs.states(),
                                                  "objects": self.pgs.object_counts(),
+                                                 "inconsistent": self.pgs.inconsistent(),
                                                  "recovery_bytes": self.pgs.recovery_bytes_total},
                                                 timeout_s=self._interval_s() * 2)
             except (MonitorsUnavailable, RequestFailed) as exc:

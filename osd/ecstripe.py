@@ -165,3 +165,19 @@ def rebuild_shards(codec, layout, shards, wanted):
         for shard in wanted:
             parts[shard].append(encoded[shard])
     return {shard: b"".join(pieces) for shard, pieces in parts.items()}
+
+
+def parity_mismatches(codec, layout, shards):
+    """The parity shard indices whose bytes differ from a fresh encoding of the data shards
+    (`shards`: every shard, whole, in index order)."""
+    assert len(shards) == layout.k + layout.m
+    header = layout.header_bytes
+    bad = set()
+    for stripe, start, end in layout.split_fragments(0, layout.stripe_count - 1) \
+            if layout.stripe_count else ():
+        data = b"".join(bytes(memoryview(shards[j])[start + header:end]) for j in range(layout.k))
+        encoded = codec.encode(data[:layout.stripe_data_bytes(stripe)])
+        for index in range(layout.k, layout.k + layout.m):
+            if memoryview(encoded[index])[header:] != memoryview(shards[index])[start + header:end]:
+                bad.add(index)
+    return sorted(bad)

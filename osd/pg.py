@@ -171,6 +171,9 @@ class PgCore:
         self.object_count = 0
         self.damaged = set()                            # names with a shard or copy that failed
                                                         # its checksum: to repair
+        self.scrub_errors = 0                           # errors the last scrub left unrepaired
+        self.last_scrub = 0                             # when (the shell's clock)
+        self.last_deep_scrub = 0
         self.clean = False                              # every member complete, and recorded
         self.serving = False                            # active: client ops are served
         # As a stray:

@@ -56,6 +56,7 @@ PEER_CALL_TIMEOUT_S = 10.0
 # How often a stray copy asks its PG's primary whether the PG is clean (then it is deleted).
 STRAY_CHECK_S = 5.0
 STRAY_DELETE_BATCH = 256
+INCONSISTENT_REPORTED_MAX = 64
 
 
 class PgShell(PgCore):
@@ -66,6 +67,8 @@ class PgShell(PgCore):
         super().__init__(key, me)
         self.active = asyncio.Event()
         self.task = None
+        # A PG's first background scrub comes one interval after the OSD saw it.
+        self.last_scrub = self.last_deep_scrub = time.monotonic()
 
 
 class RecoveryThrottle:
@@ -209,6 +212,14 @@ class PgRegistry:
         counts = collections.Counter(pg.reported_state() for pg in self.pgs.values())
         counts.pop(None, None)
         return dict(counts)
+
+    def inconsistent(self):
+        """Names ("POOL.PG") of the PGs this OSD is primary of whose last scrub left errors
+        unrepaired or whose reads found damage not yet repaired (at most 64: a health check
+        names them, a count does for more)."""
+        names = sorted(f"{pg.key[0]}.{pg.key[1]:x}" for pg in self.pgs.values()
+                       if pg.role is Role.PRIMARY and (pg.scrub_errors or pg.damaged))
+        return names[:INCONSISTENT_REPORTED_MAX]
 
     def copies_held(self):
         """How many PGs this OSD holds a copy of (members and strays)."""
@@ -475,7 +486,7 @@ class PgRegistry:
         try:
             outcomes = collections.Counter()
             for name in names:
-                outcomes[await self._sync_object(pg, source, target, name, epoch, locked)] += 1
+                outcomes[await self.sync_object(pg, source, target, name, epoch, locked)] += 1
                 pg.remaining[target] -= 1
             await self.call(target, self.header(pg, "pg_mark", epoch, version=mark))
         finally:
@@ -562,7 +573,7 @@ class PgRegistry:
         A client waiting on it calls this: that object goes first, outside the budget."""
         if name not in pg.missing:
             return
-        outcome = await self._sync_object(pg, pg.missing_from, self.me, name, pg.interval[0],
+        outcome = await self.sync_object(pg, pg.missing_from, self.me, name, pg.interval[0],
                                           locked=False, throttled=False)
         pg.object_recovered(name)
         if not background:
@@ -582,7 +593,7 @@ class PgRegistry:
                 "last_update": header["last_update"], "tail": header["tail"],
                 "complete_to": header["complete_to"]}
 
-    async def _sync_object(self, pg, source, target, name, epoch, locked, throttled=True):
+    async def sync_object(self, pg, source, target, name, epoch, locked, throttled=True):
         """Make one object on `target` what it is on `source` now: 'copied' or 'removed'.
         `locked`: take the primary's object lock, so a client write to it cannot interleave
         (a write since the plan is simply copied as it now is)."""

@@ -37,6 +37,7 @@ from cairn.common.messenger import RequestFailed
 from cairn.common import pg as pgs
 from cairn.osd.backend import ErasureBackend, ReplicatedBackend
 from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound
+from cairn.native.checksum import crc32c
 from cairn.osd.pg import Refused, merge_missing
 from cairn.osd.store import Transaction
 
@@ -78,7 +79,8 @@ class ObjectService:
     # -- dispatch ---------------------------------------------------------------------------------
 
     OPS = ("put", "get", "stat", "delete", "list", "rep_put", "rep_delete", "pg_query", "pg_list",
-           "pg_log", "pg_stat", "pg_read", "pg_push", "pg_remove", "pg_mark", "pg_info")
+           "pg_log", "pg_stat", "pg_read", "pg_push", "pg_remove", "pg_mark", "pg_info",
+           "pg_scrub", "pg_scrub_local")
 
     async def handle(self, header, payload):
         op = header["op"]
@@ -363,6 +365,50 @@ class ObjectService:
             await self.store.apply(txn)
             pg.marked(version)
         return {}, b""
+
+    async def _pg_scrub(self, header, payload):
+        """Scrub one PG (on its primary): {deep, repair} -> the PG's report (osd/scrub.py)."""
+        pool, pg = await self._pg_of(header)
+        report = await self.daemon.scrubber.scrub_pg(pg, bool(header.get("deep")),
+                                                     bool(header.get("repair")))
+        return report, b""
+
+    async def _pg_scrub_local(self, header, payload):
+        """This member's copy of the PG for a scrub, a page at a time: [name, version, shard,
+        size, crc32c or None, damaged] per object; with `deep` every object is read whole
+        (the store checks each 4 KiB). `names`: only these."""
+        pool, pg = await self._from_primary(header)
+        deep, names = bool(header.get("deep")), header.get("names")
+        limit = header.get("limit", LIST_PAGE_DEFAULT)
+        if not isinstance(limit, int) or not 1 <= limit <= LIST_PAGE_DEFAULT:
+            raise RequestFailed("invalid", f"limit must be within 1..{LIST_PAGE_DEFAULT}")
+        following = None
+        if not self.store.has_collection(pg.collection):
+            names = []
+        elif names is None:
+            names, following = self.store.list_objects(pg.collection,
+                                                       start_after=header.get("start_after"),
+                                                       limit=limit)
+        elif not (isinstance(names, list) and len(names) <= LIST_PAGE_DEFAULT
+                  and all(isinstance(n, str) and n for n in names)):
+            raise RequestFailed("invalid", "names must be a list of object names")
+        entries = []
+        for name in names:
+            record = self.registry.local_record(pg, name)
+            if record is None:
+                continue
+            crc, damaged = None, False
+            if deep:
+                try:
+                    data = await self.store.read(pg.collection, name)
+                    crc = crc32c(data)
+                except ChecksumError:
+                    damaged = True
+                except ObjectNotFound:
+                    continue
+            entries.append([name, pgs.version_of(record.attrs), pgs.shard_of(record.attrs),
+                            record.size, crc, damaged])
+        return {"entries": entries, "next": following}, b""
 
     async def _pg_info(self, header, payload):
         pool, pg = await self._pg_of(header)
