@@ -110,3 +110,22 @@ def log_collection(pool_id, pg_index):
 
 def log_entry_name(version):
     return f"{version:016x}"
+
+
+# The rollback stash of an erasure-coded PG: the shard each write replaced (or a marker that there
+# was none), named by the replacing write's version, kept until that write is settled
+# (osd/backend.py, ErasureBackend).
+ABSENT_ATTR = "_a"
+
+
+def stash_collection(pool_id, pg_index):
+    return f"pgstash.{pool_id}.{pg_index:x}"
+
+
+def stash_entry_name(version, name):
+    return f"{version:016x}.{name}"
+
+
+def parse_stash_entry(entry):
+    """(replacing version, object name) of a stash entry's name."""
+    return int(entry[:16], 16), entry[17:]

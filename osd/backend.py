@@ -105,38 +105,35 @@ class PgBackend(abc.ABC):
     async def recover_object(self, pg, source, target, name, epoch, pay=None):
         ...
 
-    async def _apply(self, pg, name, payload, version, delete, manifest, complete,
-                     extra_attrs=None):
+    async def _apply(self, pg, name, payload, version, delete, manifest, complete):
         """Apply one write here with its log entry; `complete`: this OSD is a complete member
         (osd/pg.py)."""
         await self.registry.ensure_collections(pg)
         txn = Transaction()
-        if delete:
-            # A member that missed the object still logs the delete: its log must count every
-            # op it was sent.
-            if self.registry.present(pg, name):
-                txn.delete(pg.collection, name)
-        else:
-            attrs = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
-            if manifest:
-                attrs[pgs.MANIFEST_ATTR] = b"1"
-            attrs.update(extra_attrs or {})
-            txn.put(pg.collection, name, payload, attrs=attrs)
+        # A member that missed the object still logs the delete: its log must count every op
+        # it was sent.
+        if not delete:
+            txn.put(pg.collection, name, payload, attrs=object_attrs(version, manifest))
+        elif self.registry.present(pg, name):
+            txn.delete(pg.collection, name)
         self.registry.log_ops(pg, txn, version, name, delete, complete)
         await self.store.apply(txn)
         pg.applied(version, complete)
 
-    async def read_local(self, pg, name, ranges=None):
-        """(stat, bytes) of this OSD's copy or shard: whole, or the byte `ranges`
-        [(offset, length)] one after another. Large whole reads go out as the store's own
-        buffer (no copy; the buffer returns to its pool when the transport has sent it and
-        drops it); small ones are copied so their buffer is reused at once."""
-        record = self.store.stat(pg.collection, name)
+    async def read_local(self, pg, name, ranges=None, stash_entry=None):
+        """(stat, bytes) of this OSD's copy or shard (or of a rollback stash entry): whole,
+        or the byte `ranges` [(offset, length)] one after another. Large whole reads go out as
+        the store's own buffer (no copy; the buffer returns to its pool when the transport has
+        sent it and drops it); small ones are copied so their buffer is reused at once."""
+        collection = pg.collection
+        if stash_entry is not None:
+            collection, name = pg.stash_collection, stash_entry
+        record = self.store.stat(collection, name)
         if ranges is None:
             if record.size >= ZERO_COPY_READ_BYTES_MIN:
-                return record, await self.store.read(pg.collection, name)
-            return record, await self.store.read_bytes(pg.collection, name)
-        parts = [await self.store.read_bytes(pg.collection, name, offset, length)
+                return record, await self.store.read(collection, name)
+            return record, await self.store.read_bytes(collection, name)
+        parts = [await self.store.read_bytes(collection, name, offset, length)
                  for offset, length in ranges]
         return record, parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -160,6 +157,14 @@ class PgBackend(abc.ABC):
         """(the first job committed, the first failure or None) of gathered write jobs."""
         failures = [result for result in results if isinstance(result, BaseException)]
         return not isinstance(results[0], BaseException), (failures[0] if failures else None)
+
+
+def object_attrs(version, manifest, extra=None):
+    attrs = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
+    if manifest:
+        attrs[pgs.MANIFEST_ATTR] = b"1"
+    attrs.update(extra or {})
+    return attrs
 
 
 class ReplicatedBackend(PgBackend):
@@ -278,17 +283,18 @@ class ErasureBackend(PgBackend):
             shards = await self._in_thread_if_large(layout.size, ecstripe.encode_shards, codec,
                                                     layout, payload)
             geometry = [layout.size, layout.unit]
+        acked_to = pg.acked_to()
         header = {"op": "rep_delete" if plan.delete else "rep_put", "pool": pg.key[0],
                   "pg": pg.key[1], "name": plan.name, "version": plan.version,
                   "epoch": plan.epoch, "from": self.me, "manifest": plan.manifest,
-                  "ec": geometry}
+                  "ec": geometry, "acked_to": acked_to}
         local, remote = None, []
         for target in plan.targets:
             shard = shards[target.position] if shards is not None else b""
             if target.osd == self.me:
                 local = self.apply(pg, plan.name, None if plan.delete else shard, plan.version,
                                    plan.delete, plan.manifest, target.complete,
-                                   target.position, geometry)
+                                   target.position, geometry, acked_to)
             else:
                 remote.append(self._replicate(
                     target.osd, {**header, "complete": target.complete,
@@ -297,9 +303,24 @@ class ErasureBackend(PgBackend):
         return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
 
     async def apply(self, pg, name, payload, version, delete, manifest, complete, shard_index,
-                    geometry):
-        extra = None if delete else pgs.ec_attrs(shard_index, *geometry)
-        await self._apply(pg, name, payload, version, delete, manifest, complete, extra)
+                    geometry, acked_to=None):
+        """This member's shard of one write. What it replaces (the shard it had, or a marker
+        that it had none) moves into the PG's rollback stash, without a copy: if the write
+        reaches fewer than k members and its primary dies, neither the new version nor the old
+        one may have k shards left where nobody overwrote them, and recovery rolls the object
+        back from the stash (`_roll_back`). Entries go once the primary says their writes are
+        settled (`acked_to`)."""
+        await self.registry.ensure_collections(pg, stash=True)
+        self.registry.load_stash(pg)
+        txn = Transaction()
+        entry = pg.stash_ops(txn, version, name, self.registry.present(pg, name), acked_to)
+        if not delete:
+            txn.put(pg.collection, name, payload, attrs=object_attrs(
+                version, manifest, pgs.ec_attrs(shard_index, *geometry)))
+        self.registry.log_ops(pg, txn, version, name, delete, complete)
+        await self.store.apply(txn)
+        pg.stashed(entry)
+        pg.applied(version, complete)
 
     async def apply_message(self, pg, header, payload, delete):
         shard_index, geometry = header.get("shard"), header.get("ec")
@@ -311,9 +332,12 @@ class ErasureBackend(PgBackend):
                                and all(isinstance(v, int) and v >= 0 for v in geometry)
                                and geometry[1] > 0):
             raise RequestFailed("invalid", "an erasure-coded shard needs ec: [size, unit]")
+        acked_to = header.get("acked_to")
+        if acked_to is not None and not isinstance(acked_to, int):
+            raise RequestFailed("invalid", "acked_to must be a PG version")
         await self.apply(pg, header["name"], None if delete else payload, header["version"],
                          delete, bool(header.get("manifest")), bool(header.get("complete")),
-                         shard_index, geometry)
+                         shard_index, geometry, acked_to)
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -354,12 +378,75 @@ class ErasureBackend(PgBackend):
         return ObjectInfo(layout.size, record.attrs, record.mtime_ns), {
             "shards": present, "shards_needed": layout.k, "shard_count": layout.k + layout.m}
 
-    async def _fetch(self, pg, osd, shard_index, name, version, ranges):
+    async def _roll_back(self, pg, name, version, epoch, unavailable):
+        """Version `version` of `name` has fewer than k shards readable now. Only when every
+        acting position answered and the shards of `version` still fall short of k was it a
+        write that reached too few members before its primary died (a member that is down or
+        silent may hold one: then wait, `unavailable` is raised). If no member has seen it
+        acknowledged, restore the newest older version that has k shards among the members'
+        current shards and stashes (or delete the object if it did not exist before), as a new
+        write under the object lock the caller holds. Otherwise the object is lost beyond what
+        the code can rebuild: `unavailable` is raised."""
+        call, header_of = self.registry.call, self.registry.header
+        positions = [(index, osd) for index, osd in enumerate(pg.acting.members)
+                     if osd is not None]
+        answers = await asyncio.gather(*(call(osd, header_of(pg, "pg_versions", epoch,
+                                                             name=name))
+                                         for _, osd in positions), return_exceptions=True)
+        shards = collections.defaultdict(dict)   # version -> shard index -> (osd, stash entry)
+        geometry, absent, acked_seen = {}, 0, 0
+        unknown = len(pg.acting.members) - len(positions)
+        for (index, osd), answer in zip(positions, answers):
+            if isinstance(answer, BaseException):
+                unknown += 1
+                continue
+            header = answer[0]
+            acked_seen = max(acked_seen, header.get("acked_seen", 0))
+            for held in header["held"]:
+                if held.get("absent"):
+                    absent += held["replaced_by"] >= version
+                    continue
+                if held["version"] <= version:
+                    shards[held["version"]].setdefault(held["shard"], (osd, held.get("entry")))
+                    geometry[held["version"]] = (held["ec"], held["manifest"])
+        codec = self.codec(pg)
+        if len(shards.pop(version, {})) + unknown >= codec.k:
+            raise unavailable               # members that are away may hold the rest
+        if acked_seen >= version:
+            log.error("pg %d.%x: %r version %x was acknowledged but only %s; not rolling back",
+                      *pg.key, name, version, unavailable.message)
+            raise unavailable
+        whole = sorted((v for v, held in shards.items() if len(held) >= codec.k), reverse=True)
+        write = self.service.write_locked
+        if whole:
+            chosen = whole[0]
+            (size, unit), manifest = geometry[chosen]
+            layout = self.layout(codec, size, unit)
+            sources = sorted(shards[chosen].items())[:codec.k]
+            fetched = await asyncio.gather(*(self._fetch(pg, osd, index, name, chosen, None,
+                                                         stash_entry=entry)
+                                             for index, (osd, entry) in sources))
+            data = b""
+            if size:
+                data = ecstripe.decode_span(codec, layout, 0, layout.stripe_count - 1,
+                                            dict(zip([index for index, _ in sources], fetched)))
+            await write(pg, name, data, delete=False, manifest=manifest)
+            log.warning("pg %d.%x: rolled %r back from unacknowledged version %x (too few "
+                        "shards) to version %x", *pg.key, name, version, chosen)
+            return "copied"
+        if absent and not shards:
+            await write(pg, name, None, delete=True, manifest=False)
+            log.warning("pg %d.%x: removed %r: its only version %x was never acknowledged and "
+                        "has too few shards", *pg.key, name, version)
+            return "removed"
+        raise unavailable
+
+    async def _fetch(self, pg, osd, shard_index, name, version, ranges, stash_entry=None):
         """Bytes `ranges` of shard `shard_index` of `name` at `version` from `osd`; raises
         ShardUnavailable when the member cannot give exactly that."""
         if osd == self.me:
             try:
-                record, data = await self.read_local(pg, name, ranges)
+                record, data = await self.read_local(pg, name, ranges, stash_entry)
             except ObjectNotFound:
                 raise ShardUnavailable(shard_index, "absent here") from None
             except ChecksumError as exc:
@@ -369,7 +456,7 @@ class ErasureBackend(PgBackend):
         else:
             try:
                 header, data = await self.registry.call(osd, self.registry.header(
-                    pg, "pg_read", pg.interval[0], name=name, ranges=ranges))
+                    pg, "pg_read", pg.interval[0], name=name, ranges=ranges, stash=stash_entry))
             except RequestFailed as exc:
                 damaged = exc.code == "io_error" and "checksum" in exc.message
                 if damaged:
@@ -499,8 +586,13 @@ class ErasureBackend(PgBackend):
         layout = self.layout(codec, size, unit)
         shard = b""
         if size:
-            shards = await self._gather(pg, name, version, layout, None, exclude={position},
-                                        extra=[(source, header["shard"])])
+            try:
+                shards = await self._gather(pg, name, version, layout, None,
+                                            exclude={position}, extra=[(source, header["shard"])])
+            except RequestFailed as exc:
+                if exc.code != "unavailable":
+                    raise
+                return await self._roll_back(pg, name, version, epoch, exc)
             moved = sum(len(data) for index, data in shards.items()
                         if pg.acting.members[index] != self.me)
             if pay is not None:

@@ -35,6 +35,7 @@ Peering's own decisions (authority, activation, who is complete) are the `Peerin
 osd/peering.py, which the shell runs per interval.
 """
 
+import bisect
 import collections
 import dataclasses
 import enum
@@ -47,6 +48,9 @@ from cairn.native.checksum import crc32c
 LOG_ENTRIES_KEPT = 1024
 LOG_TRIM_BATCH = 256
 COMPLETE_ATTR = "c"              # on a log entry: every acknowledged write up to it is here
+# Stash entries one write may delete (a member that missed acked_to for long catches up in
+# steps, as log trims do).
+STASH_TRIM_BATCH = 64
 TAIL_NAME = "~tail"              # not an entry: holds the version the log is complete after
 
 
@@ -152,6 +156,7 @@ class PgCore:
         self.me = me
         self.collection = pgs.collection(*key)
         self.log_collection = pgs.log_collection(*key)
+        self.stash_collection = pgs.stash_collection(*key)
         self.interval = None                            # (epoch, Acting)
         self.state = "stray"
         self.min_epoch = 0
@@ -171,6 +176,11 @@ class PgCore:
         self.object_count = 0
         self.damaged = set()                            # names with a shard or copy that failed
                                                         # its checksum: to repair
+        # Settling writes (erasure-coded pools keep what a write replaced until it is settled):
+        self.unsettled = {}                             # primary: version -> name, not yet acked
+        self.settled = False                            # primary: clean once in this interval
+        self.stash_names = None                         # member: sorted stash entry names
+        self.acked_seen = 0                             # member: highest acked_to it was sent
         self.scrub_errors = 0                           # errors the last scrub left unrepaired
         self.last_scrub = 0                             # when (the shell's clock)
         self.last_deep_scrub = 0
@@ -204,6 +214,7 @@ class PgCore:
         self.complete_members = frozenset()
         self.missing, self.missing_from, self.remaining = {}, None, {}
         self.clean = False
+        self.unsettled, self.settled = {}, False
         role = self.role
         self.state = {Role.PRIMARY: "peering", Role.REPLICA: "replica",
                       Role.STRAY: "stray"}[role]
@@ -216,6 +227,7 @@ class PgCore:
         self.complete_members = frozenset(complete)
         self.state = "active" if writable else "active+readonly"
         self.clean = writable and not more_to_recover
+        self.settled = self.settled or self.clean
         self.serving = True
 
     def member_recovered(self, complete):
@@ -228,6 +240,7 @@ class PgCore:
         if not writable:
             self.state = "active+readonly"
         self.clean = writable and clean and all_recorded
+        self.settled = self.settled or self.clean
 
     # -- client writes on the primary ---------------------------------------------------------------
 
@@ -249,15 +262,69 @@ class PgCore:
             raise Refused("not_found", f"object {name!r} not found")
         version = max(pgs.make_version(epoch, 1), self.last_update + 1, self.assigned + 1)
         self.assigned = version
+        self.unsettled[version] = name
         targets = tuple(WriteTarget(osd, position, osd in self.complete_members)
                         for position, osd in enumerate(acting_seen.members) if osd is not None)
         return WritePlan(name, version, epoch, delete, manifest, existed, targets)
 
-    def write_finished(self, plan, committed_here):
-        """The write's members answered; `committed_here`: this OSD's copy committed."""
+    def write_finished(self, plan, committed_here, acknowledged):
+        """The write's members answered; `committed_here`: this OSD's copy committed;
+        `acknowledged`: every member did (the client is told it succeeded)."""
         if committed_here:
             self.missing.pop(plan.name, None)           # our copy is the newest now
             self.object_count += (not plan.delete) - plan.existed
+        if acknowledged:
+            # This write and every earlier unacknowledged one of the same object are settled:
+            # the object is whole at this version on every member.
+            for version in [v for v, name in self.unsettled.items()
+                            if name == plan.name and v <= plan.version]:
+                del self.unsettled[version]
+
+    def acked_to(self):
+        """Every write up to this version is acknowledged, or was settled by the recovery
+        that made the PG clean: members may forget what those writes replaced. None until the
+        PG has been clean in this interval (before that, recovery may still need it)."""
+        if not self.settled:
+            return None
+        if self.unsettled:
+            return min(self.unsettled) - 1
+        return max(self.assigned, self.last_update)
+
+    # -- the rollback stash (members of erasure-coded PGs) --------------------------------------
+
+    def stash_loaded(self, names):
+        if self.stash_names is None:
+            self.stash_names = sorted(names)
+
+    def stash_ops(self, txn, version, name, present, acked_to):
+        """Keep what write `version` replaces: this member's shard of `name` (renamed into the
+        stash, no copy) or a marker that it had none; and forget the entries of writes up to
+        `acked_to`. Names are taken from the list now, so two writes never trim one entry."""
+        assert self.stash_names is not None
+        entry = pgs.stash_entry_name(version, name)
+        if present:
+            txn.rename(self.collection, name, self.stash_collection, entry)
+        else:
+            txn.put(self.stash_collection, entry, b"", attrs={pgs.ABSENT_ATTR: b"1"})
+        if acked_to is not None:
+            self.acked_seen = max(self.acked_seen, acked_to)
+            cut = 0
+            while cut < min(len(self.stash_names), STASH_TRIM_BATCH) and \
+                    pgs.parse_stash_entry(self.stash_names[cut])[0] <= acked_to:
+                cut += 1
+            for old in self.stash_names[:cut]:
+                txn.delete(self.stash_collection, old)
+            del self.stash_names[:cut]
+        return entry
+
+    def stashed(self, entry):
+        """The transaction of stash_ops committed."""
+        bisect.insort(self.stash_names, entry)
+
+    def stash_of(self, name):
+        """This member's stash entries of `name`, oldest first."""
+        return [entry for entry in (self.stash_names or ())
+                if pgs.parse_stash_entry(entry)[1] == name]
 
     # -- replicated ops on members ----------------------------------------------------------------
 

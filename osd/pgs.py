@@ -414,15 +414,18 @@ class PgRegistry:
                     break
             await self.store.apply(txn.remove_collection(pg.log_collection))
         pg.log_forgotten()
-        while self.store.has_collection(pg.collection) and pg.state == "stray":
-            names, _ = self.store.list_objects(pg.collection, limit=STRAY_DELETE_BATCH)
-            txn = Transaction()
-            for name in names:
-                txn.delete(pg.collection, name)
-            if not names:
-                txn.remove_collection(pg.collection)
-            await self.store.apply(txn)
-            pg.stray_objects = max(0, (pg.stray_objects or 0) - len(names))
+        pg.stash_names = None
+        for collection in (pg.stash_collection, pg.collection):
+            while self.store.has_collection(collection) and pg.state == "stray":
+                names, _ = self.store.list_objects(collection, limit=STRAY_DELETE_BATCH)
+                txn = Transaction()
+                for name in names:
+                    txn.delete(collection, name)
+                if not names:
+                    txn.remove_collection(collection)
+                await self.store.apply(txn)
+                if collection == pg.collection:
+                    pg.stray_objects = max(0, (pg.stray_objects or 0) - len(names))
 
     # -- talking to members -------------------------------------------------------------------------
 
@@ -605,9 +608,12 @@ class PgRegistry:
 
     # -- the log ----------------------------------------------------------------------------------
 
-    async def ensure_collections(self, pg):
-        """Create the PG's object and log collections on first use."""
-        wanted = [c for c in (pg.collection, pg.log_collection) if not self.store.has_collection(c)]
+    async def ensure_collections(self, pg, stash=False):
+        """Create the PG's object and log collections on first use (and its rollback stash
+        for an erasure-coded PG)."""
+        wanted = [c for c in (pg.collection, pg.log_collection) + ((pg.stash_collection,) if
+                                                                    stash else ())
+                  if not self.store.has_collection(c)]
         if not wanted:
             return
         async with self.daemon.service.collection_lock:
@@ -642,6 +648,21 @@ class PgRegistry:
         newest_complete = next((entry for entry in reversed(names) if COMPLETE_ATTR in
                                 self.store.stat(pg.log_collection, entry).attrs), None)
         pg.log_loaded(names, tail_attrs, newest_complete)
+
+    def load_stash(self, pg):
+        """Hand the PG's rollback stash entries to the core (once per PG)."""
+        if pg.stash_names is not None:
+            return
+        names, start_after = [], None
+        if self.store.has_collection(pg.stash_collection):
+            while True:
+                batch, start_after = self.store.list_objects(pg.stash_collection,
+                                                             start_after=start_after,
+                                                             limit=RECOVERY_LIST_PAGE)
+                names.extend(batch)
+                if start_after is None:
+                    break
+        pg.stash_loaded(names)
 
     def log_ops(self, pg, txn, version, name, delete, complete):
         self.load_log(pg)

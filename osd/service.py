@@ -80,7 +80,7 @@ class ObjectService:
 
     OPS = ("put", "get", "stat", "delete", "list", "rep_put", "rep_delete", "pg_query", "pg_list",
            "pg_log", "pg_stat", "pg_read", "pg_push", "pg_remove", "pg_mark", "pg_info",
-           "pg_scrub", "pg_scrub_local")
+           "pg_scrub", "pg_scrub_local", "pg_versions")
 
     async def handle(self, header, payload):
         op = header["op"]
@@ -189,19 +189,37 @@ class ObjectService:
         key = (pg.collection, name)
         entry = await self._locked(key)
         try:
-            self.registry.load_log(pg)
-            plan = pg.plan_write(acting, self.map.epoch, name, delete, manifest,
-                                 existed=self.registry.exists(pg, name))
-            committed, failure = await self.backend(pool).write(pg, plan, payload)
-            pg.write_finished(plan, committed)
-            if failure is not None:
-                # Not acknowledged. Members that did commit keep the new version; the next
-                # peering reconciles them (an unacknowledged write may appear whole or not).
-                raise failure
+            plan = await self._write_under_lock(pool, pg, acting, name, payload, delete,
+                                                manifest)
             self.ops_total += 1
             return {"version": plan.version, "epoch": plan.epoch}, b""
         finally:
             self._unlock(key, entry)
+
+    async def _write_under_lock(self, pool, pg, acting, name, payload, delete, manifest):
+        self.registry.load_log(pg)
+        plan = pg.plan_write(acting, self.map.epoch, name, delete, manifest,
+                             existed=self.registry.exists(pg, name))
+        committed, failure = await self.backend(pool).write(pg, plan, payload)
+        pg.write_finished(plan, committed, acknowledged=failure is None)
+        if failure is not None:
+            # Not acknowledged. Members that did commit keep the new version; the next
+            # peering reconciles them (an unacknowledged write may appear whole or not).
+            raise failure
+        return plan
+
+    async def write_locked(self, pg, name, payload, delete, manifest):
+        """A write for the PG itself (a rollback during recovery) by a caller that already
+        holds the object's lock; the PG must be active and writable."""
+        pool = pgs.pool_by_id(self.map, pg.key[0])
+        if not pg.active.is_set():
+            raise RequestFailed("again", f"pg {pg.key[0]}.{pg.key[1]:x} is {pg.state}; a "
+                                "rollback waits until it is active")
+        try:
+            await self._write_under_lock(pool, pg, pg.check_writable(pool["name"]), name,
+                                         payload, delete, manifest)
+        except Refused as exc:
+            raise RequestFailed(exc.code, exc.message) from None
 
     async def _get(self, header, payload):
         pool, pg = await self._pg_of(header)
@@ -321,7 +339,11 @@ class ObjectService:
                     isinstance(v, int) and v >= 0 for v in r) for r in ranges)):
             raise RequestFailed("invalid", f"ranges must be a list of at most "
                                 f"{PG_READ_RANGES_MAX} [offset, length] pairs")
-        record, data = await self.backend(pool).read_local(pg, self._name(header), ranges)
+        stash = header.get("stash")
+        if stash is not None and not (isinstance(stash, str) and stash):
+            raise RequestFailed("invalid", "stash names a rollback stash entry")
+        record, data = await self.backend(pool).read_local(pg, self._name(header), ranges,
+                                                           stash)
         reply = {"version": pgs.version_of(record.attrs),
                  "manifest": pgs.MANIFEST_ATTR in record.attrs}
         if pgs.SHARD_ATTR in record.attrs:
@@ -365,6 +387,37 @@ class ObjectService:
             await self.store.apply(txn)
             pg.marked(version)
         return {}, b""
+
+    async def _pg_versions(self, header, payload):
+        """Every version of one object this member holds: its current copy or shard and its
+        rollback stash entries (erasure-coded PGs), for a rollback decision."""
+        pool, pg = await self._from_primary(header)
+        name = self._name(header)
+        held = []
+        record = self.registry.local_record(pg, name)
+        if record is not None:
+            held.append(self._held(record.attrs))
+        if pool["kind"] == "erasure" and self.store.has_collection(pg.stash_collection):
+            self.registry.load_stash(pg)
+            for entry in pg.stash_of(name):
+                try:
+                    attrs = self.store.stat(pg.stash_collection, entry).attrs
+                except ObjectNotFound:
+                    continue
+                replaced_by = pgs.parse_stash_entry(entry)[0]
+                if pgs.ABSENT_ATTR in attrs:
+                    held.append({"absent": True, "replaced_by": replaced_by})
+                else:
+                    held.append({**self._held(attrs), "entry": entry,
+                                 "replaced_by": replaced_by})
+        return {"held": held, "acked_seen": pg.acked_seen}, b""
+
+    @staticmethod
+    def _held(attrs):
+        geometry = pgs.ec_geometry(attrs) if pgs.EC_ATTR in attrs else None
+        return {"version": pgs.version_of(attrs), "shard": pgs.shard_of(attrs),
+                "ec": list(geometry) if geometry else None,
+                "manifest": pgs.MANIFEST_ATTR in attrs}
 
     async def _pg_scrub(self, header, payload):
         """Scrub one PG (on its primary): {deep, repair} -> the PG's report (osd/scrub.py)."""

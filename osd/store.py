@@ -53,8 +53,8 @@ from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpt
                               CollectionNotFound, InvalidArgument, NoSpace, ObjectNotFound,
                               StoreError, StoreExists, StoreMismatch)
 from cairn.osd.records import ObjectRecord
-from cairn.osd.txn import (CreateCollection, Delete, Put, RemoveCollection, SetAttrs,  # noqa: F401
-                           Transaction, Write)
+from cairn.osd.txn import (CreateCollection, Delete, Put, RemoveCollection, Rename,  # noqa: F401
+                           SetAttrs, Transaction, Write)
 from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
 
 META_ROOT_DEFAULT = "/var/lib/cairn"
@@ -505,9 +505,13 @@ class Store:
             self._applying -= 1
 
     async def _apply(self, txn):
-        keys = sorted({records.object_key(op.collection, op.name) for op in txn.ops
-                       if hasattr(op, "name")})
+        keys = {records.object_key(op.collection, op.name) for op in txn.ops
+                if hasattr(op, "name")}
+        keys |= {records.object_key(op.target_collection, op.target_name) for op in txn.ops
+                 if type(op) is Rename}
+        keys = sorted(keys)
         collections_written = {op.collection for op in txn.ops if hasattr(op, "name")}
+        collections_written |= {op.target_collection for op in txn.ops if type(op) is Rename}
         await self._lock(keys)
         self._collection_writers.update(collections_written)
         try:
@@ -557,6 +561,8 @@ class Store:
                     self._plan_create_collection(plan, op)
                 elif isinstance(op, RemoveCollection):
                     self._plan_remove_collection(plan, op)
+                elif isinstance(op, Rename):
+                    self._plan_rename(plan, op)
                 else:
                     if not self._collection_exists(plan, op.collection):
                         raise CollectionNotFound(op.collection)
@@ -615,6 +621,25 @@ class Store:
         if planned_live or committed_live or writers > 0:
             raise CollectionNotEmpty(op.collection)
         plan.collections[records.collection_key(op.collection)] = False
+
+    def _plan_rename(self, plan, op):
+        for collection in (op.collection, op.target_collection):
+            if not self._collection_exists(plan, collection):
+                raise CollectionNotFound(collection)
+        key = records.object_key(op.collection, op.name)
+        target = records.object_key(op.target_collection, op.target_name)
+        old = plan.records[key] if key in plan.records else \
+            self._record(op.collection, op.name)
+        if old is None:
+            raise ObjectNotFound(op.collection, op.name)
+        if key == target:
+            return
+        replaced = plan.records[target] if target in plan.records else \
+            self._record(op.target_collection, op.target_name)
+        if replaced is not None:
+            self._drop(plan, replaced.extents)
+        plan.records[target] = old.copy()       # the same extents: nothing is copied or freed
+        plan.records[key] = None
 
     def _drop(self, plan, extents):
         """Extents no longer referenced: committed ones are freed at commit; ones this same

@@ -41,6 +41,13 @@ class Delete(typing.NamedTuple):
     name: str
 
 
+class Rename(typing.NamedTuple):
+    collection: str
+    name: str
+    target_collection: str
+    target_name: str
+
+
 class SetAttrs(typing.NamedTuple):
     collection: str
     name: str
@@ -92,6 +99,14 @@ class Transaction:
     def delete(self, collection, name):
         self._check_object(collection, name)
         self.ops.append(Delete(collection, name))
+        return self
+
+    def rename(self, collection, name, target_collection, target_name):
+        """Move an object (data, attributes) to another name or collection without copying
+        its bytes; an object already at the target is replaced."""
+        self._check_object(collection, name)
+        self._check_object(target_collection, target_name)
+        self.ops.append(Rename(collection, name, target_collection, target_name))
         return self
 
     def set_attrs(self, collection, name, attrs):

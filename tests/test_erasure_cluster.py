@@ -9,7 +9,6 @@ that two *other* OSDs can then be lost. Bit rot in one shard and in one replica 
 found by a deep scrub with the right OSD and kind, shown as PG_INCONSISTENT, and repaired.
 """
 
-import asyncio
 import json
 import random
 import subprocess

@@ -1,9 +1,12 @@
 """A model-based checker (like Ceph's ceph_test_rados) under OSD SIGKILLs.
 
 Method: random puts, overwrites, deletes and reads go through the client library against an
-in-memory model of what each object must hold, while the test SIGKILLs and restarts random OSDs
-(size 3, min_size 2): one down at a time for the first part of the run, then two at a time (the
-PGs drop below min_size: writes are refused, reads go on). An op that fails (timeout, refused) leaves its object
+in-memory model of what each object must hold, while the test SIGKILLs and restarts random OSDs:
+one down at a time for the first part of the run, then two at a time. Two shapes: replicated
+size 3 min_size 2 on 3 OSDs (two down: the PGs drop below min_size, writes are refused, reads
+go on), and erasure-coded 4+2 min_size 4 on 3 hosts x 2 OSDs (two down: writes go on with
+exactly k shards, and a read may find too few shards of an object whose other shards are on
+the OSDs just killed: DataUnavailable, counted, never wrong bytes). An op that fails (timeout, refused) leaves its object
 *uncertain*: either the old or the new value may be there, as for any unacknowledged write. Every
 read must return the model's value (or one of the candidates while uncertain): never wrong bytes.
 At the end every OSD is up, every PG active, and every object reads back as the model says.
@@ -89,7 +92,7 @@ async def worker(index, pool, model, rng, stop_at, stats):
                     got = await pool.get(name)
                 except errors.ObjectNotFound:
                     got = None
-                except errors.Timeout:
+                except (errors.Timeout, errors.DataUnavailable):
                     stats["failed"] += 1
                     continue
                 assert got in model.possible(name), \
@@ -101,10 +104,20 @@ async def worker(index, pool, model, rng, stop_at, stats):
             raise AssertionError(f"{name}: {exc}") from None
 
 
-def test_checker_survives_osd_kills(local_cluster):
-    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST)
-    cluster.cairn("pool", "create", "data", "--replicated", "3", "--min-size", "2",
-                  "--pg-num", "16")
+SHAPES = {
+    "replicated": dict(osds_per_host=1, pool=("--replicated", "3", "--min-size", "2")),
+    "erasure-4+2": dict(osds_per_host=2, pool=("--erasure", "4+2", "--osds-per-domain", "2",
+                                               "--min-size", "4")),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_checker_survives_osd_kills(local_cluster, shape):
+    osds_per_host = SHAPES[shape]["osds_per_host"]
+    osd_count = 3 * osds_per_host
+    cluster = local_cluster(hosts=3, osds_per_host=osds_per_host, device_size="512M",
+                            config=FAST)
+    cluster.cairn("pool", "create", "data", *SHAPES[shape]["pool"], "--pg-num", "16")
     rng = random.Random(20261122)
     model = Model()
     stats = {"puts": 0, "deletes": 0, "reads": 0, "failed": 0, "kills": 0}
@@ -113,7 +126,7 @@ def test_checker_survives_osd_kills(local_cluster):
         two_from = stop_at - RUN_S / 3
         while time.monotonic() < stop_at - 6:
             await asyncio.sleep(rng.uniform(1.0, 3.0))
-            victims = [f"osd.{i}" for i in rng.sample(range(3),
+            victims = [f"osd.{i}" for i in rng.sample(range(osd_count),
                                                        2 if time.monotonic() > two_from else 1)]
             for victim in victims:
                 await asyncio.to_thread(cluster.script, "kill", victim)

@@ -160,3 +160,40 @@ def test_4_plus_2_primary_killed_mid_write_leaves_old_or_new(local_cluster):
             for i in old:
                 assert await pool.get(f"o{i}") == new[i], i
     run(main())
+
+
+def test_4_plus_2_interrupted_overwrite_on_too_few_shards_rolls_back(local_cluster):
+    """The erasure-coding write hole. An overwrite reaches only 3 of 6 members (three are
+    frozen, then killed), so neither the new version (3 shards) nor the old one (3 shards left
+    where nobody overwrote them) has the 4 a decode needs. Members keep the shard an overwrite
+    replaces until the write is settled, so recovery can roll the object back to the old value:
+    after the members return, the object reads as the old value (the new one was never
+    acknowledged) and the PG ends clean."""
+    cluster = local_cluster(hosts=3, osds_per_host=2, device_size="512M", config=FAST)
+    cluster.cairn("pool", "create", "ec", "--erasure", "4+2", "--osds-per-domain", "2",
+                  "--pg-num", "1")
+    old, new = random.Random(1).randbytes(1 << 20), random.Random(2).randbytes(1 << 20)
+
+    async def main():
+        async with await Cluster.connect(cluster.dir, op_timeout_s=30) as client:
+            pool = client.pool("ec")
+            await pool.put("x", old)
+            await pool.put("untouched", b"still here")
+            members = cluster.cairn("map", "ec", "x")[1]["osds"]
+            frozen = members[3:]
+            for osd in frozen:
+                cluster.script("kill", f"osd.{osd}", "--signal", "STOP")
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(pool.put("x", new), 2.0)     # reaches 3 members only
+            for osd in frozen:
+                cluster.script("kill", f"osd.{osd}")
+            cluster.wait_for("the frozen OSDs down", lambda: sum(
+                cluster.osd(osd)["up"] for osd in frozen) == 0, 30)
+            for osd in frozen:
+                cluster.script("restart", f"osd.{osd}")
+            cluster.wait_for("recovery ends", lambda: clean(cluster), 60)
+            assert await pool.get("x") == old
+            assert await pool.get("untouched") == b"still here"
+            await pool.put("x", new)                                 # and it takes new writes
+            assert await pool.get("x") == new
+    run(main())

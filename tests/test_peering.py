@@ -356,7 +356,8 @@ class Simulation:
             assert self.acked.get(name) is None or name in self.uncertain, name
             return                                      # a delete of what is not there
         applied = await self.apply_on_members(plan, value, fail_after)
-        pg.write_finished(plan, committed_here=applied > 0)
+        pg.write_finished(plan, committed_here=applied > 0,
+                          acknowledged=applied == len(plan.targets) and fail_after is None)
         if applied == len(plan.targets) and fail_after is None:
             self.acked[name] = value
             self.uncertain.discard(name)

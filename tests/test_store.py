@@ -128,6 +128,34 @@ def test_transactions_are_atomic(open_twin, tmp_path):
     run(body())
 
 
+def test_rename_moves_without_copying_and_replaces_the_target(open_twin, tmp_path):
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        await store.create_collection("stash")
+        await store.put("c", "a", b"A" * 9000, attrs={"v": b"1"})
+        await store.put("stash", "old", b"replaced" * 100)
+        used = store.statfs()
+        # The shape of an erasure-coded overwrite: keep the old bytes aside, write the new.
+        await store.apply(Transaction().rename("c", "a", "stash", "old").put("c", "a", b"new"))
+        assert await store.read_bytes("stash", "old") == b"A" * 9000
+        assert store.stat("stash", "old").attrs == {"v": b"1"}
+        assert await store.read_bytes("c", "a") == b"new"
+        assert store.statfs()["used_bytes"] <= used["used_bytes"] + 4096   # no copy of 9000
+        with pytest.raises(ObjectNotFound):
+            await store.apply(Transaction().rename("c", "nothing", "stash", "x"))
+        await store.apply(Transaction().rename("stash", "old", "c", "a"))      # roll back
+        assert await store.read_bytes("c", "a") == b"A" * 9000
+        assert store.list_objects("stash") == ([], None)
+        await assert_fsck_clean(store)
+        await store.close()
+        store = await Store.open(device, meta)
+        assert await store.read_bytes("c", "a") == b"A" * 9000
+        await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
 def test_collections_and_listing(open_twin, tmp_path):
     async def body():
         device, meta, store = await fresh_store(open_twin, tmp_path)
