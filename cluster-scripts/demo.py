@@ -6,8 +6,10 @@ It runs the same commands a user would, printing each one and its output:
 2. `cairn status`, `cairn osd tree`; create a replicated pool and an erasure-coded pool on the
    host failure domain, and show where a few objects live;
 3. write real data through the client library (`cairn put`: a file of --data bytes striped over
-   4 MiB objects, each acknowledged once on all 3 replicas), printing the throughput;
-4. SIGKILL an OSD and time how long the monitor takes to mark it down and then out; restart it,
+   4 MiB objects, each acknowledged once on all 3 replicas), printing the throughput, and the
+   same file into the 4+2 erasure-coded pool (each object as 6 shards);
+4. SIGKILL an OSD and time how long the monitor takes to mark it down and then out; read the
+   erasure-coded copy back while it is down (degraded reads decode); restart it,
    watch it come back up and in while its PGs recover; SIGKILL the monitors' leader and time the
    next map change (the other two elect a new leader), restart it; read the data back
    (`cairn get`), comparing checksums;
@@ -73,6 +75,9 @@ def demo(args):
         digest = _make_file(source, size)
         _run(cairn + ["put", "checkpoints", "llama/step-1000.ckpt", source])
         _run(cairn + ["stat", "checkpoints", "llama/step-1000.ckpt"])
+        print("\nthe same file into the 4+2 erasure-coded pool (1.5x the bytes on disk, not 3x)",
+              flush=True)
+        _run(cairn + ["put", "datasets", "llama/step-1000.ckpt", source])
 
         victim = f"osd.{args.osds_per_host}"          # the first OSD of the second host
         osd_id = args.osds_per_host
@@ -85,6 +90,11 @@ def demo(args):
         print(f"  {victim} marked down after {down_s - killed:.1f} s, out after "
               f"{out_s - killed:.1f} s", flush=True)
         _run(cairn + ["status"])
+        print(f"\nread the erasure-coded copy back with {victim} gone (its shards are rebuilt "
+              "on the fly from the others)", flush=True)
+        target = source + ".ec"
+        _run(cairn + ["get", "datasets", "llama/step-1000.ckpt", target])
+        _check(target, digest, size)
         _run(cluster + ["restart", "--dir", directory, victim])
         back_s = _wait(cairn, osd_id, lambda osd: osd["up"] and osd["in"])
         print(f"  {victim} up and in again {back_s - out_s:.1f} s after the restart began",
@@ -94,13 +104,8 @@ def demo(args):
             _monitor_fault(cairn, cluster, directory)
         target = source + ".back"
         _run(cairn + ["get", "checkpoints", "llama/step-1000.ckpt", target])
-        same = _digest(target) == digest
-        print(f"  read back {format_size(size)}: sha256 {'matches' if same else 'DIFFERS'}",
-              flush=True)
-        if not same:
-            raise RuntimeError("the data read back differs from what was written")
+        _check(target, digest, size)
         os.unlink(source)
-        os.unlink(target)
     finally:
         _run(cluster + ["down", "--dir", directory] + ([] if args.keep else ["--purge"]))
     print(f"\ncairn demo finished in {time.monotonic() - started:.1f} s", flush=True)
@@ -118,6 +123,15 @@ def _monitor_fault(cairn, cluster, directory):
           flush=True)
     _run(cairn + ["status"])
     _run(cluster + ["restart", "--dir", directory, leader])
+
+
+def _check(path, digest, size):
+    same = _digest(path) == digest
+    os.unlink(path)
+    print(f"  read back {format_size(size)}: sha256 {'matches' if same else 'DIFFERS'}",
+          flush=True)
+    if not same:
+        raise RuntimeError("the data read back differs from what was written")
 
 
 def _make_file(path, size):

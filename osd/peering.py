@@ -120,6 +120,7 @@ class Peering:
         self.state = State.WAITING_RECORD
         self.record = None
         self.infos = {}
+        self.complete_tos = {}
         self.pending_queries = set()
         self.authority = None
         self.complete = set()
@@ -146,11 +147,14 @@ class Peering:
         self.pending_queries = set(probe)
         return [Query(osd) for osd in sorted(probe)]
 
-    def info(self, osd, last_update):
+    def info(self, osd, last_update, complete_to=0):
+        """`osd` answered: the highest version it applied, and the version up to which it
+        holds every acknowledged write (its complete_to)."""
         if self.state is not State.QUERYING or osd not in self.pending_queries:
             return []                   # late: peering already failed or moved on
         self.pending_queries.discard(osd)
         self.infos[osd] = last_update
+        self.complete_tos[osd] = complete_to
         if self.pending_queries:
             return []
         return self._choose()
@@ -204,10 +208,16 @@ class Peering:
         self.state = State.ACTIVATING
         if self.authority in self.acting:
             source = self.authority
-            self.complete = {self.authority}
         else:
             source = self.me
-            self.complete = {self.me}
+        # Members that already hold every acknowledged write up to the authority's newest and
+        # nothing past it need no recovery: they are complete from the start. Without this, a
+        # PG whose members are all in step would name only the authority complete, and lose
+        # the authority before the others are recorded: incomplete, though nothing is missing.
+        head = self.infos[self.authority]
+        self.complete = {source} | {osd for osd in self.acting
+                                    if self.infos.get(osd) == head
+                                    and self.complete_tos.get(osd, 0) >= head}
         self.pending_recoveries = set(self.acting) - self.complete
         missing_from = source if self.me in self.pending_recoveries else None
         effects = [Activate(self.epoch, self.acting, tuple(sorted(self.complete)), missing_from)]

@@ -276,7 +276,7 @@ class PgRegistry:
                                  query.osd, result)
                         queue += core.failed(query.osd, str(result))
                     else:
-                        queue += core.info(query.osd, result)
+                        queue += core.info(query.osd, *result)
             elif isinstance(effect, peering.Recover) and core.state is peering.State.ACTIVE:
                 background = [effect] + [e for e in queue if isinstance(e, peering.Recover)]
                 queue = [e for e in queue if not isinstance(e, peering.Recover)]
@@ -403,15 +403,8 @@ class PgRegistry:
         # The log goes first, in one transaction: a copy half deleted never looks complete.
         if self.store.has_collection(pg.log_collection):
             txn = Transaction()
-            start_after = None
-            while True:
-                names, start_after = self.store.list_objects(pg.log_collection,
-                                                             start_after=start_after,
-                                                             limit=RECOVERY_LIST_PAGE)
-                for name in names:
-                    txn.delete(pg.log_collection, name)
-                if start_after is None:
-                    break
+            for name in self._all_names(pg.log_collection):
+                txn.delete(pg.log_collection, name)
             await self.store.apply(txn.remove_collection(pg.log_collection))
         pg.log_forgotten()
         pg.stash_names = None
@@ -449,7 +442,7 @@ class PgRegistry:
 
     async def _query(self, pg, osd_id, epoch):
         header, _ = await self.call(osd_id, self.header(pg, "pg_query", epoch))
-        return header["last_update"]
+        return header["last_update"], header.get("complete_to", 0)
 
     async def _listing(self, pg, osd_id, epoch, as_target=False):
         versions, start_after = {}, None
@@ -632,15 +625,7 @@ class PgRegistry:
         """Hand the PG's log as the store holds it to the core (once per PG)."""
         if pg.log_names is not None:
             return
-        names, start_after = [], None
-        if self.store.has_collection(pg.log_collection):
-            while True:
-                batch, start_after = self.store.list_objects(pg.log_collection,
-                                                             start_after=start_after,
-                                                             limit=RECOVERY_LIST_PAGE)
-                names.extend(batch)
-                if start_after is None:
-                    break
+        names = self._all_names(pg.log_collection)
         tail_attrs = None
         if TAIL_NAME in names:
             names.remove(TAIL_NAME)
@@ -651,18 +636,20 @@ class PgRegistry:
 
     def load_stash(self, pg):
         """Hand the PG's rollback stash entries to the core (once per PG)."""
-        if pg.stash_names is not None:
-            return
+        if pg.stash_names is None:
+            pg.stash_loaded(self._all_names(pg.stash_collection))
+
+    def _all_names(self, collection):
+        """Every object name in `collection` (none if it does not exist), page by page."""
         names, start_after = [], None
-        if self.store.has_collection(pg.stash_collection):
-            while True:
-                batch, start_after = self.store.list_objects(pg.stash_collection,
-                                                             start_after=start_after,
-                                                             limit=RECOVERY_LIST_PAGE)
-                names.extend(batch)
-                if start_after is None:
-                    break
-        pg.stash_loaded(names)
+        if not self.store.has_collection(collection):
+            return names
+        while True:
+            batch, start_after = self.store.list_objects(collection, start_after=start_after,
+                                                         limit=RECOVERY_LIST_PAGE)
+            names.extend(batch)
+            if start_after is None:
+                return names
 
     def log_ops(self, pg, txn, version, name, delete, complete):
         self.load_log(pg)

@@ -302,7 +302,8 @@ class ObjectService:
     async def _pg_query(self, header, payload):
         pool, pg = await self._from_primary(header)
         self.registry.load_log(pg)
-        return {"last_update": pg.query(header.get("epoch", 0))}, b""
+        return {"last_update": pg.query(header.get("epoch", 0)),
+                "complete_to": pg.complete_to}, b""
 
     async def _pg_list(self, header, payload):
         pool, pg = await self._from_primary(header)

@@ -57,6 +57,12 @@ class LocalCluster:
         """This OSD's row of `cairn osd tree`."""
         return next(o for o in self.cairn("osd", "tree")[1]["osds"] if o["id"] == osd_id)
 
+    def clean(self):
+        """Every OSD up, every PG active, no object copy degraded (recovery has ended)."""
+        _, status = self.cairn("status")
+        return status["objects"]["degraded"] == 0 and set(status["pg_states"]) == {"active"} \
+            and status["osds"]["up"] == status["osds"]["total"]
+
     def wait_for(self, what, predicate, timeout_s):
         """Poll predicate() until true; seconds it took; AssertionError naming `what`."""
         import time

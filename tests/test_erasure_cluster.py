@@ -81,7 +81,7 @@ def test_erasure_pool_round_trips_survives_losses_and_rebuilds_shards(local_clus
 
             for name in ("osd.1", "osd.2", "osd.3"):
                 cluster.script("restart", name)
-            cluster.wait_for("recovery ends", lambda: _clean(cluster), 60)
+            cluster.wait_for("recovery ends", cluster.clean, 60)
             await write(pool, 36, 6)
             cluster.script("kill", "osd.0")                     # two others: the rebuilt
             cluster.script("kill", "osd.5")                     # shards must carry the reads
@@ -92,12 +92,6 @@ def test_erasure_pool_round_trips_survives_losses_and_rebuilds_shards(local_clus
     run(main())
     _, status = cluster.cairn("status")
     assert status["objects"]["degraded"] > 0                    # two down: counted degraded
-
-
-def _clean(cluster):
-    _, status = cluster.cairn("status")
-    return status["objects"]["degraded"] == 0 and set(status["pg_states"]) == {"active"} and \
-        status["osds"]["up"] == status["osds"]["total"]
 
 
 def test_bitrot_is_read_around_found_by_deep_scrub_and_repaired(local_cluster):

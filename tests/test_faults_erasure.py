@@ -33,12 +33,6 @@ def host_of(cluster):
     return {o["id"]: o["host"] for o in cluster.cairn("osd", "tree")[1]["osds"]}
 
 
-def clean(cluster):
-    _, status = cluster.cairn("status")
-    return status["objects"]["degraded"] == 0 and set(status["pg_states"]) == {"active"} and \
-        status["osds"]["up"] == status["osds"]["total"]
-
-
 def test_18_plus_6_survives_two_hosts_killed_mid_stream(local_cluster):
     cluster = local_cluster(hosts=8, osds_per_host=3, device_size="256M", config=FAST)
     cluster.cairn("pool", "create", "ec", "--erasure", "18+6", "--osds-per-domain", "3",
@@ -94,7 +88,7 @@ def test_18_plus_6_survives_two_hosts_killed_mid_stream(local_cluster):
             for osd, host in hosts.items():
                 if host in doomed or osd == survivors[0]:
                     await asyncio.to_thread(cluster.script, "restart", f"osd.{osd}")
-            await asyncio.to_thread(cluster.wait_for, "recovery ends", lambda: clean(cluster),
+            await asyncio.to_thread(cluster.wait_for, "recovery ends", cluster.clean,
                                     120)
             for i in acked:
                 assert await pool.get(f"o{i}") == blob(i), i
@@ -122,7 +116,7 @@ def test_4_plus_2_osd_killed_while_another_recovers(local_cluster):
             for i in range(60):
                 assert await pool.get(f"o{i}") == blob(i), i
             cluster.script("restart", "osd.4")
-            cluster.wait_for("recovery ends", lambda: clean(cluster), 120)
+            cluster.wait_for("recovery ends", cluster.clean, 120)
             cluster.script("kill", "osd.0")              # the recovered shards carry reads
             cluster.script("kill", "osd.5")
             cluster.wait_for("two down", lambda: not cluster.osd(0)["up"]
@@ -156,7 +150,7 @@ def test_4_plus_2_primary_killed_mid_write_leaves_old_or_new(local_cluster):
                 got = await pool.get(f"o{i}")
                 assert got == new[i], (i, "old" if got == old[i] else "a mix")
             cluster.script("restart", f"osd.{victim}")
-            cluster.wait_for("recovery ends", lambda: clean(cluster), 60)
+            cluster.wait_for("recovery ends", cluster.clean, 60)
             for i in old:
                 assert await pool.get(f"o{i}") == new[i], i
     run(main())
@@ -191,7 +185,7 @@ def test_4_plus_2_interrupted_overwrite_on_too_few_shards_rolls_back(local_clust
                 cluster.osd(osd)["up"] for osd in frozen) == 0, 30)
             for osd in frozen:
                 cluster.script("restart", f"osd.{osd}")
-            cluster.wait_for("recovery ends", lambda: clean(cluster), 60)
+            cluster.wait_for("recovery ends", cluster.clean, 60)
             assert await pool.get("x") == old
             assert await pool.get("untouched") == b"still here"
             await pool.put("x", new)                                 # and it takes new writes

@@ -33,11 +33,28 @@ from cairn.osd.store import Store, Transaction, mkfs
 pytestmark = pytest.mark.unit
 
 
-def test_new_pg_activates_then_recovers_members_in_the_background():
+def test_members_in_step_with_the_authority_are_complete_at_once():
+    """A new PG, and a PG whose members all hold every write up to the authority's newest:
+    nothing to recover, every member complete in the first record (so losing the authority
+    next cannot make the PG incomplete)."""
+    core = peering.Peering(epoch=5, acting=(1, 2, 3), up_osds={1, 2, 3}, me=1)
+    core.start(None)
+    core.info(1, 0)
+    core.info(2, 0)
+    assert core.info(3, 0) == [Activate(5, (1, 2, 3), (1, 2, 3))]
+    core = peering.Peering(epoch=9, acting=(4, 5, 6), up_osds={4, 5, 6, 7}, me=4)
+    core.start(Record(8, (4, 5, 6, 7), (4, 5, 6, 7)))
+    core.info(4, 30, 30)
+    core.info(5, 30, 30)
+    core.info(6, 30, 20)                    # not complete up to 30: recovered from the authority
+    assert core.info(7, 30, 30) == [Activate(9, (4, 5, 6), (4, 5)), Recover(4, 6)]
+
+
+def test_a_pg_activates_then_recovers_members_in_the_background():
     core = peering.Peering(epoch=5, acting=(1, 2, 3), up_osds={1, 2, 3}, me=1)
     assert core.start(None) == [Query(1), Query(2), Query(3)]
-    assert core.info(1, 0) == [] and core.info(2, 0) == []
-    effects = core.info(3, 0)                                     # ties go to the primary
+    assert core.info(1, 10, 10) == [] and core.info(2, 4, 4) == []
+    effects = core.info(3, 10, 8)                          # equal last_update, ties: the primary
     assert effects == [Activate(5, (1, 2, 3), (1,)), Recover(1, 2), Recover(1, 3)]
     core.activated()
     assert core.state is State.ACTIVE and not core.clean
@@ -105,7 +122,7 @@ def test_a_failed_acting_member_restarts_peering_and_late_answers_are_ignored():
 def test_a_member_whose_background_recovery_fails_stays_incomplete():
     core = peering.Peering(epoch=5, acting=(1, 2), up_osds={1, 2}, me=1)
     core.start(None)
-    core.info(1, 0)
+    core.info(1, 3, 3)
     core.info(2, 0)
     core.activated()
     assert core.failed(2, "timeout") == [] and core.state is State.ACTIVE
@@ -247,7 +264,7 @@ class Simulation:
                     effects += core.failed(effect.osd, "down")
                     continue
                 target.registry.load_log(target.pg)
-                effects += core.info(effect.osd, target.pg.query(epoch))
+                effects += core.info(effect.osd, target.pg.query(epoch), target.pg.complete_to)
             elif isinstance(effect, Recover) and core.state is State.ACTIVE:
                 self.background.append([effect, None])      # done later, between writes
             elif isinstance(effect, Recover):
