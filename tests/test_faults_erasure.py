@@ -162,7 +162,8 @@ def test_4_plus_2_interrupted_overwrite_on_too_few_shards_rolls_back(local_clust
     where nobody overwrote them) has the 4 a decode needs. Members keep the shard an overwrite
     replaces until the write is settled, so recovery can roll the object back to the old value:
     after the members return, the object reads as the old value (the new one was never
-    acknowledged) and the PG ends clean."""
+    acknowledged) and the PG ends clean. A new object written the same way is removed: there
+    was nothing before it."""
     cluster = local_cluster(hosts=3, osds_per_host=2, device_size="512M", config=FAST)
     cluster.cairn("pool", "create", "ec", "--erasure", "4+2", "--osds-per-domain", "2",
                   "--pg-num", "1")
@@ -177,8 +178,9 @@ def test_4_plus_2_interrupted_overwrite_on_too_few_shards_rolls_back(local_clust
             frozen = members[3:]
             for osd in frozen:
                 cluster.script("kill", f"osd.{osd}", "--signal", "STOP")
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(pool.put("x", new), 2.0)     # reaches 3 members only
+            with pytest.raises(asyncio.TimeoutError):               # each reaches 3 members
+                await asyncio.wait_for(asyncio.gather(pool.put("x", new),
+                                                      pool.put("fresh", new)), 2.0)
             for osd in frozen:
                 cluster.script("kill", f"osd.{osd}")
             cluster.wait_for("the frozen OSDs down", lambda: sum(
@@ -187,6 +189,8 @@ def test_4_plus_2_interrupted_overwrite_on_too_few_shards_rolls_back(local_clust
                 cluster.script("restart", f"osd.{osd}")
             cluster.wait_for("recovery ends", cluster.clean, 60)
             assert await pool.get("x") == old
+            with pytest.raises(errors.ObjectNotFound):               # it never existed before
+                await pool.get("fresh")
             assert await pool.get("untouched") == b"still here"
             await pool.put("x", new)                                 # and it takes new writes
             assert await pool.get("x") == new
