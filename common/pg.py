@@ -71,6 +71,12 @@ def ec_attrs(shard_index, size, unit):
     return {SHARD_ATTR: str(shard_index).encode(), EC_ATTR: struct.pack(">QI", size, unit)}
 
 
+def valid_geometry(value):
+    """Whether `value` (from a message) is an erasure-coded object's [size, stripe unit]."""
+    return isinstance(value, list) and len(value) == 2 and \
+        all(type(v) is int and v >= 0 for v in value) and value[1] > 0
+
+
 def ec_geometry(attrs):
     """(object size, stripe unit) of an erasure-coded shard."""
     return struct.unpack(">QI", attrs[EC_ATTR])

@@ -64,9 +64,9 @@ class ObjectInfo:
 class ShardUnavailable(Exception):
     """One shard could not be read for this read (member down, refused, stale or damaged)."""
 
-    def __init__(self, shard_index, reason, damaged=False):
+    def __init__(self, shard_index, reason):
         super().__init__(f"shard {shard_index}: {reason}")
-        self.shard_index, self.reason, self.damaged = shard_index, reason, damaged
+        self.shard_index, self.reason = shard_index, reason
 
 
 class PgBackend(abc.ABC):
@@ -105,21 +105,6 @@ class PgBackend(abc.ABC):
     async def recover_object(self, pg, source, target, name, epoch, pay=None):
         ...
 
-    async def _apply(self, pg, name, payload, version, delete, manifest, complete):
-        """Apply one write here with its log entry; `complete`: this OSD is a complete member
-        (osd/pg.py)."""
-        await self.registry.ensure_collections(pg)
-        txn = Transaction()
-        # A member that missed the object still logs the delete: its log must count every op
-        # it was sent.
-        if not delete:
-            txn.put(pg.collection, name, payload, attrs=object_attrs(version, manifest))
-        elif self.registry.present(pg, name):
-            txn.delete(pg.collection, name)
-        self.registry.log_ops(pg, txn, version, name, delete, complete)
-        await self.store.apply(txn)
-        pg.applied(version, complete)
-
     async def read_local(self, pg, name, ranges=None, stash_entry=None):
         """(stat, bytes) of this OSD's copy or shard (or of a rollback stash entry): whole,
         or the byte `ranges` [(offset, length)] one after another. Large whole reads go out as
@@ -152,6 +137,12 @@ class PgBackend(abc.ABC):
                 raise
             raise RequestFailed("again", f"replica osd.{osd_id}: {exc.message}") from None
 
+    def _write_header(self, pg, plan, **fields):
+        """The rep_put / rep_delete header of a write plan (each target adds its own fields)."""
+        return {"op": "rep_delete" if plan.delete else "rep_put", "pool": pg.key[0],
+                "pg": pg.key[1], "name": plan.name, "version": plan.version,
+                "epoch": plan.epoch, "from": self.me, "manifest": plan.manifest, **fields}
+
     @staticmethod
     def _outcome(results):
         """(the first job committed, the first failure or None) of gathered write jobs."""
@@ -172,9 +163,7 @@ class ReplicatedBackend(PgBackend):
 
     async def write(self, pg, plan, payload):
         """Write locally and send rep_put/rep_delete to every other up member in parallel."""
-        header = {"op": "rep_delete" if plan.delete else "rep_put", "pool": pg.key[0],
-                  "pg": pg.key[1], "name": plan.name, "version": plan.version,
-                  "epoch": plan.epoch, "from": self.me, "manifest": plan.manifest}
+        header = self._write_header(pg, plan)
         local = self.apply(pg, plan.name, payload, plan.version, plan.delete, plan.manifest,
                            plan.target(self.me).complete)
         remote = [self._replicate(target.osd, {**header, "complete": target.complete},
@@ -183,7 +172,19 @@ class ReplicatedBackend(PgBackend):
         return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
 
     async def apply(self, pg, name, payload, version, delete, manifest=False, complete=False):
-        await self._apply(pg, name, payload, version, delete, manifest, complete)
+        """Apply one replicated write here with its log entry; `complete`: this OSD is a
+        complete member (osd/pg.py)."""
+        await self.registry.ensure_collections(pg)
+        txn = Transaction()
+        # A member that missed the object still logs the delete: its log must count every op
+        # it was sent.
+        if not delete:
+            txn.put(pg.collection, name, payload, attrs=object_attrs(version, manifest))
+        elif self.registry.present(pg, name):
+            txn.delete(pg.collection, name)
+        self.registry.log_ops(pg, txn, version, name, delete, complete)
+        await self.store.apply(txn)
+        pg.applied(version, complete)
 
     async def apply_message(self, pg, header, payload, delete):
         await self.apply(pg, header["name"], None if delete else payload, header["version"],
@@ -284,10 +285,7 @@ class ErasureBackend(PgBackend):
                                                     layout, payload)
             geometry = [layout.size, layout.unit]
         acked_to = pg.acked_to()
-        header = {"op": "rep_delete" if plan.delete else "rep_put", "pool": pg.key[0],
-                  "pg": pg.key[1], "name": plan.name, "version": plan.version,
-                  "epoch": plan.epoch, "from": self.me, "manifest": plan.manifest,
-                  "ec": geometry, "acked_to": acked_to}
+        header = self._write_header(pg, plan, ec=geometry, acked_to=acked_to)
         local, remote = None, []
         for target in plan.targets:
             shard = shards[target.position] if shards is not None else b""
@@ -328,9 +326,7 @@ class ErasureBackend(PgBackend):
         if shard_index != here:
             raise RequestFailed("again", f"osd.{self.me} holds shard {here} of pg "
                                 f"{pg.key[0]}.{pg.key[1]:x} here, not {shard_index!r}; retry")
-        if not delete and not (isinstance(geometry, list) and len(geometry) == 2
-                               and all(isinstance(v, int) and v >= 0 for v in geometry)
-                               and geometry[1] > 0):
+        if not delete and not pgs.valid_geometry(geometry):
             raise RequestFailed("invalid", "an erasure-coded shard needs ec: [size, unit]")
         acked_to = header.get("acked_to")
         if acked_to is not None and not isinstance(acked_to, int):
@@ -428,8 +424,9 @@ class ErasureBackend(PgBackend):
                                              for index, (osd, entry) in sources))
             data = b""
             if size:
-                data = ecstripe.decode_span(codec, layout, 0, layout.stripe_count - 1,
-                                            dict(zip([index for index, _ in sources], fetched)))
+                data = await self._in_thread_if_large(
+                    size, ecstripe.decode_span, codec, layout, 0, layout.stripe_count - 1,
+                    dict(zip([index for index, _ in sources], fetched)))
             await write(pg, name, data, delete=False, manifest=manifest)
             log.warning("pg %d.%x: rolled %r back from unacknowledged version %x (too few "
                         "shards) to version %x", *pg.key, name, version, chosen)
@@ -451,18 +448,16 @@ class ErasureBackend(PgBackend):
                 raise ShardUnavailable(shard_index, "absent here") from None
             except ChecksumError as exc:
                 self._damaged(pg, name, osd, shard_index, str(exc))
-                raise ShardUnavailable(shard_index, str(exc), damaged=True) from None
+                raise ShardUnavailable(shard_index, str(exc)) from None
             found = (pgs.version_of(record.attrs), pgs.shard_of(record.attrs))
         else:
             try:
                 header, data = await self.registry.call(osd, self.registry.header(
                     pg, "pg_read", pg.interval[0], name=name, ranges=ranges, stash=stash_entry))
             except RequestFailed as exc:
-                damaged = exc.code == "io_error" and "checksum" in exc.message
-                if damaged:
+                if exc.code == "io_error" and "checksum" in exc.message:
                     self._damaged(pg, name, osd, shard_index, exc.message)
-                raise ShardUnavailable(shard_index, f"osd.{osd}: {exc.message}",
-                                       damaged) from None
+                raise ShardUnavailable(shard_index, f"osd.{osd}: {exc.message}") from None
             found = (header.get("version"), header.get("shard"))
         if found != (version, shard_index):
             raise ShardUnavailable(shard_index, f"osd.{osd} holds version {found[0]} of shard "

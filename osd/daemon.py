@@ -135,6 +135,8 @@ class OsdDaemon:
                     "objects": self.pgs.object_counts(),
                     "inconsistent": self.pgs.inconsistent(),
                     "scrubs": self.scrubber.scrubs_total,
+                    "degraded_reads": self.service.backends["erasure"].degraded_reads_total,
+                    "damaged_shards": self.service.backends["erasure"].damaged_shards_total,
                     "repairs": self.scrubber.repairs_total,
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:

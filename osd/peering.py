@@ -35,7 +35,7 @@ Any step failing (an OSD gone, a newer map) restarts peering at the next interva
 
 `Peering` is driven by events and answers with effects, which the shell carries out in order:
     start(record)          -> [Query(osd)...] or [Incomplete]
-    info(osd, last_update) -> [] or [Recover(authority, me)] or [Activate, Recover...]
+    info(osd, last_update, complete_to) -> [] or [Recover(authority, me)] or [Activate, Recover...]
     recovered(target)      -> [] or [Activate, Recover...] or [Complete]
     activated()            -> state ACTIVE (recoveries continue in the background)
     failed(osd)            -> [Restart] (the shell retries after a delay or a new map)

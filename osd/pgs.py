@@ -230,9 +230,11 @@ class PgRegistry:
         should have), `degraded` (copies acting members still lack: being recovered, or a
         member short of the pool's size) and `misplaced` (copies held here by PGs this OSD is
         no longer a member of, until they are deleted)."""
-        sums = [sum(column) for column in zip((0, 0, 0), *(pg.object_counts()
-                                                            for pg in self.pgs.values()))]
-        return dict(zip(("total", "degraded", "misplaced"), sums))
+        totals = [0, 0, 0]
+        for pg in self.pgs.values():
+            for index, count in enumerate(pg.object_counts()):
+                totals[index] += count
+        return dict(zip(("total", "degraded", "misplaced"), totals))
 
     # -- peering ----------------------------------------------------------------------------------
 

@@ -81,7 +81,10 @@ class Scrubber:
             if deep:
                 pg.last_deep_scrub = pg.last_scrub
         if not unrepaired:
-            pg.damaged.difference_update(names if names is not None else set(pg.damaged))
+            if names is None:
+                pg.damaged.clear()
+            else:
+                pg.damaged.difference_update(names)
         report["errors"] = [error.to_dict(pg_name(pg)) for error in errors]
         report["repaired"] = repaired
         self.scrubs_total += 1

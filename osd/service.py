@@ -284,17 +284,16 @@ class ObjectService:
         return version
 
     async def _rep_put(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        self._name(header)                  # both checked before the backend reads them
-        self._version(header)
-        await self.backend(pool).apply_message(pg, header, payload, delete=False)
-        return {}, b""
+        return await self._replicated_write(header, payload, delete=False)
 
     async def _rep_delete(self, header, payload):
+        return await self._replicated_write(header, payload, delete=True)
+
+    async def _replicated_write(self, header, payload, delete):
         pool, pg = await self._from_primary(header)
         self._name(header)                  # both checked before the backend reads them
         self._version(header)
-        await self.backend(pool).apply_message(pg, header, payload, delete=True)
+        await self.backend(pool).apply_message(pg, header, payload, delete)
         return {}, b""
 
     # -- peering and recovery ops -------------------------------------------------------------------
@@ -361,8 +360,7 @@ class ObjectService:
         if pool["kind"] == "erasure":
             shard, geometry = header.get("shard"), header.get("ec")
             if not (isinstance(shard, int) and 0 <= shard < pool["size"] and
-                    isinstance(geometry, list) and len(geometry) == 2 and
-                    all(isinstance(v, int) and v >= 0 for v in geometry)):
+                    pgs.valid_geometry(geometry)):
                 raise RequestFailed("invalid", "pg_push of a shard needs shard and ec: "
                                     "[size, unit]")
             attrs.update(pgs.ec_attrs(shard, *geometry))

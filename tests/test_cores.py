@@ -133,7 +133,8 @@ CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock",
          "cairn.common.units", "cairn.common.limits", "cairn.common.placement",
          "cairn.common.clustermap", "cairn.common.config", "cairn.common.frame",
          "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat", "cairn.mon.raft",
-         "cairn.osd.peering", "cairn.osd.ecstripe", "cairn.native.erasure"]
+         "cairn.osd.peering", "cairn.osd.ecstripe", "cairn.native.erasure", "cairn.osd.pg",
+         "cairn.osd.scrub", "cairn.osd.txn"]
 
 
 @pytest.mark.parametrize("module", CORES)
