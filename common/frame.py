@@ -79,7 +79,10 @@ class Frame:
 
 
 def encode(kind, request_id, header, payload=b""):
-    """[fixed + msgpack header, payload]: the buffers to write, in order (payload not copied)."""
+    """[fixed + msgpack header, payload...]: the buffers to write, in order (payload not copied).
+
+    `payload` is one bytes-like object or a tuple of them, sent one after another as one payload
+    (a read gathered from several shards goes out without being joined first)."""
     if not isinstance(header, dict):
         raise LocalProtocolError(f"a frame header is a dict (got {type(header).__name__})")
     try:
@@ -89,16 +92,20 @@ def encode(kind, request_id, header, payload=b""):
     if len(packed) > HEADER_BYTES_MAX:
         raise LocalProtocolError(f"frame header is {len(packed)} bytes; the limit is "
                                  f"{HEADER_BYTES_MAX}")
-    payload_bytes = len(payload) if not isinstance(payload, memoryview) else payload.nbytes
+    pieces = payload if isinstance(payload, tuple) else (payload,)
+    payload_bytes = sum(memoryview(piece).nbytes for piece in pieces)
     if payload_bytes > PAYLOAD_BYTES_MAX:
         raise LocalProtocolError(f"frame payload is {payload_bytes} bytes; the limit is "
                                  f"{PAYLOAD_BYTES_MAX}")
     if not 0 <= request_id < 1 << 64:
         raise LocalProtocolError(f"request id {request_id} does not fit 64 bits")
+    payload_crc = 0
+    for piece in pieces:
+        payload_crc = crc32c(piece, payload_crc)
     fixed = _FIXED.pack(MAGIC, VERSION, int(Kind(kind)), 0, request_id, len(packed),
-                        payload_bytes, crc32c(payload) if payload_bytes else 0)
+                        payload_bytes, payload_crc)
     head = fixed + packed
-    return [head[:_FIXED.size] + struct.pack("<I", crc32c(head)) + packed, payload]
+    return [head[:_FIXED.size] + struct.pack("<I", crc32c(head)) + packed, *pieces]
 
 
 def encode_bytes(kind, request_id, header, payload=b""):

@@ -33,6 +33,7 @@ import dataclasses
 import logging
 
 from cairn.common import pg as pgs
+from cairn.common.limits import BLOCK_SIZE_BYTES
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.native.erasure import DEFAULT_BACKEND, BadFragment, Codec, NotEnoughFragments
 from cairn.osd import ecstripe
@@ -50,6 +51,8 @@ ZERO_COPY_READ_BYTES_MIN = 64 * 1024
 # Objects from this size on are encoded and decoded in a worker thread, so the event loop goes
 # on serving meanwhile (an 18+6 encode of 64 MiB takes about 20 ms).
 CODEC_THREAD_BYTES_MIN = 8 << 20
+# Zeros that pad a shard sent to a member to whole blocks (see ErasureBackend.shard_bytes).
+_PADDING = bytes(BLOCK_SIZE_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +98,8 @@ class PgBackend(abc.ABC):
 
     @abc.abstractmethod
     async def read(self, pg, name, offset=0, length=None):
-        ...
+        """(info, data): data is bytes-like, or a tuple of bytes-like pieces that a reply sends
+        one after another (common/frame.py)."""
 
     @abc.abstractmethod
     async def stat(self, pg, name):
@@ -148,6 +152,13 @@ class PgBackend(abc.ABC):
         """(the first job committed, the first failure or None) of gathered write jobs."""
         failures = [result for result in results if isinstance(result, BaseException)]
         return not isinstance(results[0], BaseException), (failures[0] if failures else None)
+
+
+def padded(shard):
+    """A shard to send to a member: its bytes, then zeros up to whole blocks, as two pieces of
+    one payload (no copy here; the receiver stores its receive buffer as it is)."""
+    padding = -len(shard) % BLOCK_SIZE_BYTES
+    return (shard, _PADDING[:padding]) if padding else shard
 
 
 def object_attrs(version, manifest, extra=None):
@@ -296,24 +307,25 @@ class ErasureBackend(PgBackend):
             else:
                 remote.append(self._replicate(
                     target.osd, {**header, "complete": target.complete,
-                                 "shard": target.position}, shard))
+                                 "shard": target.position}, padded(shard)))
         assert local is not None, "the primary is always a target of its writes"
         return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
 
     async def apply(self, pg, name, payload, version, delete, manifest, complete, shard_index,
-                    geometry, acked_to=None):
+                    geometry, acked_to=None, shard_bytes=None):
         """This member's shard of one write. What it replaces (the shard it had, or a marker
         that it had none) moves into the PG's rollback stash, without a copy: if the write
         reaches fewer than k members and its primary dies, neither the new version nor the old
         one may have k shards left where nobody overwrote them, and recovery rolls the object
         back from the stash (`_roll_back`). Entries go once the primary says their writes are
-        settled (`acked_to`)."""
+        settled (`acked_to`). `shard_bytes`: the shard's length when `payload` was received
+        padded (`shard_bytes`)."""
         await self.registry.ensure_collections(pg, stash=True)
         self.registry.load_stash(pg)
         txn = Transaction()
         entry = pg.stash_ops(txn, version, name, self.registry.present(pg, name), acked_to)
         if not delete:
-            txn.put(pg.collection, name, payload, attrs=object_attrs(
+            txn.put(pg.collection, name, payload, size=shard_bytes, attrs=object_attrs(
                 version, manifest, pgs.ec_attrs(shard_index, *geometry)))
         self.registry.log_ops(pg, txn, version, name, delete, complete)
         await self.store.apply(txn)
@@ -333,7 +345,19 @@ class ErasureBackend(PgBackend):
             raise RequestFailed("invalid", "acked_to must be a PG version")
         await self.apply(pg, header["name"], None if delete else payload, header["version"],
                          delete, bool(header.get("manifest")), bool(header.get("complete")),
-                         shard_index, geometry, acked_to)
+                         shard_index, geometry, acked_to,
+                         None if delete else self.shard_bytes(pg, geometry, payload))
+
+    def shard_bytes(self, pg, geometry, payload):
+        """The length of the shard that `geometry` ([size, unit]) gives; a received shard must
+        be exactly that long, or that padded with zeros to whole blocks (`padded`), so that
+        the buffer it was received into goes to the device without a copy."""
+        expected = self.layout(self.codec(pg), *geometry).shard_bytes
+        received = memoryview(payload).nbytes
+        if received not in (expected, expected + -expected % BLOCK_SIZE_BYTES):
+            raise RequestFailed("invalid", f"a shard of an object of {geometry[0]} bytes "
+                                f"(unit {geometry[1]}) is {expected} bytes, not {received}")
+        return expected
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -497,13 +521,13 @@ class ErasureBackend(PgBackend):
             return None, failed
         if len(extents) == 1:
             return pieces[extents[0][0]], None
-        out, cursors = bytearray(length), collections.Counter()
-        position = 0
+        # The pieces go out one after another as they are (frame.encode takes a tuple): no
+        # join, which cost a memset and a copy of every byte of a multi-shard read.
+        out, cursors = [], collections.Counter()
         for index, _, size in extents:
-            out[position:position + size] = pieces[index][cursors[index]:cursors[index] + size]
+            out.append(pieces[index][cursors[index]:cursors[index] + size])
             cursors[index] += size
-            position += size
-        return out, None
+        return tuple(out), None
 
     def _preference(self, pg):
         """Shard indices to read a degraded range from: this OSD's own, then data shards, then
@@ -598,5 +622,6 @@ class ErasureBackend(PgBackend):
             self.registry.recovery_bytes_total += moved + len(shard)
         await call(target, header_of(pg, "pg_push", epoch, name=name, version=version,
                                      manifest=header.get("manifest", False), shard=position,
-                                     ec=[size, unit]), shard)
+                                     ec=[size, unit]),
+                   shard if target == self.me else padded(shard))  # a local call: no wire
         return "copied"

@@ -138,6 +138,7 @@ class OsdDaemon:
                     "degraded_reads": self.service.backends["erasure"].degraded_reads_total,
                     "damaged_shards": self.service.backends["erasure"].damaged_shards_total,
                     "repairs": self.scrubber.repairs_total,
+                    "store": self.store.statistics(),
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:
             return await self.service.handle(received.header, received.payload)

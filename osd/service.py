@@ -364,8 +364,11 @@ class ObjectService:
                 raise RequestFailed("invalid", "pg_push of a shard needs shard and ec: "
                                     "[size, unit]")
             attrs.update(pgs.ec_attrs(shard, *geometry))
+            size = self.backend(pool).shard_bytes(pg, geometry, payload)
+        else:
+            size = None
         await self.store.apply(Transaction().put(pg.collection, self._name(header), payload,
-                                                 attrs=attrs))
+                                                 attrs=attrs, size=size))
         return {}, b""
 
     async def _pg_remove(self, header, payload):

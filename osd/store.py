@@ -678,19 +678,20 @@ class Store:
                 position += size
 
     def _plan_put(self, plan, staged, op, old):
-        length = memoryview(op.data).nbytes
+        source = memoryview(op.data).cast("B")
+        length = source.nbytes if op.size is None else op.size
         if old is not None:
             self._drop(plan, old.extents)
         if length == 0:
             return ObjectRecord(size=0, extents=(), crcs=b"", attrs=dict(op.attrs),
                                 mtime_ns=time.time_ns())
-        source = memoryview(op.data).cast("B")
         if is_aligned(source):
             # Zero-copy: the caller's buffer (a pool buffer a message was received into) goes
-            # to the device as it is; apply() holds it until the write completed.
+            # to the device as it is, with its zero padding if any (Transaction.put's size);
+            # apply() holds it until the write completed.
             view = source
         else:
-            view = aligned_copy(self.device.pool, source)
+            view = aligned_copy(self.device.pool, source[:length])
             plan.buffers.append(view)
         block_count = len(view) // self.block_size
         extents = self._reserve(plan, block_count)

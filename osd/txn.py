@@ -6,7 +6,7 @@ operations) can make them without importing the engine.
 
 import typing
 
-from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
+from cairn.common.limits import BLOCK_SIZE_BYTES, OBJECT_SIZE_BYTES_MAX
 from cairn.osd import records
 from cairn.osd.errors import InvalidArgument
 
@@ -27,6 +27,7 @@ class Put(typing.NamedTuple):
     name: str
     data: object            # any buffer
     attrs: dict
+    size: int | None = None     # the object's length when `data` carries zero padding after it
 
 
 class Write(typing.NamedTuple):
@@ -74,13 +75,17 @@ class Transaction:
         self.ops.append(RemoveCollection(collection))
         return self
 
-    def put(self, collection, name, data, attrs=None):
-        """Create or replace a whole object."""
+    def put(self, collection, name, data, attrs=None, size=None):
+        """Create or replace a whole object. `size`: the object is the first `size` bytes of
+        `data`, the rest (less than one block) zeros: a sender pads what it sends to whole
+        blocks so that the buffer it lands in goes to the device as it is, uncopied."""
         self._check_object(collection, name)
         _check_data(data)
+        if size is not None:
+            _check_padding(data, size)
         attrs = dict(attrs or {})
         records.check_attrs(attrs)
-        self.ops.append(Put(collection, name, data, attrs))
+        self.ops.append(Put(collection, name, data, attrs, size))
         return self
 
     def write(self, collection, name, offset, data):
@@ -119,6 +124,16 @@ class Transaction:
     def _check_object(collection, name):
         records.check_collection_name(collection)
         records.check_object_name(name)
+
+
+def _check_padding(data, size):
+    view = memoryview(data).cast("B")
+    if not isinstance(size, int) or not 0 <= size <= view.nbytes < size + BLOCK_SIZE_BYTES:
+        raise InvalidArgument(f"object size {size!r} does not fit {view.nbytes} bytes of data "
+                              f"padded to whole {BLOCK_SIZE_BYTES}-byte blocks")
+    if bytes(view[size:]).count(0) != view.nbytes - size:
+        raise InvalidArgument(f"the {view.nbytes - size} bytes of padding after an object of "
+                              f"{size} bytes are not zeros")
 
 
 def _check_data(data):

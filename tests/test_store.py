@@ -156,6 +156,41 @@ def test_rename_moves_without_copying_and_replaces_the_target(open_twin, tmp_pat
     run(body())
 
 
+def test_a_put_padded_to_whole_blocks_is_stored_without_a_copy(open_twin, tmp_path):
+    """What an erasure-coded member receives: the shard, then zeros to whole blocks, in an
+    aligned buffer. `size` makes it an object of the shard's length written from that very
+    buffer (no pool buffer taken for a copy); bad padding is refused."""
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        data = os.urandom(9000)
+        buffer = device.pool.get(3 * 4096)
+        buffer[:9000] = data
+        buffer[9000:] = bytes(len(buffer) - 9000)
+        taken = device.pool.statistics()
+        taken = taken["allocated_total"] + taken["reused_total"]
+        await store.apply(Transaction().put("c", "shard", buffer, size=9000))
+        after = device.pool.statistics()
+        assert after["allocated_total"] + after["reused_total"] == taken
+        assert store.stat("c", "shard").size == 9000
+        assert await store.read_bytes("c", "shard") == data
+        # The padding was zeros, so a later write past the end leaves a zero gap.
+        await store.write("c", "shard", 10000, b"tail")
+        assert await store.read_bytes("c", "shard") == data + bytes(1000) + b"tail"
+        # An unaligned padded buffer is copied, still as `size` bytes.
+        await store.apply(Transaction().put("c", "copied", b"abc" + bytes(100), size=3))
+        assert await store.read_bytes("c", "copied") == b"abc"
+        with pytest.raises(InvalidArgument, match="not zeros"):
+            Transaction().put("c", "x", b"abc\x01", size=3)
+        with pytest.raises(InvalidArgument, match="whole 4096-byte blocks"):
+            Transaction().put("c", "x", bytes(5000), size=100)
+        with pytest.raises(InvalidArgument, match="whole 4096-byte blocks"):
+            Transaction().put("c", "x", b"abc", size=4)
+        await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
 def test_collections_and_listing(open_twin, tmp_path):
     async def body():
         device, meta, store = await fresh_store(open_twin, tmp_path)
