@@ -18,6 +18,7 @@ import pytest
 
 from cairn.client import errors
 from cairn.client.cluster import Cluster
+from cairn.common.messenger import RequestFailed, connect
 from tests.helpers import run
 
 pytestmark = pytest.mark.cluster
@@ -146,3 +147,25 @@ def test_bitrot_is_read_around_found_by_deep_scrub_and_repaired(local_cluster):
     _, listed = cluster.cairn("stat", "ec", "obj2")
     assert listed["shards"] == [0, 1, 2, 3, 4, 5] and listed["shards_needed"] == 4
     assert json.dumps(listed)
+
+    async def forged_shards():
+        # A shard message whose payload does not fit its geometry is refused (not stored, the
+        # member serves on); the right length, padded or not, passes that check.
+        addr = next(o["addr"] for o in cluster.description["osds"] if o["id"] == shard_osd)
+        _, where = cluster.cairn("map", "ec", "obj2")
+        header = {"op": "rep_put", "pool": int(where["pg_id"].split(".")[0]), "pg": where["pg"],
+                  "name": "forged", "version": 1, "epoch": where["epoch"],
+                  "from": where["primary"], "shard": where["osds"].index(shard_osd),
+                  "ec": [300_000, 1 << 20]}
+        connection = await connect(addr)
+        try:
+            for wrong in (b"x" * 1000, bytes(75_000 + 80 + 4096)):
+                with pytest.raises(RequestFailed, match=r"shard of an object of 300000 bytes"):
+                    await connection.request(header, wrong)
+            assert (await connection.request({"op": "status"})).header["id"] == shard_osd
+        finally:
+            await connection.close()
+        async with await Cluster.connect(cluster.dir) as client:
+            with pytest.raises(errors.ObjectNotFound):
+                await client.pool("ec").get("forged")
+    run(forged_shards())
