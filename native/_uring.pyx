@@ -26,6 +26,8 @@ in C and Python code runs only to build an error.
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE, PyBUF_WRITABLE
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from libc.stdint cimport uint64_t, uint32_t, int32_t, uintptr_t
+from libc.string cimport memset
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from libc.errno cimport errno
 from posix.unistd cimport read, close
 from collections import deque
@@ -78,11 +80,43 @@ OP_NAMES = ("read", "write", "flush", "discard")
 
 DEF REAP_BATCH = 256
 
+# Latency histograms (native/latency.py holds the layout and the Python twin of the bucketing):
+# [kind][size class][bucket], bucket = bit length of the latency in microseconds.
+DEF KINDS = 4
+DEF SIZE_CLASSES = 4
+DEF BUCKETS = 26
+
+
+cdef inline uint64_t _now_ns() nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <uint64_t>ts.tv_sec * 1000000000ULL + <uint64_t>ts.tv_nsec
+
+
+cdef inline int _size_class(uint64_t length) nogil:
+    if length <= 4096:
+        return 0
+    if length <= 65536:
+        return 1
+    if length <= 1048576:
+        return 2
+    return 3
+
+
+cdef inline int _bucket(uint64_t latency_ns) nogil:
+    cdef uint64_t us = latency_ns // 1000
+    cdef int bits = 0
+    while us:
+        bits += 1
+        us >>= 1
+    return bits if bits < BUCKETS else BUCKETS - 1
+
 
 cdef class _Op:
     cdef int code
     cdef uint64_t offset
     cdef uint64_t length
+    cdef uint64_t placed_ns
     cdef object future
     cdef Py_buffer view
     cdef bint has_view
@@ -114,6 +148,9 @@ cdef class Ring:
     cdef readonly uint64_t completed_total
     cdef uint64_t[4] op_counts
     cdef uint64_t[2] byte_counts
+    cdef uint64_t[KINDS * SIZE_CLASSES * BUCKETS] latency_counts
+    cdef uint64_t[KINDS * SIZE_CLASSES] latency_sum_ns
+    cdef uint64_t[KINDS * SIZE_CLASSES] latency_bytes
     cdef unsigned queued            # in the SQ, not yet submitted
     cdef bint submit_scheduled
     cdef object backlog             # deque of _Op waiting for a free slot
@@ -127,6 +164,9 @@ cdef class Ring:
                   unsigned align=4096):
         self.open = False
         self.accepting = False
+        memset(self.latency_counts, 0, sizeof(self.latency_counts))
+        memset(self.latency_sum_ns, 0, sizeof(self.latency_sum_ns))
+        memset(self.latency_bytes, 0, sizeof(self.latency_bytes))
         if depth < 1 or depth > 4096:
             raise ValueError(f"queue depth must be within 1..4096 (was {depth})")
         if align == 0 or (align & (align - 1)) != 0:
@@ -200,6 +240,13 @@ cdef class Ring:
         return ({"read": self.op_counts[OP_READ], "write": self.op_counts[OP_WRITE],
                  "flush": self.op_counts[OP_FLUSH], "discard": self.op_counts[OP_DISCARD]},
                 {"read": self.byte_counts[OP_READ], "write": self.byte_counts[OP_WRITE]})
+
+    def latency(self):
+        """(counts, summed ns, bytes) of the latency histograms, as bytes of native uint64
+        (native/latency.py `Snapshot.from_raw` reads them)."""
+        return ((<char *>self.latency_counts)[:sizeof(self.latency_counts)],
+                (<char *>self.latency_sum_ns)[:sizeof(self.latency_sum_ns)],
+                (<char *>self.latency_bytes)[:sizeof(self.latency_bytes)])
 
     cdef _Op _new_op(self, int code, uint64_t offset, uint64_t length):
         cdef _Op op = _Op.__new__(_Op)
@@ -282,6 +329,7 @@ cdef class Ring:
         # until that completion is reaped.
         Py_INCREF(op)
         io_uring_sqe_set_data64(sqe, <uint64_t><uintptr_t><PyObject *>op)
+        op.placed_ns = _now_ns()
         self.queued += 1
 
     def _submit_soon(self):
@@ -318,15 +366,22 @@ cdef class Ring:
         cdef PyObject *raw
         cdef _Op op
         cdef int32_t res
+        cdef uint64_t now
+        cdef int cell
         while True:
             count = io_uring_peek_batch_cqe(&self.ring, cqes, REAP_BATCH)
             if count == 0:
                 break
+            now = _now_ns()
             for i in range(count):
                 raw = <PyObject *><uintptr_t>cqes[i].user_data
                 op = <_Op>raw
                 Py_DECREF(op)           # the ring's reference; `op` holds its own
                 res = cqes[i].res
+                cell = op.code * SIZE_CLASSES + _size_class(op.length)
+                self.latency_counts[cell * BUCKETS + _bucket(now - op.placed_ns)] += 1
+                self.latency_sum_ns[cell] += now - op.placed_ns
+                self.latency_bytes[cell] += op.length
                 self._resolve(op, res)
             io_uring_cq_advance(&self.ring, count)
             self.inflight -= count

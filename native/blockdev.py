@@ -23,8 +23,10 @@ says so).
 import asyncio
 import os
 import stat
+import time
 
 from cairn.native.bufpool import ALIGN_BYTES, BufferPool
+from cairn.native.latency import LatencyRecorder, Snapshot
 from cairn.native.errors import (DeviceGone, MisalignedIO, OutOfRange, describe_open_failure,
                                  error_for_errno)
 
@@ -63,6 +65,14 @@ class _DeviceBase:
         self.closed = False
         self._ops_total = {"read": 0, "write": 0, "flush": 0, "discard": 0}
         self._bytes_total = {"read": 0, "write": 0}
+        self._latency = LatencyRecorder()
+
+    def latency_snapshot(self):
+        """The device's latency histograms so far (native/latency.py `Snapshot`)."""
+        return self._latency.snapshot()
+
+    def _record(self, op, length, started_ns):
+        self._latency.record(op, length, time.perf_counter_ns() - started_ns)
 
     def _check(self, op, offset, length):
         if self.closed:
@@ -158,6 +168,7 @@ class FileBlockDevice(_DeviceBase):
     async def read_into(self, offset, buffer):
         view = memoryview(buffer).cast("B")
         self._check("read", offset, len(view))
+        started = time.perf_counter_ns()
         try:
             count = os.preadv(self.fd, [view], offset)
         except OSError as exc:
@@ -165,10 +176,12 @@ class FileBlockDevice(_DeviceBase):
                                   length=len(view)) from None
         if count != len(view):
             raise self.short("read", count, offset, len(view))
+        self._record("read", len(view), started)
 
     async def write(self, offset, buffer):
         view = memoryview(buffer).cast("B")
         self._check("write", offset, len(view))
+        started = time.perf_counter_ns()
         try:
             count = os.pwritev(self.fd, [view], offset)
         except OSError as exc:
@@ -176,14 +189,17 @@ class FileBlockDevice(_DeviceBase):
                                   length=len(view)) from None
         if count != len(view):
             raise self.short("write", count, offset, len(view))
+        self._record("write", len(view), started)
 
     async def flush(self):
         self._check("flush", 0, 0)
+        started = time.perf_counter_ns()
         try:
             os.fdatasync(self.fd)
         except OSError as exc:
             raise error_for_errno("flush", exc.errno, path=self.path, offset=0,
                                   length=0) from None
+        self._record("flush", 0, started)
 
     async def discard(self, offset, length):
         self._check("discard", offset, length)
@@ -251,6 +267,9 @@ class UringBlockDevice(_DeviceBase):
     @property
     def ops_total(self):
         return self._ring.counters()[0]
+
+    def latency_snapshot(self):
+        return Snapshot.from_raw(*self._ring.latency())
 
     @property
     def bytes_total(self):

@@ -18,6 +18,7 @@ a crash decides only over the writes not yet so applied.
 """
 
 import asyncio
+import time
 
 from cairn.native.blockdev import _DeviceBase
 from cairn.native.bufpool import ALIGN_BYTES
@@ -91,10 +92,12 @@ class MemoryBlockDevice(_DeviceBase):
             raise DeviceGone(f"{self.path}: crashed during {op}", path=self.path,
                              offset=offset, length=length)
         latency = self.latency_s() if callable(self.latency_s) else self.latency_s
+        started = time.perf_counter_ns()
         await asyncio.sleep(latency)
         if self.crashed:
             raise DeviceGone(f"{self.path}: crashed during {op}", path=self.path,
                              offset=offset, length=length)
+        self._record(op, length, started)
 
     @staticmethod
     def _overlaps(ranges, offset, length):

@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from cairn.native import (DeviceGone, DeviceIOError, DirectIONotSupported, FileBlockDevice,
                           MemoryBlockDevice, MisalignedIO, OutOfRange, UringBlockDevice,
                           open_device)
+from cairn.native import latency
 from cairn.native.errors import (IoUringUnavailable, describe_open_failure,
                                  describe_uring_failure)
 from tests.helpers import make_file, run
@@ -277,3 +278,55 @@ def test_memory_bit_flip():
         data = bytes(await device.read(BLOCK, BLOCK))
         assert data[5] == 8 and data.count(0) == BLOCK - 1
     run(body())
+
+
+def test_every_twin_records_latency_by_kind_and_size_class(open_twin):
+    """Each completed op lands in its (kind, size class) cell once, with its bytes, and the
+    summed latency agrees with the buckets it was counted in (the ring buckets in C, the twins
+    in native/latency.py: the same layout either way)."""
+    async def body():
+        device = await open_twin(16 << 20)
+        before = device.latency_snapshot()
+        small, large = device.pool.get(BLOCK), device.pool.get(2 << 20)
+        for index in range(5):
+            await device.write(index * BLOCK, small)
+        await device.write(4 << 20, large)
+        await device.flush()
+        await device.read_into(0, small)
+        after = device.latency_snapshot()
+        counts = (after.counts - before.counts).sum(axis=2)
+        kinds = latency.KINDS
+        assert counts[kinds.index("write"), 0] == 5 and counts[kinds.index("write"), 3] == 1
+        assert counts[kinds.index("flush"), 0] == 1 and counts[kinds.index("read"), 0] == 1
+        assert counts.sum() == 8
+        moved = after.bytes - before.bytes
+        assert moved[kinds.index("write"), 0] == 5 * BLOCK
+        assert moved[kinds.index("write"), 3] == 2 << 20
+        for k, c in zip(*counts.nonzero()):
+            cells = (after.counts - before.counts)[k, c]
+            buckets = cells.nonzero()[0]
+            low = latency.bucket_bounds_s(buckets.min())[0]
+            high = latency.bucket_bounds_s(buckets.max())[1]
+            mean_s = int(after.sum_ns[k, c] - before.sum_ns[k, c]) / int(counts[k, c]) / 1e9
+            assert low <= mean_s <= high, (kinds[k], c, low, mean_s, high)
+        summary = latency.summarise(before, after)
+        assert summary["write"]["4K"]["count"] == 5 and summary["write"]["big"]["bytes"] == 2 << 20
+        assert set(summary) == {"write", "flush", "read"}
+        await device.aclose()
+    run(body())
+
+
+def test_latency_buckets_and_quantiles():
+    assert [latency.bucket(ns) for ns in (0, 999, 1000, 1999, 2000, 10 ** 6, 10 ** 12)] == \
+        [0, 0, 1, 1, 2, 10, latency.BUCKETS - 1]
+    assert [latency.size_class(n) for n in (0, 4096, 4097, 65536, 1 << 20, (1 << 20) + 1)] == \
+        [0, 0, 1, 1, 2, 3]
+    recorder = latency.LatencyRecorder()
+    before = recorder.snapshot()
+    for _ in range(98):
+        recorder.record("write", 4096, 1_000_000)           # 1 ms: bucket [0.512, 1.024) ms
+    for _ in range(2):
+        recorder.record("write", 4096, 500_000_000)         # 500 ms
+    summary = latency.summarise(before, recorder.snapshot())["write"]["4K"]
+    assert summary["count"] == 100 and 0.5 <= summary["p50_ms"] <= 1.03
+    assert 262 <= summary["p99_ms"] <= 525 and summary["mean_ms"] == 10.98
