@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 
 from cairn.common import messenger
 from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
@@ -23,6 +24,12 @@ ADMIN_DEADLINE_S = 10.0
 def add_parsers(commands, common):
     """Register the admin subcommands on `commands`; `common` holds --cluster and --json."""
     commands.add_parser("status", parents=[common], help="cluster health, monitors, OSDs, pools")
+    health = commands.add_parser(
+        "health", parents=[common], help="health checks: severity, summary (detail: and what "
+        "each names)", description="Every health check the monitors raise, worst first. "
+        "--json prints {status, checks: {NAME: {severity, summary, detail, since}}}.")
+    health.add_argument("detail", nargs="?", choices=["detail"],
+                        help="also list what each check names, and since when")
 
     osd = commands.add_parser("osd", help="OSD commands: tree, out, in, down")
     osd_commands = osd.add_subparsers(dest="osd_command", required=True, metavar="SUBCOMMAND")
@@ -88,7 +95,7 @@ def add_parsers(commands, common):
     remover.add_argument("name")
 
 
-COMMANDS = ("status", "osd", "pool", "map", "config", "mon")
+COMMANDS = ("status", "health", "osd", "pool", "map", "config", "mon")
 
 
 def _osd_id(text):
@@ -102,6 +109,8 @@ def _request_for(args):
     """(request header, formatter) for a command that is one monitor request."""
     if args.command == "status":
         return {"op": "status"}, _format_status
+    if args.command == "health":
+        return {"op": "health"}, lambda reply: _format_health(reply, bool(args.detail))
     if args.command == "osd" and args.osd_command == "tree":
         return {"op": "osd_tree"}, _format_tree
     if args.command == "osd":
@@ -214,6 +223,19 @@ def fail(args, code, message, status):
 
 
 # -- human-readable output --------------------------------------------------------------------
+
+def _format_health(report, detail):
+    lines = [report["status"]]
+    order = {"HEALTH_ERR": 0, "HEALTH_WARN": 1}
+    for name, check in sorted(report["checks"].items(),
+                              key=lambda item: (order.get(item[1]["severity"], 2), item[0])):
+        lines.append(f"  {check['severity'][7:]:4} {name}: {check['summary']}")
+        if detail:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(check["since"]))
+            lines.append(f"       since {since}")
+            lines.extend(f"       {line}" for line in check["detail"])
+    return "\n".join(lines)
+
 
 def _format_status(status):
     lines = [f"cluster {status['fsid']}", f"  health: {status['health']}"]

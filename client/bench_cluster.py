@@ -11,6 +11,7 @@ size_bytes, ops, seconds, MBps (10^6 bytes/s), iops, lat_ms_avg, lat_ms_p50, lat
 lat_ms_max.
 """
 
+import argparse
 import asyncio
 import json
 import os
@@ -22,7 +23,10 @@ import msgpack
 import numpy as np
 
 from cairn.client.cluster import Cluster, run_loop as _run_loop
+from cairn.client import errors
+from cairn.client.admin import fail
 from cairn.client.errors import ObjectNotFound
+from cairn.common.monclient import ClusterNotFound, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
 
 LAST_RUN_OBJECT = "bench.last"
@@ -32,14 +36,16 @@ OPS = ("write", "seq", "rand")
 def add_parser(kinds):
     bench = kinds.add_parser("cluster", help="object throughput through the client library "
                              "(like rados bench)")
-    bench.add_argument("--cluster", help="cluster directory, cluster.json or HOST:PORT,...")
+    # --cluster and --json only override what was given before `bench` (cairn --json bench ...).
+    bench.add_argument("--cluster", default=argparse.SUPPRESS,
+                       help="cluster directory, cluster.json or HOST:PORT,...")
     bench.add_argument("--pool", required=True)
     bench.add_argument("--op", choices=OPS, default="write")
     bench.add_argument("--size", type=parse_size, default=parse_size("4M"))
     bench.add_argument("--concurrency", type=int, default=16)
     bench.add_argument("--seconds", type=float, default=20.0)
-    bench.add_argument("--json", action="store_true", help="print one JSON object on the last "
-                       "line")
+    bench.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="print one JSON object on the last line")
     bench.add_argument("--cleanup", action="store_true", help="delete the written objects at "
                        "the end")
 
@@ -132,9 +138,22 @@ def _result(op, size, ops, elapsed, latencies):
             "lat_ms_max": round(float(lat.max()), 3)}
 
 
+# What a typed error is called in the one line `cairn bench` prints for it.
+_ERROR_WORDS = {errors.NoSpace: "no space", errors.PoolNotFound: "no such pool",
+                errors.PoolUnavailable: "pool unavailable", errors.Timeout: "timed out",
+                errors.DataUnavailable: "data unavailable", errors.ObjectNotFound: "not found",
+                errors.ProtocolError: "protocol error"}
+
+
 def main(args):
     say = (lambda message: print(message, file=sys.stderr)) if args.json else print
-    result = _run_loop(run(args, say))
+    try:
+        result = _run_loop(run(args, say))
+    except errors.ClientError as exc:
+        words = _ERROR_WORDS.get(type(exc), "error")
+        return fail(args, words.replace(" ", "_"), f"{words}: {exc}", 1)
+    except (ClusterNotFound, MonitorsUnavailable) as exc:
+        return fail(args, "unavailable", str(exc), 2)
     line = (f"{result['op']} {format_size(result['size_bytes'])}: {result['ops']} ops in "
             f"{result['seconds']} s = {result['MBps']} MB/s, {result['iops']} IOPS, latency avg "
             f"{result['lat_ms_avg']} ms, p99 {result['lat_ms_p99']} ms, max "

@@ -54,6 +54,17 @@ OPTIONS = {option.name: option for option in [
            "how often an OSD heartbeats to the monitor and pings its peers"),
     Option("osd.heartbeat_peers", int, 6, 1, 64,
            "how many peer OSDs (on other hosts) each OSD pings"),
+    # Ceph: osd_op_complaint_time 30 s.
+    Option("osd.op_complaint_s", float, 30.0, 0.1, 3600.0,
+           "a client op in progress for longer than this is slow (SLOW_OPS)"),
+    Option("health.slow_disk_factor", float, 3.0, 1.5, 1000.0,
+           "SLOW_DISK: an OSD whose read or write latency (same op size class) stays this many "
+           "times its peers' median"),
+    Option("health.slow_disk_floor_ms", float, 5.0, 0.0, 60000.0,
+           "SLOW_DISK: ... and is at least this high"),
+    Option("health.slow_disk_sustain_s", float, 6.0, 0.0, 3600.0,
+           "SLOW_DISK: ... for this long is named; it clears after as long again plus 9 s "
+           "without evidence"),
     Option("recovery.windows", str, [], None, None,
            "recovery budgets by time of day: a JSON list of {days, start, end, "
            "max_bytes_per_s, max_active}; the first matching window wins",

@@ -9,6 +9,11 @@ Checks (name: severity):
   refused until members return.
 - PG_INCONSISTENT (ERR; from the OSDs' reports, added by the monitor's status): PGs whose scrub
   found errors it did not repair, or whose reads found a damaged copy or shard not yet repaired.
+- SLOW_DISK (WARN; from the OSDs' device latency, judged by mon/slowdisk.py): OSDs whose reads
+  or writes stay several times slower than their peers'.
+- SLOW_OPS (WARN; from the OSDs' heartbeats): OSDs with client ops in progress for longer than
+  `osd.op_complaint_s`.
+- MON_NO_QUORUM (ERR): the monitor answering knows no leader.
 The status is the worst severity present: HEALTH_OK, HEALTH_WARN or HEALTH_ERR.
 """
 
@@ -26,10 +31,7 @@ class Health:
     checks: dict            # name -> message
     severities: dict        # name -> WARN|ERR
     pgs: dict               # pool -> {total, degraded, unavailable}
-
-    def to_dict(self):
-        return {"health": self.status, "checks": dict(self.checks),
-                "severities": dict(self.severities), "pgs": dict(self.pgs)}
+    details: dict           # name -> [detail line]
 
 
 def _ids(ids):
@@ -44,12 +46,49 @@ def inconsistent_message(pg_names):
             "--deep --repair)")
 
 
-def evaluate(cmap):
-    checks, severities = {}, {}
+def check(severity, summary, detail):
+    """One check of the `cairn health` JSON (the monitor adds "since")."""
+    return {"severity": severity, "summary": summary, "detail": list(detail)}
 
-    def raise_check(name, severity, message):
+
+def worst(severities):
+    return max(severities, key=_RANK.get, default=OK)
+
+
+def _where(cmap, osd_id):
+    host = cmap.osds[osd_id].get("location", {}).get("host") if osd_id in cmap.osds else None
+    return f"osd.{osd_id}" + (f" (host {host})" if host else "")
+
+
+def slow_disk_check(cmap, findings, device_paths):
+    """SLOW_DISK from {osd: mon.slowdisk.Finding}."""
+    lines = []
+    for osd_id in sorted(findings):
+        found = findings[osd_id]
+        device = device_paths.get(osd_id)
+        lines.append(f"{_where(cmap, osd_id)}{f' device {device}' if device else ''}: "
+                     f"{found.kind}s of {found.size_class} average {found.mean_ms:g} ms (p99 "
+                     f"{found.p99_ms:g} ms, {found.count} ops in the window), "
+                     f"{found.ratio:.1f}x the median of its peers ({found.median_ms:g} ms)")
+    return check(WARN, f"{len(findings)} OSDs have slow disks: {_ids(sorted(findings))} (check "
+                 "the device's health and the host's I/O load)", lines)
+
+
+def slow_ops_check(cmap, counts, complaint_s):
+    """SLOW_OPS from {osd: client ops older than the complaint time}."""
+    lines = [f"{_where(cmap, osd_id)}: {counts[osd_id]} client ops in progress for more than "
+             f"{complaint_s:g} s" for osd_id in sorted(counts)]
+    return check(WARN, f"{sum(counts.values())} client ops older than {complaint_s:g} s on "
+                 f"{_ids(sorted(counts))}", lines)
+
+
+def evaluate(cmap):
+    checks, severities, details = {}, {}, {}
+
+    def raise_check(name, severity, message, detail=None):
         checks[name] = message
         severities[name] = severity
+        details[name] = list(detail) if detail is not None else [message]
 
     osds = [cmap.osds[i] for i in sorted(cmap.osds)]
     up = [osd["id"] for osd in osds if osd["up"]]
@@ -59,10 +98,12 @@ def evaluate(cmap):
     elif not up:
         raise_check("NO_OSDS", WARN, f"none of the {len(osds)} OSDs is up")
     if down and up:
-        raise_check("OSD_DOWN", WARN, f"{len(down)} of {len(osds)} OSDs down: {_ids(down)}")
+        raise_check("OSD_DOWN", WARN, f"{len(down)} of {len(osds)} OSDs down: {_ids(down)}",
+                    [f"{_where(cmap, i)} is down" for i in down])
     out_but_up = [osd["id"] for osd in osds if osd["up"] and not osd["in"]]
     if out_but_up:
-        raise_check("OSD_OUT", WARN, f"{len(out_but_up)} OSDs up but out: {_ids(out_but_up)}")
+        raise_check("OSD_OUT", WARN, f"{len(out_but_up)} OSDs up but out: {_ids(out_but_up)}",
+                    [f"{_where(cmap, i)} is up but out" for i in out_but_up])
 
     pgs = {}
     degraded_msgs, unavailable_msgs = [], []
@@ -83,8 +124,8 @@ def evaluate(cmap):
                 degraded_msgs.append(f"pool {name}: {degraded} of {len(members)} PGs have fewer "
                                      f"than {pool['size']} members up")
     if unavailable_msgs:
-        raise_check("PG_UNAVAILABLE", ERR, "; ".join(unavailable_msgs) + " (writes refused)")
+        raise_check("PG_UNAVAILABLE", ERR, "; ".join(unavailable_msgs) + " (writes refused)",
+                    unavailable_msgs)
     if degraded_msgs:
-        raise_check("PG_DEGRADED", WARN, "; ".join(degraded_msgs))
-    status = max((severities[name] for name in severities), key=_RANK.get, default=OK)
-    return Health(status, checks, severities, pgs)
+        raise_check("PG_DEGRADED", WARN, "; ".join(degraded_msgs), degraded_msgs)
+    return Health(worst(severities.values()), checks, severities, pgs, details)

@@ -65,7 +65,7 @@ from cairn.common import messenger
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.daemon import crash_on_error
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.mon import health, raft
+from cairn.mon import health, raft, slowdisk
 from cairn.mon.failure import FailureDetector
 from cairn.mon.raft import ChangeRefused, NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
@@ -111,7 +111,7 @@ assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
-              "mon_remove", "status"}
+              "mon_remove", "status", "health"}
 
 
 def no_quorum(message):
@@ -138,6 +138,12 @@ class Monitor:
         self._objects = {}                  # osd id -> {total, degraded, misplaced} copies
         self._inconsistent = {}             # osd id -> PGs ("POOL.PG") it found damaged
         self._recovery = {}                 # osd id -> deque of (when, recovery bytes total)
+        self._slow = slowdisk.SlowDiskDetector()
+        self._slow_found = {}               # osd id -> slowdisk.Finding, judged once a second
+        self._slow_judged_at = 0.0
+        self._slow_ops = {}                 # osd id -> client ops older than the complaint time
+        self._device_paths = {}             # osd id -> its device, as it reports it
+        self._check_since = {}              # health check -> wall time this leader first saw it
         self._tasks = []
         self._wake = asyncio.Event()
         self._waiting = {}                  # log index -> (term, future): proposals
@@ -749,7 +755,26 @@ class Monitor:
         if isinstance(objects, dict):
             self._objects[osd_id] = {key: objects[key] for key in OBJECT_COUNTS
                                      if isinstance(objects.get(key), int)}
+        slow_ops = header.get("slow_ops")
+        self._slow_ops[osd_id] = slow_ops if type(slow_ops) is int and slow_ops > 0 else 0
+        if isinstance(header.get("device_path"), str):
+            self._device_paths[osd_id] = header["device_path"][:256]
+        now = time.monotonic()
+        self._slow.observe(osd_id, now, slowdisk.clean_summary(header.get("device")))
+        if now - self._slow_judged_at >= 1.0:
+            self._judge_disks(now)
         return {"epoch": self.map.epoch, "up": self.map.osds[osd_id]["up"]}, b""
+
+    def _judge_disks(self, now):
+        conf = self.map.config
+        sustain_s = config.value(conf, "health.slow_disk_sustain_s")
+        self._slow.settings = slowdisk.Settings(
+            factor=config.value(conf, "health.slow_disk_factor"),
+            floor_ms=config.value(conf, "health.slow_disk_floor_ms"),
+            sustain_s=sustain_s, clear_s=sustain_s + 9.0)
+        up = {osd_id for osd_id, osd in self.map.osds.items() if osd["up"]}
+        self._slow_found = self._slow.evaluate(now, up)
+        self._slow_judged_at = now
 
     async def _osd_failure(self, peer, header):
         reporter = self._known_osd(header, "reporter")
@@ -822,27 +847,52 @@ class Monitor:
         return {"epoch": self.map.epoch, "key": key, "value": value,
                 "set": key in self.map.config}, b""
 
-    async def _status(self, peer, header):
+    def _health(self, mons):
+        """{"status", "checks": {name: {severity, summary, detail, since}}}: the map's checks
+        and those from the OSDs' reports (the `cairn health` contract)."""
         epoch, judged = self._health_cache
         if epoch != self.map.epoch:
             judged = health.evaluate(self.map)
             self._health_cache = (self.map.epoch, judged)
-        osds = self.map.osds.values()
-        judged = judged.to_dict()
-        mons = self._mons_view()
+        checks = {name: health.check(judged.severities[name], message, judged.details[name])
+                  for name, message in judged.checks.items()}
+        up = {osd_id for osd_id, osd in self.map.osds.items() if osd["up"]}
         inconsistent = sorted({name for osd_id, names in self._inconsistent.items()
-                               if osd_id in self.map.osds and self.map.osds[osd_id]["up"]
-                               for name in names})
+                               if osd_id in up for name in names})
         if inconsistent:
-            judged["checks"]["PG_INCONSISTENT"] = health.inconsistent_message(inconsistent)
-            judged["severities"]["PG_INCONSISTENT"] = "HEALTH_ERR"
-            judged["health"] = "HEALTH_ERR"
+            checks["PG_INCONSISTENT"] = health.check(
+                health.ERR, health.inconsistent_message(inconsistent),
+                [f"pg {name} inconsistent" for name in inconsistent])
         if mons["leader"] is None:
-            judged["checks"]["MON_NO_QUORUM"] = (
-                f"{self.name} knows no leader; map changes wait for a majority of "
-                f"{len(mons['members'])} monitors (this is {self.name}'s view)")
-            judged["severities"]["MON_NO_QUORUM"] = "HEALTH_ERR"
-            judged["health"] = "HEALTH_ERR"
+            checks["MON_NO_QUORUM"] = health.check(
+                health.ERR, f"{self.name} knows no leader; map changes wait for a majority of "
+                f"{len(mons['members'])} monitors (this is {self.name}'s view)", [])
+        slow = {osd_id: found for osd_id, found in self._slow_found.items() if osd_id in up}
+        if slow:
+            checks["SLOW_DISK"] = health.slow_disk_check(self.map, slow, self._device_paths)
+        slow_ops = {osd_id: count for osd_id, count in self._slow_ops.items()
+                    if count and osd_id in up}
+        if slow_ops:
+            checks["SLOW_OPS"] = health.slow_ops_check(
+                self.map, slow_ops, config.value(self.map.config, "osd.op_complaint_s"))
+        now = time.time()
+        self._check_since = {name: self._check_since.get(name, now) for name in checks}
+        for name, entry in checks.items():
+            entry["since"] = round(self._check_since[name], 3)
+        return {"status": health.worst(entry["severity"] for entry in checks.values()),
+                "checks": checks}
+
+    async def _health_op(self, peer, header):
+        return self._health(self._mons_view()), b""
+
+    async def _status(self, peer, header):
+        osds = self.map.osds.values()
+        mons = self._mons_view()
+        report = self._health(mons)
+        judged = {"health": report["status"],
+                  "checks": {name: c["summary"] for name, c in report["checks"].items()},
+                  "severities": {name: c["severity"] for name, c in report["checks"].items()},
+                  "pgs": self._health_cache[1].pgs}
         return {"fsid": self.map.fsid, "epoch": self.map.epoch, **judged, "mons": mons,
                 "osds": {"total": len(self.map.osds), "up": sum(o["up"] for o in osds),
                          "in": sum(o["in"] for o in osds)},
@@ -990,7 +1040,7 @@ _REQUESTS = {
     "osd_mark": Monitor._osd_mark, "pool_create": Monitor._pool_create,
     "pool_delete": Monitor._pool_delete, "pool_ls": Monitor._pool_ls,
     "config_set": Monitor._config_set, "config_get": Monitor._config_get,
-    "status": Monitor._status, "osd_tree": Monitor._osd_tree,
+    "status": Monitor._status, "health": Monitor._health_op, "osd_tree": Monitor._osd_tree,
     "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
     "mon_add": Monitor._mon_add, "mon_remove": Monitor._mon_remove,
 }

@@ -20,6 +20,7 @@ left out: their latency depends on how much each OSD had written, not on its dis
 
 import collections
 import dataclasses
+import math
 import statistics
 
 JUDGED_KINDS = ("read", "write")
@@ -53,6 +54,29 @@ class Finding:
     @property
     def ratio(self):
         return self.mean_ms / self.median_ms if self.median_ms else float("inf")
+
+
+def clean_summary(value):
+    """The judged part of a device summary from a heartbeat (remote input): kinds, classes and
+    figures of the right types only; anything else is left out."""
+    clean = {}
+    if not isinstance(value, dict):
+        return clean
+    for kind in JUDGED_KINDS:
+        classes = value.get(kind)
+        if not isinstance(classes, dict):
+            continue
+        for size_class, figures in list(classes.items())[:8]:
+            if not (isinstance(size_class, str) and isinstance(figures, dict)):
+                continue
+            count, mean, p99 = figures.get("count"), figures.get("mean_ms"), \
+                figures.get("p99_ms", 0.0)
+            if type(count) is not int or count < 0 or not all(
+                    type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in (mean, p99)):
+                continue
+            clean.setdefault(kind, {})[size_class[:16]] = {
+                "count": count, "mean_ms": float(mean), "p99_ms": float(p99)}
+    return clean
 
 
 class _State:

@@ -18,7 +18,7 @@ import time
 from cairn.common import config, messenger
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable
-from cairn.native import open_device
+from cairn.native import latency, open_device
 from cairn.osd.heartbeat import PeerWatch, choose_peers
 from cairn.common.daemon import crash_on_error
 from cairn.osd.pgs import PgRegistry
@@ -64,6 +64,7 @@ class OsdDaemon:
     async def start(self):
         self.device = open_device(self.device_path)
         self.store = await Store.open(self.device, self.meta_dir)
+        self._device_reported = self.device.latency_snapshot()    # heartbeats report deltas
         self.pgs.load_local()
         self._server = await messenger.serve(self.bind_addr, self.handle)
         host, port = self._server.sockets[0].getsockname()[:2]
@@ -162,7 +163,15 @@ class OsdDaemon:
         while True:
             await asyncio.sleep(self._interval_s())
             try:
+                device = self.device.latency_snapshot()
+                summary = latency.summarise(self._device_reported, device)
+                self._device_reported = device
+                complaint_s = config.value(self.monc.map.config, "osd.op_complaint_s")
                 reply = await self.monc.request({"op": "osd_heartbeat", "id": self.id,
+                                                 "device": summary,
+                                                 "device_path": self.device_path,
+                                                 "slow_ops": self.service.ops_older_than(
+                                                     complaint_s),
                                                  "pg_states": self.pgs.states(),
                                                  "objects": self.pgs.object_counts(),
                                                  "inconsistent": self.pgs.inconsistent(),

@@ -29,7 +29,9 @@ pool_unavailable, wrong_primary, again (retry soon), invalid, io_error.
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import time
 
 from cairn.common import messenger
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
@@ -60,6 +62,8 @@ class ObjectService:
         self.backends = {"replicated": ReplicatedBackend(self),      # by pool kind
                          "erasure": ErasureBackend(self)}
         self.ops_total = 0
+        self._started = {}              # client op serial -> monotonic start (SLOW_OPS)
+        self._serial = itertools.count()
 
     @property
     def store(self):
@@ -82,8 +86,25 @@ class ObjectService:
            "pg_log", "pg_stat", "pg_read", "pg_push", "pg_remove", "pg_mark", "pg_info",
            "pg_scrub", "pg_scrub_local", "pg_versions")
 
+    CLIENT_OPS = frozenset(("put", "get", "stat", "delete", "list"))
+
+    def ops_older_than(self, age_s):
+        """How many client ops in progress started more than `age_s` ago."""
+        oldest = time.monotonic() - age_s
+        return sum(1 for started in self._started.values() if started < oldest)
+
     async def handle(self, header, payload):
         op = header["op"]
+        if op not in self.CLIENT_OPS:
+            return await self._handle(op, header, payload)
+        serial = next(self._serial)
+        self._started[serial] = time.monotonic()
+        try:
+            return await self._handle(op, header, payload)
+        finally:
+            del self._started[serial]
+
+    async def _handle(self, op, header, payload):
         try:
             return await getattr(self, f"_{op}")(header, payload)
         except ObjectNotFound as exc:

@@ -91,3 +91,14 @@ def test_sizes_are_compared_within_their_class_and_gone_osds_are_forgotten():
     seen = run(detector, 20, faulty, start=30)
     assert 3 in seen[-1][1]
     assert detector.evaluate(51.0, {0, 1, 2}) == {}
+
+
+def test_summaries_from_the_wire_are_cleaned():
+    from cairn.mon.slowdisk import clean_summary
+    assert clean_summary(None) == {} and clean_summary({"write": 3}) == {}
+    good = {"count": 4, "mean_ms": 1.5, "p99_ms": 3, "bytes": 9}
+    assert clean_summary({"write": {"4K": good, "x": {"count": "4", "mean_ms": 1},
+                                    "y": {"count": 1, "mean_ms": float("nan")},
+                                    "z": {"count": -1, "mean_ms": 1.0}},
+                          "flush": {"4K": good}}) == \
+        {"write": {"4K": {"count": 4, "mean_ms": 1.5, "p99_ms": 3.0}}}
