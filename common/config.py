@@ -62,6 +62,11 @@ OPTIONS = {option.name: option for option in [
            "times its peers' median"),
     Option("health.slow_disk_floor_ms", float, 5.0, 0.0, 60000.0,
            "SLOW_DISK: ... and is at least this high"),
+    Option("health.packet_loss_min", float, 0.015, 0.001, 1.0,
+           "NETWORK_PACKET_LOSS: the fraction of UDP probes lost between two hosts over 45 s "
+           "that names the pair (5% over 20 s always does)"),
+    Option("health.slow_ping_ms", float, 500.0, 1.0, 60000.0,
+           "NETWORK_SLOW_PING: a mean probe round trip between two hosts at least this long"),
     Option("health.slow_disk_sustain_s", float, 6.0, 0.0, 3600.0,
            "SLOW_DISK: ... for this long is named; it clears after as long again plus 9 s "
            "without evidence"),

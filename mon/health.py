@@ -13,6 +13,9 @@ Checks (name: severity):
   or writes stay several times slower than their peers'.
 - SLOW_OPS (WARN; from the OSDs' heartbeats): OSDs with client ops in progress for longer than
   `osd.op_complaint_s`.
+- NETWORK_PACKET_LOSS, NETWORK_SLOW_PING (WARN; from the OSDs' UDP probes, judged by
+  mon/netloss.py): host pairs that lose packets or answer slowly; a host that loses packets to
+  every peer is named as the host.
 - MON_NO_QUORUM (ERR): the monitor answering knows no leader.
 The status is the worst severity present: HEALTH_OK, HEALTH_WARN or HEALTH_ERR.
 """
@@ -80,6 +83,27 @@ def slow_ops_check(cmap, counts, complaint_s):
              f"{complaint_s:g} s" for osd_id in sorted(counts)]
     return check(WARN, f"{sum(counts.values())} client ops older than {complaint_s:g} s on "
                  f"{_ids(sorted(counts))}", lines)
+
+
+def network_checks(pairs, hosts, slow):
+    """NETWORK_PACKET_LOSS and NETWORK_SLOW_PING from mon/netloss.py's judgement."""
+    checks = {}
+    if pairs or hosts:
+        lines = [f"host {host} loses packets to every peer host" for host in hosts]
+        lines += [f"hosts {a} and {b}: {pair.loss:.1%} of {pair.probes} probes lost"
+                  + (f", round trip {pair.rtt_ms:g} ms" if pair.rtt_ms is not None else "")
+                  for pair in pairs for a, b in [pair.hosts]]
+        named = [f"host {host}" for host in hosts] + [f"{a}-{b}" for pair in pairs
+                                                      for a, b in [pair.hosts]]
+        checks["NETWORK_PACKET_LOSS"] = check(
+            WARN, f"packet loss: {', '.join(named)} (check cables, NICs and switch ports)",
+            lines)
+    if slow:
+        checks["NETWORK_SLOW_PING"] = check(
+            WARN, f"slow round trips between {len(slow)} host pairs",
+            [f"hosts {a} and {b}: mean round trip {pair.rtt_ms:g} ms" for pair in slow
+             for a, b in [pair.hosts]])
+    return checks
 
 
 def evaluate(cmap):

@@ -65,7 +65,7 @@ from cairn.common import messenger
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.daemon import crash_on_error
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.mon import health, raft, slowdisk
+from cairn.mon import health, netloss, raft, slowdisk
 from cairn.mon.failure import FailureDetector
 from cairn.mon.raft import ChangeRefused, NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
@@ -143,6 +143,7 @@ class Monitor:
         self._slow_judged_at = 0.0
         self._slow_ops = {}                 # osd id -> client ops older than the complaint time
         self._device_paths = {}             # osd id -> its device, as it reports it
+        self._net = {}                      # osd id -> its probe report (mon/netloss.py)
         self._check_since = {}              # health check -> wall time this leader first saw it
         self._tasks = []
         self._wake = asyncio.Event()
@@ -755,6 +756,7 @@ class Monitor:
         if isinstance(objects, dict):
             self._objects[osd_id] = {key: objects[key] for key in OBJECT_COUNTS
                                      if isinstance(objects.get(key), int)}
+        self._net[osd_id] = netloss.clean_report(header.get("net"))
         slow_ops = header.get("slow_ops")
         self._slow_ops[osd_id] = slow_ops if type(slow_ops) is int and slow_ops > 0 else 0
         if isinstance(header.get("device_path"), str):
@@ -875,12 +877,21 @@ class Monitor:
         if slow_ops:
             checks["SLOW_OPS"] = health.slow_ops_check(
                 self.map, slow_ops, config.value(self.map.config, "osd.op_complaint_s"))
+        checks.update(self._network_checks(up))
         now = time.time()
         self._check_since = {name: self._check_since.get(name, now) for name in checks}
         for name, entry in checks.items():
             entry["since"] = round(self._check_since[name], 3)
         return {"status": health.worst(entry["severity"] for entry in checks.values()),
                 "checks": checks}
+
+    def _network_checks(self, up):
+        host_of = {osd_id: self.map.osds[osd_id]["location"].get("host") for osd_id in up}
+        pairs, hosts, slow = netloss.judge(
+            {osd_id: report for osd_id, report in self._net.items() if osd_id in up}, host_of,
+            loss_min=config.value(self.map.config, "health.packet_loss_min"),
+            slow_ping_ms=config.value(self.map.config, "health.slow_ping_ms"))
+        return health.network_checks(pairs, hosts, slow)
 
     async def _health_op(self, peer, header):
         return self._health(self._mons_view()), b""

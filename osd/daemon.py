@@ -20,6 +20,7 @@ from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeo
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.native import latency, open_device
 from cairn.osd.heartbeat import PeerWatch, choose_peers
+from cairn.osd.netprobe import NetProber, probe_targets
 from cairn.common.daemon import crash_on_error
 from cairn.osd.pgs import PgRegistry
 from cairn.osd.scrubber import Scrubber
@@ -56,6 +57,7 @@ class OsdDaemon:
         self.service = ObjectService(self)
         self.pgs = PgRegistry(self)
         self.scrubber = Scrubber(self)
+        self.prober = None                  # UDP loss probes, once the OSD has its id
 
     @property
     def name(self):
@@ -70,6 +72,8 @@ class OsdDaemon:
         host, port = self._server.sockets[0].getsockname()[:2]
         self.addr = f"{host}:{port}"
         await self._boot()
+        self.prober = NetProber(self.id)
+        await self.prober.start(host, port)
         self.monc.on_map(self._on_map)
         await self.monc.subscribe()
         self._on_map(self.monc.map)
@@ -77,6 +81,7 @@ class OsdDaemon:
         self._tasks = [loop.create_task(self._mon_heartbeat_loop()),
                        loop.create_task(self._peer_ping_loop()),
                        loop.create_task(self.pgs.tidy_strays_forever()),
+                       loop.create_task(self.prober.run_forever()),
                        loop.create_task(self.scrubber.run_forever())]
         self._tasks[-1].add_done_callback(crash_on_error)
         self._tasks[-2].add_done_callback(crash_on_error)
@@ -108,6 +113,8 @@ class OsdDaemon:
             except (TimeoutError, MonitorsUnavailable, RequestFailed) as exc:
                 log.warning("%s: could not tell the monitor we stop (%s)", self.name, exc)
         await self._peer_connections.close()
+        if self.prober is not None:
+            self.prober.close()
         await self.service.close()
         await self.monc.close()
         if self._server is not None:
@@ -151,6 +158,8 @@ class OsdDaemon:
         if self.id is None or cmap is None:
             return
         self.pgs.on_map(cmap)
+        if self.prober is not None:
+            self.prober.set_targets(probe_targets(cmap, self.id))
         count = config.value(cmap.config, "osd.heartbeat_peers")
         peers = choose_peers(cmap, self.id, count)
         self._watch.set_peers(peers, time.monotonic_ns())
@@ -170,6 +179,7 @@ class OsdDaemon:
                 reply = await self.monc.request({"op": "osd_heartbeat", "id": self.id,
                                                  "device": summary,
                                                  "device_path": self.device_path,
+                                                 "net": self.prober.report(),
                                                  "slow_ops": self.service.ops_older_than(
                                                      complaint_s),
                                                  "pg_states": self.pgs.states(),

@@ -1,6 +1,8 @@
 """Health under real faults (root, isolated mode): a loop device throttled with the blkio cgroup
 while a write load runs is named by SLOW_DISK, and only it, and the check clears after the
-throttle is removed; before the fault, the same load raises no SLOW_DISK or SLOW_OPS.
+throttle is removed; before the fault, the same load raises no SLOW_DISK, SLOW_OPS or NETWORK_*.
+10% packet loss (nftables) between two hosts is named by NETWORK_PACKET_LOSS as that pair, loss
+on every link of one host as that host; both clear.
 
 Times are measured and printed (pytest -s shows them); the deadlines are the issue's: named within
 30 s, cleared within 60 s."""
@@ -56,7 +58,7 @@ def test_a_throttled_disk_is_named_and_cleared_without_false_alarms(disk_dir):
         log = open(os.path.join(str(disk_dir), "load.log"), "w")       # closed by the test
         load = subprocess.Popen([sys.executable, "-m", "cairn.client.cli", "--cluster",
                                  directory, "bench", "cluster", "--pool", "h", "--op", "write",
-                                 "--size", "64K", "--concurrency", "8", "--seconds", "170"],
+                                 "--size", "64K", "--concurrency", "8", "--seconds", "240"],
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             quiet_until = time.monotonic() + 30
@@ -85,3 +87,32 @@ def test_a_throttled_disk_is_named_and_cleared_without_false_alarms(disk_dir):
             load.send_signal(signal.SIGKILL)
             load.wait(timeout=30)
             log.close()
+
+
+def test_packet_loss_names_the_pair_or_the_host_and_clears(disk_dir):
+    with isolated_up(os.path.join(str(disk_dir), "loss"), "--hosts", "4", "--device-size",
+                     "1G") as directory:
+        fault = lambda *args: cli(directory, "cairn.cluster.cli", "fault", "--dir",  # noqa: E731
+                                  directory, *args)
+        time.sleep(10)
+        assert "NETWORK_PACKET_LOSS" not in health(directory)["checks"]
+        fault("loss", "h1", "h2", "--percent", "10")
+        named_s = wait_for("NETWORK_PACKET_LOSS", lambda: "NETWORK_PACKET_LOSS" in health(
+            directory)["checks"], 30)
+        check = health(directory)["checks"]["NETWORK_PACKET_LOSS"]
+        text = check["summary"] + " " + " ".join(check["detail"])
+        assert "h1" in text and "h2" in text and "h3" not in text and "h4" not in text, check
+        fault("clear")
+        cleared_s = wait_for("NETWORK_PACKET_LOSS cleared", lambda: "NETWORK_PACKET_LOSS" not in
+                             health(directory)["checks"], 60)
+        for other in ("h1", "h2", "h3"):                # every link of h4
+            fault("loss", "h4", other, "--percent", "10")
+        host_s = wait_for("h4 named", lambda: "host h4" in json.dumps(
+            health(directory)["checks"].get("NETWORK_PACKET_LOSS", {})), 60)
+        check = health(directory)["checks"]["NETWORK_PACKET_LOSS"]
+        assert check["detail"] == ["host h4 loses packets to every peer host"], check
+        fault("clear")
+        wait_for("cleared again", lambda: "NETWORK_PACKET_LOSS" not in health(directory)[
+            "checks"], 60)
+        print(f"10% loss h1-h2 named in {named_s:.0f} s, cleared {cleared_s:.0f} s after; "
+              f"loss on every link of h4 named as the host in {host_s:.0f} s")
