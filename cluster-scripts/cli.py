@@ -123,7 +123,7 @@ def wait_ready(processes, entries, timeout_s, progress=None):
             if os.path.exists(entry["ready_file"]):
                 with open(entry["ready_file"]) as handle:
                     info = json.load(handle)
-                entry.update(addr=info["addr"], pid=info["pid"])
+                entry.update(addr=info["addr"], pid=info["pid"], metrics=info.get("metrics"))
                 del pending[name]
             elif process.poll() is not None:
                 raise ClusterError(f"{name} exited with status {process.returncode} while "
@@ -320,7 +320,7 @@ def up(args):
         prefix = isolated.exec_prefix(tag, mon["host"]) if args.isolated else []
         mon["argv"] = prefix + python_argv("cairn.mon.cli", "run", "--dir", mon_dir, "--bind",
                                            members[name], "--name", name, "--ready-file",
-                                           mon["ready_file"])
+                                           mon["ready_file"], "--metrics-port", "0")
         description["mons"].append(mon)
     save(directory, description)
     processes = [launch(directory, mon) for mon in description["mons"]]
@@ -377,7 +377,7 @@ def _start_daemons(args, directory, description, shape, mon_processes, say):
                 "cairn.osd.cli", "run", "--device", entry["device"], "--meta", entry["meta"],
                 "--mkfs", "--cluster", directory, "--bind", f"{ip}:0", "--host", host,
                 "--id", str(osd_id), "--ready-file", entry["ready_file"],
-                *(["--rack", rack] if rack else []))
+                "--metrics-port", "0", *(["--rack", rack] if rack else []))
             description["osds"].append(entry)
     save(directory, description)
     for entry in description["osds"]:

@@ -21,9 +21,9 @@ import logging
 import os
 import sys
 
-from cairn.common import daemon
+from cairn.common import daemon, metrics
 from cairn.common.messenger import parse_addr
-from cairn.mon import store
+from cairn.mon import metrics as mon_metrics, store
 from cairn.mon.monitor import Monitor
 
 log = logging.getLogger("cairn.mon")
@@ -64,8 +64,10 @@ def build_parser():
     run.add_argument("--bind", required=True, type=_addr, help="HOST:PORT to listen on (port 0: "
                      "any free port)")
     run.add_argument("--name", default="mon.0")
-    run.add_argument("--ready-file", help="write {name, addr, pid, fsid} as JSON here once "
-                     "serving")
+    run.add_argument("--ready-file", help="write {name, addr, pid, fsid, metrics} as JSON here "
+                     "once serving")
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port "
+                     "of the --bind address (0: any free port; default: none)")
     run.add_argument("--verbose", action="store_true")
     return parser
 
@@ -99,11 +101,16 @@ def main(argv=None):
             log.error("cannot start: %s", exc)
             await monitor.stop()
             return 2
+        runner = url = None
         try:
+            if args.metrics_port is not None:
+                runner, url = await metrics.serve(monitor.addr.rpartition(":")[0],
+                                                  args.metrics_port,
+                                                  lambda: mon_metrics.collect(monitor))
             if args.ready_file:
                 daemon.write_ready_file(args.ready_file, {
                     "name": args.name, "addr": monitor.addr, "pid": os.getpid(),
-                    "fsid": monitor.map.fsid})
+                    "fsid": monitor.map.fsid, "metrics": url})
             stopping = asyncio.ensure_future(stop.wait())
             removed = asyncio.ensure_future(monitor.removed.wait())
             await asyncio.wait([stopping, removed], return_when=asyncio.FIRST_COMPLETED)
@@ -112,6 +119,8 @@ def main(argv=None):
             if monitor.removed.is_set():
                 log.warning("%s leaves: it is no longer a monitor of this cluster", args.name)
         finally:
+            if runner is not None:
+                await runner.cleanup()
             await monitor.stop()
         log.info("%s stopped cleanly at epoch %d", args.name, monitor.map.epoch)
         return 0

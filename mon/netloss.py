@@ -51,9 +51,9 @@ def clean_report(value):
     return clean
 
 
-def judge(reports, host_of, loss_min=0.015, slow_ping_ms=500.0):
-    """(lossy pairs, lossy hosts, slow pairs) from {osd: clean report}; `host_of` maps OSD ids
-    to host names. Lossy hosts' pairs are not in the lossy pairs."""
+def pair_figures(reports, host_of):
+    """{(host, host): [short judged, short lost, long judged, long lost, worst RTT ms or None]}:
+    both sides' reports about each pair of hosts added up."""
     pairs = {}
     for osd, report in reports.items():
         here = host_of.get(osd)
@@ -69,6 +69,13 @@ def judge(reports, host_of, loss_min=0.015, slow_ping_ms=500.0):
             cell[3] += entry["long"][1]
             if entry["rtt_ms"] is not None:
                 cell[4] = max(cell[4] or 0.0, entry["rtt_ms"])
+    return pairs
+
+
+def judge(reports, host_of, loss_min=0.015, slow_ping_ms=500.0):
+    """(lossy pairs, lossy hosts, slow pairs) from {osd: clean report}; `host_of` maps OSD ids
+    to host names. Lossy hosts' pairs are not in the lossy pairs."""
+    pairs = pair_figures(reports, host_of)
     lossy, slow = {}, []
     for hosts, (short_n, short_lost, long_n, long_lost, rtt) in sorted(pairs.items()):
         short = short_lost / short_n if short_n >= SHORT_PROBES_MIN else 0.0

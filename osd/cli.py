@@ -92,8 +92,10 @@ def build_parser(prog="cairn-osd"):
     run.add_argument("--weight", type=float, default=1.0, help="placement weight (default 1)")
     run.add_argument("--mkfs", action="store_true", help="make a store first if the device "
                      "holds none (never overwrites one)")
-    run.add_argument("--ready-file", help="write {name, id, addr, pid, uuid} as JSON here once "
-                     "up")
+    run.add_argument("--ready-file", help="write {name, id, addr, pid, uuid, metrics} as JSON "
+                     "here once up")
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port "
+                     "of the --bind address (0: any free port; default: none)")
     run.add_argument("--verbose", action="store_true")
 
     demo = commands.add_parser("demo", help="single-device demo: mkfs, put and get real "
@@ -343,7 +345,7 @@ def run_daemon(args, prog):
             finally:
                 await device.aclose()
         osd = OsdDaemon(args.device, mons, args.bind, location, meta_dir=args.meta,
-                        weight=args.weight, osd_id=args.id)
+                        weight=args.weight, osd_id=args.id, metrics_port=args.metrics_port)
         try:
             await osd.start()
         except (StoreError, DeviceError, MonitorsUnavailable, RequestFailed, OSError) as exc:
@@ -354,7 +356,7 @@ def run_daemon(args, prog):
             if args.ready_file:
                 daemon.write_ready_file(args.ready_file, {
                     "name": osd.name, "id": osd.id, "addr": osd.addr, "pid": os.getpid(),
-                    "uuid": osd.store.superblock.uuid})
+                    "uuid": osd.store.superblock.uuid, "metrics": osd.metrics_url})
             await stop.wait()
         finally:
             await osd.stop()

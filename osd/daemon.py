@@ -15,10 +15,11 @@ import asyncio
 import logging
 import time
 
-from cairn.common import config, messenger
+from cairn.common import config, messenger, metrics
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.native import latency, open_device
+from cairn.osd import metrics as osd_metrics
 from cairn.osd.heartbeat import PeerWatch, choose_peers
 from cairn.osd.netprobe import NetProber, probe_targets
 from cairn.common.daemon import crash_on_error
@@ -37,7 +38,7 @@ STOP_NOTICE_S_MAX = 3.0
 
 class OsdDaemon:
     def __init__(self, device_path, mon_addrs, bind_addr, location, *, meta_dir=None,
-                 weight=1.0, osd_id=None):
+                 weight=1.0, osd_id=None, metrics_port=None):
         self.device_path = device_path
         self.meta_dir = meta_dir
         self.bind_addr = bind_addr
@@ -58,6 +59,9 @@ class OsdDaemon:
         self.pgs = PgRegistry(self)
         self.scrubber = Scrubber(self)
         self.prober = None                  # UDP loss probes, once the OSD has its id
+        self.metrics_port = metrics_port
+        self.metrics_url = None
+        self._metrics = None                # the aiohttp runner serving /metrics
 
     @property
     def name(self):
@@ -74,6 +78,9 @@ class OsdDaemon:
         await self._boot()
         self.prober = NetProber(self.id)
         await self.prober.start(host, port)
+        if self.metrics_port is not None:
+            self._metrics, self.metrics_url = await metrics.serve(
+                host, self.metrics_port, lambda: osd_metrics.collect(self))
         self.monc.on_map(self._on_map)
         await self.monc.subscribe()
         self._on_map(self.monc.map)
@@ -115,6 +122,8 @@ class OsdDaemon:
         await self._peer_connections.close()
         if self.prober is not None:
             self.prober.close()
+        if self._metrics is not None:
+            await self._metrics.cleanup()
         await self.service.close()
         await self.monc.close()
         if self._server is not None:

@@ -34,6 +34,7 @@ import logging
 import time
 
 from cairn.common import messenger
+from cairn.common.metrics import OpLatency
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
 from cairn.common import pg as pgs
@@ -64,6 +65,7 @@ class ObjectService:
         self.ops_total = 0
         self._started = {}              # client op serial -> monotonic start (SLOW_OPS)
         self._serial = itertools.count()
+        self.op_latency = OpLatency()   # client ops, for /metrics
 
     @property
     def store(self):
@@ -98,11 +100,13 @@ class ObjectService:
         if op not in self.CLIENT_OPS:
             return await self._handle(op, header, payload)
         serial = next(self._serial)
-        self._started[serial] = time.monotonic()
+        started_ns = time.monotonic_ns()
+        self._started[serial] = started_ns / 1e9
         try:
             return await self._handle(op, header, payload)
         finally:
             del self._started[serial]
+            self.op_latency.record(op, time.monotonic_ns() - started_ns)
 
     async def _handle(self, op, header, payload):
         try:

@@ -1,0 +1,61 @@
+"""What an OSD's /metrics shows (common/metrics.py serves it): device ops, bytes and latency,
+client op latency and ops in progress, store commits, capacity, recovery, PG states."""
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from cairn.common import config
+from cairn.common.metrics import histogram
+from cairn.native import latency
+
+
+def collect(daemon):
+    labels = {"osd": str(daemon.id)}
+    device = daemon.device
+    ops = CounterMetricFamily("cairn_osd_device_ops", "device operations completed or queued",
+                              labels=["osd", "kind"])
+    for kind, count in device.ops_total.items():
+        ops.add_metric([labels["osd"], kind], count)
+    yield ops
+    moved = CounterMetricFamily("cairn_osd_device_bytes", "bytes read from and written to the "
+                                "device", labels=["osd", "kind"])
+    for kind, count in device.bytes_total.items():
+        moved.add_metric([labels["osd"], kind], count)
+    yield moved
+    snapshot = device.latency_snapshot()
+    yield histogram("cairn_osd_device_latency_seconds", "device op latency (queued to reaped)",
+                    ["osd", "kind"],
+                    [((labels["osd"], kind), snapshot.counts[index].sum(axis=0),
+                      int(snapshot.sum_ns[index].sum()) / 1e9)
+                     for index, kind in enumerate(latency.KINDS)])
+    yield histogram("cairn_osd_op_latency_seconds", "client op latency at the OSD",
+                    ["osd", "op"], [((labels["osd"], *values), counts, sum_s)
+                                    for values, counts, sum_s in daemon.service.op_latency.series()])
+    complaint_s = config.value(daemon.monc.map.config, "osd.op_complaint_s")
+    slow = GaugeMetricFamily("cairn_osd_slow_ops", f"client ops in progress for more than the "
+                             f"complaint time ({complaint_s:g} s)", labels=["osd"])
+    slow.add_metric([labels["osd"]], daemon.service.ops_older_than(complaint_s))
+    yield slow
+    stats = daemon.store.statistics()
+    commits = CounterMetricFamily("cairn_osd_store_commits", "store commit groups",
+                                  labels=["osd"])
+    commits.add_metric([labels["osd"]], stats["commits_total"])
+    yield commits
+    transactions = CounterMetricFamily("cairn_osd_store_transactions", "store transactions",
+                                       labels=["osd"])
+    transactions.add_metric([labels["osd"]], stats["transactions_total"])
+    yield transactions
+    space = daemon.store.statfs()
+    for key, name in (("total_bytes", "cairn_osd_capacity_bytes"),
+                      ("used_bytes", "cairn_osd_used_bytes")):
+        gauge = GaugeMetricFamily(name, f"store {key.replace('_', ' ')}", labels=["osd"])
+        gauge.add_metric([labels["osd"]], space[key])
+        yield gauge
+    recovered = CounterMetricFamily("cairn_osd_recovery_bytes", "bytes moved by recovery and "
+                                    "backfill", labels=["osd"])
+    recovered.add_metric([labels["osd"]], daemon.pgs.recovery_bytes_total)
+    yield recovered
+    states = GaugeMetricFamily("cairn_osd_pgs", "PGs this OSD is primary of, by state",
+                               labels=["osd", "state"])
+    for state, count in daemon.pgs.states().items():
+        states.add_metric([labels["osd"], str(state)], count)
+    yield states
