@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import os
+import shutil
 
 
 def make_file(directory, size_bytes, name="device.img"):
@@ -112,3 +113,14 @@ def isolated_up(directory, *up_args):
         description = kill_leftovers(directory)
         if description is not None:
             undo_isolation(description)                # idempotent: nothing left if down ran
+
+
+def isolated_marks():
+    """The marks of a test module that brings up isolated clusters: the faults tier, skipped
+    (with the reason) without root or nftables."""
+    import pytest
+    return [pytest.mark.faults,
+            pytest.mark.skipif(os.geteuid() != 0, reason="isolated mode needs root (network "
+                               "namespaces, loop devices, cgroups); CI runs as root"),
+            pytest.mark.skipif(shutil.which("nft") is None, reason="nftables is not installed "
+                               "(cluster-scripts/setup.sh installs it)")]

@@ -9,23 +9,15 @@ Times are measured and printed (pytest -s shows them); the deadlines are the iss
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
-import pytest
 
-from tests.helpers import isolated_up
+from tests.helpers import isolated_marks, isolated_up
 
-pytestmark = [
-    pytest.mark.faults,
-    pytest.mark.skipif(os.geteuid() != 0, reason="isolated mode needs root (network "
-                       "namespaces, loop devices, the blkio cgroup); CI runs as root"),
-    pytest.mark.skipif(shutil.which("nft") is None, reason="nftables is not installed "
-                       "(cluster-scripts/setup.sh installs it)"),
-]
+pytestmark = isolated_marks()
 
 FALSE_ALARMS = ("SLOW_DISK", "SLOW_OPS", "NETWORK_PACKET_LOSS", "NETWORK_SLOW_PING")
 

@@ -7,22 +7,15 @@ about a partitioned host."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.helpers import isolated_up
+from tests.helpers import isolated_marks, isolated_up
 
-pytestmark = [
-    pytest.mark.faults,
-    pytest.mark.skipif(os.geteuid() != 0, reason="isolated mode needs root (network "
-                       "namespaces, loop devices, cgroups); CI runs as root"),
-    pytest.mark.skipif(shutil.which("nft") is None, reason="nftables is not installed "
-                       "(cluster-scripts/setup.sh installs it)"),
-]
+pytestmark = isolated_marks()
 
 FAST = ("mon.osd_grace_s=3", "mon.osd_down_out_interval_s=600", "osd.heartbeat_interval_s=0.5")
 
