@@ -62,6 +62,9 @@ OPTIONS = {option.name: option for option in [
            "times its peers' median"),
     Option("health.slow_disk_floor_ms", float, 5.0, 0.0, 60000.0,
            "SLOW_DISK: ... and is at least this high"),
+    Option("alert.webhooks", str, [], None, None,
+           "URLs (comma-separated) that every raise, change and clear of a health check is "
+           "POSTed to as JSON; empty: none", convert=lambda text: _webhooks(text)),
     Option("health.packet_loss_min", float, 0.015, 0.001, 1.0,
            "NETWORK_PACKET_LOSS: the fraction of UDP probes lost between two hosts over 45 s "
            "that names the pair (5% over 20 s always does)"),
@@ -125,3 +128,12 @@ def display(config, name):
     if found.kind is str:
         return text if text is not None else json.dumps(found.default)
     return value(config, name)
+
+
+def _webhooks(text):
+    """alert.webhooks: a list of http(s) URLs from 'URL[,URL...]' ('' for none)."""
+    urls = [url.strip() for url in str(text).split(",") if url.strip()]
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"a webhook is an http:// or https:// URL (was {url!r})")
+    return urls

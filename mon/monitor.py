@@ -65,7 +65,7 @@ from cairn.common import messenger
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.daemon import crash_on_error
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.mon import health, netloss, raft, slowdisk
+from cairn.mon import alerts, health, netloss, raft, slowdisk
 from cairn.mon.failure import FailureDetector
 from cairn.mon.raft import ChangeRefused, NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
@@ -81,6 +81,8 @@ TICK_S = 0.1
 # etcd defaults to 100 ms heartbeats and 1 s elections; ours is longer because these machines
 # are shared and a Python daemon can stall for a few hundred ms under load.
 RAFT_TICK_S = 0.1
+# How often the leader looks for health changes to push to the webhooks.
+ALERT_INTERVAL_S = 1.0
 RAFT_CONFIG = RaftConfig(election_ticks=15, heartbeat_ticks=1)
 # A request waits this long for a leader before the answer is no_quorum: one election.
 LEADER_WAIT_S = 4.0
@@ -145,6 +147,8 @@ class Monitor:
         self._device_paths = {}             # osd id -> its device, as it reports it
         self._net = {}                      # osd id -> its probe report (mon/netloss.py)
         self._check_since = {}              # health check -> wall time this leader first saw it
+        self._alerter = alerts.Alerter()
+        self._alerted = {}                  # the checks the alert loop last saw (leader only)
         self._tasks = []
         self._wake = asyncio.Event()
         self._waiting = {}                  # log index -> (term, future): proposals
@@ -181,7 +185,8 @@ class Monitor:
             self.raft.campaign()                    # alone: no one to wait for
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._raft_loop(), name="raft loop"),
-                       loop.create_task(self._tick_loop(), name="failure detector")]
+                       loop.create_task(self._tick_loop(), name="failure detector"),
+                       loop.create_task(self._alert_loop(), name="alerts")]
         for task in self._tasks:
             task.add_done_callback(crash_on_error)
         log.info("%s serving %s: fsid %s, epoch %d, %d OSDs, %d pools; raft term %d, log %d, "
@@ -198,6 +203,7 @@ class Monitor:
         self._tasks = []
         if self._persisting is not None:
             await asyncio.gather(self._persisting, return_exceptions=True)
+        await self._alerter.close()
         await self._peers.close()
         if self._server is not None:
             self._server.close()
@@ -243,6 +249,25 @@ class Monitor:
                     await self.propose(ops, why="failure detector")
                 except RequestFailed as exc:
                     log.error("failure detector's change %s refused: %s", ops, exc)
+
+    async def _alert_loop(self):
+        # Runs until the monitor stops: the leader pushes health changes to the webhooks.
+        while True:
+            await asyncio.sleep(ALERT_INTERVAL_S)
+            if not self.is_leader or self._applied < self.raft.commit:
+                self._alerted = {}          # a new leadership sends what is in force again
+                self._alerter.set_urls([])
+                continue
+            urls = config.value(self.map.config, "alert.webhooks")
+            self._alerter.set_urls(urls)
+            checks = self._health(self._mons_view())["checks"]
+            events = alerts.changes(self._alerted, checks, self.map.fsid, alerts.now_s())
+            self._alerted = checks
+            if events and urls:
+                for event in events:
+                    log.info("alert: %s %s: %s", event["check"], event["state"],
+                             event["summary"])
+                self._alerter.push(events)
 
     @property
     def is_leader(self):

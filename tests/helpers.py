@@ -76,6 +76,67 @@ class LocalCluster:
             time.sleep(0.1)
 
 
+class WebhookReceivers:
+    """Three webhook receivers on `host` (loopback, or the bridge of an isolated cluster) in a
+    thread of their own: "good" records what it gets in `events`, "hang" answers only when
+    stopped, "broken" answers 500. `urls` maps each name to its URL; stop() ends them."""
+
+    def __init__(self, host="127.0.0.1"):
+        self.host = host
+        self.events = []
+        self.urls = {}
+        import threading
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self):
+        import asyncio
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self._start())
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _start(self):
+        import asyncio
+        from aiohttp import web
+        self._release = asyncio.Event()
+
+        async def good(request):
+            self.events.append(await request.json())
+            return web.Response(text="ok")
+
+        async def hang(request):
+            await self._release.wait()
+            return web.Response(text="late")
+
+        async def broken(request):
+            return web.Response(status=500)
+        app = web.Application()
+        app.router.add_post("/good", good)
+        app.router.add_post("/hang", hang)
+        app.router.add_post("/broken", broken)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.host, 0)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.urls = {name: f"http://{self.host}:{port}/{name}"
+                     for name in ("good", "hang", "broken")}
+
+    def events_of(self, check):
+        """The states posted for `check`, in order."""
+        return [event["state"] for event in list(self.events) if event["check"] == check]
+
+    def stop(self):
+        import asyncio
+        self.loop.call_soon_threadsafe(self._release.set)
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
 def kill_leftovers(directory):
     """SIGKILL every daemon of the cluster in `directory` still running (after `down` has had its
     chance); the cluster description, or None if there is none."""
