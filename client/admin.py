@@ -26,10 +26,17 @@ def add_parsers(commands, common):
     commands.add_parser("status", parents=[common], help="cluster health, monitors, OSDs, pools")
     health = commands.add_parser(
         "health", parents=[common], help="health checks: severity, summary (detail: and what "
-        "each names)", description="Every health check the monitors raise, worst first. "
-        "--json prints {status, checks: {NAME: {severity, summary, detail, since}}}.")
-    health.add_argument("detail", nargs="?", choices=["detail"],
-                        help="also list what each check names, and since when")
+        "each names; history: the last raises and clears)",
+        description="Every health check the monitors raise, worst first. --json prints "
+        "{status, checks: {NAME: {severity, summary, detail, since}}}. 'history' lists the "
+        "newest raises and clears the monitors recorded (--json: {events: [{cluster, check, "
+        "severity, summary, detail, state, time}], kept}).")
+    health.add_argument("detail", nargs="?", choices=["detail", "history"],
+                        metavar="detail|history",
+                        help="detail: also list what each check names, and since when; history: "
+                        "the last raises and clears, oldest first")
+    health.add_argument("--limit", type=int, default=50, help="history: how many of the newest "
+                        "events (default 50)")
 
     osd = commands.add_parser("osd", help="OSD commands: tree, out, in, down")
     osd_commands = osd.add_subparsers(dest="osd_command", required=True, metavar="SUBCOMMAND")
@@ -109,6 +116,8 @@ def _request_for(args):
     """(request header, formatter) for a command that is one monitor request."""
     if args.command == "status":
         return {"op": "status"}, _format_status
+    if args.command == "health" and args.detail == "history":
+        return {"op": "health_history", "limit": args.limit}, _format_history
     if args.command == "health":
         return {"op": "health"}, lambda reply: _format_health(reply, bool(args.detail))
     if args.command == "osd" and args.osd_command == "tree":
@@ -234,6 +243,21 @@ def _format_health(report, detail):
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(check["since"]))
             lines.append(f"       since {since}")
             lines.extend(f"       {line}" for line in check["detail"])
+    return "\n".join(lines)
+
+
+def _format_history(reply):
+    if not reply["events"]:
+        return "no health events recorded"
+    lines = []
+    for event in reply["events"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["time"]))
+        lines.append(f"{when}  {event['state']:7} {event['severity'][7:]:4} {event['check']}: "
+                     f"{event['summary']}")
+        lines.extend(f"{'':30}{line}" for line in event["detail"])
+    shown = len(reply["events"])
+    if reply["kept"] > shown:
+        lines.append(f"({shown} newest of {reply['kept']} kept; --limit N for more)")
     return "\n".join(lines)
 
 

@@ -6,11 +6,16 @@ that goes away an event with state "cleared". Detail lines are sent but do not m
 themselves (SLOW_DISK's figures move every second). Each event is POSTed as JSON
 `{cluster, check, severity, summary, detail, state, time}` to every URL.
 
+The same events are committed through Raft as the health history (`cairn health history`, kept
+by mon/store.py). A new leader waits `LEADER_SETTLE_S` for the OSDs' heartbeats to reach it,
+then starts from the checks the history says are in force, so a change of leader alone sends
+nothing.
+
 Delivery never holds the monitor up: each URL has its own bounded queue and sender task; a POST
 that fails or times out (`POST_TIMEOUT_S`) is retried with doubling backoff up to `ATTEMPTS`
 times, then dropped with a log line; a queue that is full drops its oldest event. Only the
-leader sends; a new leader starts from no checks seen, so it sends "raised" again for every
-check in force: delivery is at least once.
+leader sends. Delivery is at least once: a leader that dies after sending and before its
+history entry commits leaves the next leader to send the same event again.
 """
 
 import asyncio
@@ -43,6 +48,17 @@ def changes(previous, current, cluster, now):
                            "summary": check["summary"], "detail": [], "state": "cleared",
                            "time": now})
     return events
+
+
+def in_force(history):
+    """{name: check} of the checks whose last event in `history` (oldest first) is a raise, as
+    `changes` takes them (`since`: the time of that raise)."""
+    last = {}
+    for event in history:
+        last[event["check"]] = event
+    return {name: {"severity": event["severity"], "summary": event["summary"],
+                   "detail": list(event["detail"]), "since": event["time"]}
+            for name, event in last.items() if event["state"] == "raised"}
 
 
 class Alerter:

@@ -36,6 +36,8 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     osd_failure {reporter, target, failed}
     osd_stop {id}                         -> marks it down (a clean shutdown)
     status [local]                        -> the leader's view (local: this monitor's own)
+    health                                -> {status, checks} (the `cairn health` contract)
+    health_history {limit}                -> events (newest last), kept: the raises and clears
     osd_tree, pool_ls                     -> views for the CLI
     osd_mark {id, state: out|in|down}, pool_create {...}, pool_delete {name},
     config_set {key, value}, config_get {key}
@@ -81,8 +83,13 @@ TICK_S = 0.1
 # etcd defaults to 100 ms heartbeats and 1 s elections; ours is longer because these machines
 # are shared and a Python daemon can stall for a few hundred ms under load.
 RAFT_TICK_S = 0.1
-# How often the leader looks for health changes to push to the webhooks.
+# How often the leader looks for health changes to record and push to the webhooks.
 ALERT_INTERVAL_S = 1.0
+# A new leader's heartbeat-fed checks (SLOW_DISK, SLOW_OPS, NETWORK_*) need the OSDs' reports
+# (every 2 s) over the slow-disk detector's sustain time (6 s) before they mean anything.
+LEADER_SETTLE_S = 12.0
+# `cairn health history` shows this many of the newest events unless asked for more.
+HISTORY_SHOWN = 50
 RAFT_CONFIG = RaftConfig(election_ticks=15, heartbeat_ticks=1)
 # A request waits this long for a leader before the answer is no_quorum: one election.
 LEADER_WAIT_S = 4.0
@@ -113,7 +120,7 @@ assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
-              "mon_remove", "status", "health"}
+              "mon_remove", "status", "health", "health_history"}
 
 
 def no_quorum(message):
@@ -148,7 +155,8 @@ class Monitor:
         self._net = {}                      # osd id -> its probe report (mon/netloss.py)
         self._check_since = {}              # health check -> wall time this leader first saw it
         self._alerter = alerts.Alerter()
-        self._alerted = {}                  # the checks the alert loop last saw (leader only)
+        self._alerted = None                # the checks the alert loop last saw (leader only)
+        self._leading_since = None          # monotonic time this leadership began (alert loop)
         self._tasks = []
         self._wake = asyncio.Event()
         self._waiting = {}                  # log index -> (term, future): proposals
@@ -251,23 +259,35 @@ class Monitor:
                     log.error("failure detector's change %s refused: %s", ops, exc)
 
     async def _alert_loop(self):
-        # Runs until the monitor stops: the leader pushes health changes to the webhooks.
+        # Runs until the monitor stops: the leader records health changes in the history and
+        # pushes them to the webhooks.
         while True:
             await asyncio.sleep(ALERT_INTERVAL_S)
             if not self.is_leader or self._applied < self.raft.commit:
-                self._alerted = {}          # a new leadership sends what is in force again
+                self._alerted = self._leading_since = None
                 self._alerter.set_urls([])
                 continue
+            if self._alerted is None:
+                self._leading_since = self._leading_since or time.monotonic()
+                if time.monotonic() - self._leading_since < LEADER_SETTLE_S:
+                    continue
+                self._alerted = alerts.in_force(self.store.events())
+                for name, check in self._alerted.items():
+                    self._check_since[name] = check["since"]
             urls = config.value(self.map.config, "alert.webhooks")
             self._alerter.set_urls(urls)
             checks = self._health(self._mons_view())["checks"]
             events = alerts.changes(self._alerted, checks, self.map.fsid, alerts.now_s())
             self._alerted = checks
-            if events and urls:
-                for event in events:
-                    log.info("alert: %s %s: %s", event["check"], event["state"],
-                             event["summary"])
-                self._alerter.push(events)
+            if not events:
+                continue
+            for event in events:
+                log.info("health: %s %s: %s", event["check"], event["state"], event["summary"])
+            self._alerter.push(events)
+            try:
+                await self._replicate({"t": "hist", "events": events})
+            except RequestFailed as exc:
+                log.warning("health history: %d events not recorded: %s", len(events), exc)
 
     @property
     def is_leader(self):
@@ -355,6 +375,8 @@ class Monitor:
                 result = self._apply_map(entry.index, command)
             elif kind == "pgact":
                 result = self._apply_pg_active(entry.index, command)
+            elif kind == "hist":
+                self.store.apply_history(entry.index, command["events"])
             else:
                 log.error("entry %d: unknown command %r; skipped", entry.index, kind)
                 self.store.apply_nothing(entry.index)
@@ -921,6 +943,14 @@ class Monitor:
     async def _health_op(self, peer, header):
         return self._health(self._mons_view()), b""
 
+    async def _health_history(self, peer, header):
+        limit = header.get("limit", HISTORY_SHOWN)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise RequestFailed("invalid", f"limit must be a positive integer (was {limit!r})")
+        await self._read_barrier()
+        events = self.store.events()
+        return {"events": events[-limit:], "kept": len(events)}, b""
+
     async def _status(self, peer, header):
         osds = self.map.osds.values()
         mons = self._mons_view()
@@ -1076,7 +1106,8 @@ _REQUESTS = {
     "osd_mark": Monitor._osd_mark, "pool_create": Monitor._pool_create,
     "pool_delete": Monitor._pool_delete, "pool_ls": Monitor._pool_ls,
     "config_set": Monitor._config_set, "config_get": Monitor._config_get,
-    "status": Monitor._status, "health": Monitor._health_op, "osd_tree": Monitor._osd_tree,
+    "status": Monitor._status, "health": Monitor._health_op,
+    "health_history": Monitor._health_history, "osd_tree": Monitor._osd_tree,
     "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
     "mon_add": Monitor._mon_add, "mon_remove": Monitor._mon_remove,
 }

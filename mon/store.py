@@ -12,6 +12,9 @@ Two parts share one RocksDB, so a batch can change both at once:
   `raft/applied` in one batch without fsync: the entry is already durable in the Raft log (and
   on a majority), and RocksDB's write-ahead log is ordered, so the next synchronous write
   carries these along; a restart replays whatever was lost.
+- **Health history**: the raises and clears of health checks the leader saw (`cairn health
+  history`), committed through Raft like everything else, so a new leader knows what was in
+  force and every monitor answers alike.
 - **Requests done**: the outcome of the last `REQUESTS_KEPT` map and membership changes that
   carried a request id (`rid`), so a request retried after a lost reply (a monitor died, the leader moved) is
   answered with its first outcome instead of being applied twice. It is part of the state
@@ -23,6 +26,8 @@ Keys (epochs and indexes as 8-byte big-endian, so key order is numeric order):
     log/<epoch>          msgpack of Incremental.to_dict()
     pgact/<pool><pg>     msgpack [epoch, acting, complete]: the PG's last activation
                          (osd/peering.py)
+    hist/<index><n>      msgpack of health event n of entry <index> (mon/alerts.py): the
+                         last HISTORY_KEPT raises and clears, oldest trimmed first
     req/<index>          msgpack [rid, outcome]: a request done by the entry at that index;
                          outcome {"epoch": e}, {"error": code, "message": text} (map
                          changes) or {"members": [names]} (membership changes)
@@ -33,6 +38,7 @@ Keys (epochs and indexes as 8-byte big-endian, so key order is numeric order):
     raft/applied         msgpack index: the state machine includes entries up to here
 """
 
+import collections
 import os
 import struct
 import uuid as uuid_module
@@ -52,12 +58,15 @@ assert FULL_MAP_EVERY_EPOCHS < LOG_EPOCHS_KEPT
 # Request outcomes remembered for retries. A client retries for at most its deadline (15 s);
 # this many map changes take minutes even in a storm of failures.
 REQUESTS_KEPT = 4096
+# Health events kept for `cairn health history` (each a few hundred bytes).
+HISTORY_KEPT = 1000
 
 KEY_FSID = b"meta/fsid"
 PREFIX_PG_ACTIVE = b"pgact/"
 PREFIX_FULL = b"full/"
 PREFIX_LOG = b"log/"
 PREFIX_REQUEST = b"req/"
+PREFIX_HISTORY = b"hist/"
 PREFIX_RAFT_LOG = b"raft/log/"
 KEY_HARD = b"raft/hard"
 KEY_OFFSET = b"raft/offset"
@@ -142,6 +151,8 @@ class MonStore:
         self.first_log_epoch = None     # the oldest incremental kept (None: none yet)
         self.requests = {}              # rid -> (index, outcome), oldest first
         self._load_requests()
+        self.history = collections.deque()  # (key, event) of health events, oldest first
+        self._load_history()
 
     @classmethod
     def open(cls, directory):
@@ -180,6 +191,10 @@ class MonStore:
         for key, value in self._items(PREFIX_REQUEST):
             rid, outcome = msgpack.unpackb(value)
             self.requests[rid] = (_epoch_of(key, PREFIX_REQUEST), outcome)
+
+    def _load_history(self):
+        self.history = collections.deque(
+            (key, msgpack.unpackb(value)) for key, value in self._items(PREFIX_HISTORY))
 
     def _request_batch(self, batch, index, request):
         """Remember `request` = (rid, outcome) as done by entry `index`, forgetting the oldest
@@ -247,6 +262,22 @@ class MonStore:
         batch.put(KEY_APPLIED, msgpack.packb(index))
         self._db.write(batch)
 
+    def apply_history(self, index, events):
+        """Entry `index` recorded health `events`; the oldest beyond HISTORY_KEPT go."""
+        batch = WriteBatch(raw_mode=True)
+        for position, event in enumerate(events):
+            key = PREFIX_HISTORY + struct.pack(">QI", index, position)
+            batch.put(key, msgpack.packb(event))
+            self.history.append((key, event))
+        while len(self.history) > HISTORY_KEPT:
+            batch.delete(self.history.popleft()[0])
+        batch.put(KEY_APPLIED, msgpack.packb(index))
+        self._db.write(batch)
+
+    def events(self):
+        """The health events kept, oldest first."""
+        return [event for _, event in self.history]
+
     def apply_nothing(self, index, request=None):
         """Entry `index` changed nothing; `request` (rid, outcome): a refusal to remember."""
         batch = WriteBatch(raw_mode=True)
@@ -258,12 +289,14 @@ class MonStore:
         return msgpack.unpackb(self._db.get(KEY_APPLIED))
 
     def state(self, cmap):
-        """The state machine as snapshot bytes: the map, every PG activation record and the
-        requests done."""
+        """The state machine as snapshot bytes: the map, every PG activation record, the
+        requests done and the health history."""
         records = [[*struct.unpack(">II", key[len(PREFIX_PG_ACTIVE):]), msgpack.unpackb(value)]
                    for key, value in self._items(PREFIX_PG_ACTIVE)]
         requests = [[index, rid, outcome] for rid, (index, outcome) in self.requests.items()]
-        return msgpack.packb({"map": cmap.to_dict(), "pgact": records, "requests": requests})
+        history = [[key[len(PREFIX_HISTORY):], event] for key, event in self.history]
+        return msgpack.packb({"map": cmap.to_dict(), "pgact": records, "requests": requests,
+                              "history": history})
 
     # -- the Raft log ---------------------------------------------------------------------------
 
@@ -316,7 +349,8 @@ class MonStore:
     def _install(self, batch, snapshot):
         state = msgpack.unpackb(snapshot.data, strict_map_key=False)
         cmap = ClusterMap.from_dict(state["map"])
-        for prefix in (PREFIX_FULL, PREFIX_LOG, PREFIX_PG_ACTIVE, PREFIX_REQUEST):
+        for prefix in (PREFIX_FULL, PREFIX_LOG, PREFIX_PG_ACTIVE, PREFIX_REQUEST,
+                       PREFIX_HISTORY):
             for key, _ in self._items(prefix):
                 batch.delete(key)
         batch.put(_key(PREFIX_FULL, cmap.epoch), msgpack.packb(cmap.to_dict()))
@@ -327,6 +361,10 @@ class MonStore:
         for index, rid, outcome in state.get("requests", []):
             batch.put(_key(PREFIX_REQUEST, index), msgpack.packb([rid, outcome]))
             self.requests[rid] = (index, outcome)
+        self.history = collections.deque()
+        for suffix, event in state.get("history", []):
+            batch.put(PREFIX_HISTORY + suffix, msgpack.packb(event))
+            self.history.append((PREFIX_HISTORY + suffix, event))
         batch.put(KEY_APPLIED, msgpack.packb(snapshot.index))
         self.first_log_epoch = None
         return cmap

@@ -1,13 +1,17 @@
-"""Health alerts pushed to webhooks: the pure diff of checks into events, and a real cluster
-POSTing the raise and the clear of OSD_DOWN to a receiver on loopback while a receiver that
-hangs and one that answers 500 do not hold the monitor up."""
+"""Health alerts pushed to webhooks and kept as the health history: the pure diff of checks into
+events, retries, and a real three-monitor cluster POSTing the raise and the clear of OSD_DOWN to
+a receiver on loopback while a receiver that hangs and one that answers 500 do not hold the
+monitor up, recording them, and a new leader sending nothing again."""
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
 from cairn.mon.alerts import changes
+from cairn.mon.monitor import LEADER_SETTLE_S
 from tests.helpers import WebhookReceivers, run
 
 EVENT_KEYS = {"cluster", "check", "severity", "summary", "detail", "state", "time"}
@@ -34,33 +38,60 @@ def test_raises_changes_and_clears_are_events_and_detail_alone_is_not():
 
 
 @pytest.mark.cluster
-def test_the_leader_posts_raise_and_clear_and_bad_receivers_hold_nothing_up(local_cluster):
+def test_the_leader_posts_and_records_raise_and_clear_and_a_new_leader_repeats_nothing(
+        local_cluster):
+    """Three monitors; webhooks: one that hangs, one that answers 500, one that records. A
+    SIGKILLed OSD is marked down as fast as ever and OSD_DOWN's raise and clear reach the good
+    receiver and `cairn health history`; after SIGKILL of the leader, the new one shows the
+    same history and sends nothing again."""
     receivers = WebhookReceivers()
     try:
-        cluster = local_cluster(hosts=3, config=("mon.osd_grace_s=3",
-                                                 "osd.heartbeat_interval_s=0.5"))
+        cluster = local_cluster(hosts=3, mons=3, config=("mon.osd_grace_s=3",
+                                                         "osd.heartbeat_interval_s=0.5"))
         _, status = cluster.cairn("status")
         urls = receivers.urls
         cluster.cairn("config", "set", "alert.webhooks",
                       f"{urls['hang']},{urls['broken']},{urls['good']}")
-        time.sleep(2)
+        time.sleep(LEADER_SETTLE_S)                     # the leader's first heartbeats
         began = time.monotonic()
         cluster.script("kill", "osd.1")
         down_s = cluster.wait_for("osd.1 down", lambda: not cluster.osd(1)["up"], 20)
-        raised = cluster.wait_for("OSD_DOWN raised at the receiver", lambda: any(
-            e["check"] == "OSD_DOWN" and e["state"] == "raised" for e in receivers.events), 20)
+        cluster.wait_for("OSD_DOWN raised at the receiver",
+                         lambda: "raised" in receivers.events_of("OSD_DOWN"), 30)
+        raised_s = time.monotonic() - began
         cluster.script("restart", "osd.1")
-        cluster.wait_for("OSD_DOWN cleared at the receiver", lambda: any(
-            e["check"] == "OSD_DOWN" and e["state"] == "cleared" for e in receivers.events), 30)
+        cluster.wait_for("OSD_DOWN cleared at the receiver",
+                         lambda: "cleared" in receivers.events_of("OSD_DOWN"), 30)
         events = [e for e in receivers.events if e["check"] == "OSD_DOWN"]
         assert [e["state"] for e in events] == ["raised", "cleared"], json.dumps(events)
         assert all(set(e) == EVENT_KEYS and e["cluster"] == status["fsid"] for e in events)
         assert events[0]["severity"] == "HEALTH_WARN" and "osd.1" in events[0]["summary"]
         assert any("osd.1" in line for line in events[0]["detail"])
-        print(f"osd.1 marked down {down_s:.1f} s after SIGKILL with a hanging and a failing "
-              f"webhook configured; OSD_DOWN posted {time.monotonic() - began - down_s:.1f} s "
-              f"after that (raised seen within {raised:.1f} s of the mark)")
         assert down_s < 10
+
+        def history():
+            return cluster.cairn("health", "history", "--limit", "1000")[1]["events"]
+        cluster.wait_for("OSD_DOWN cleared in the history", lambda: "cleared" in [
+            e["state"] for e in history() if e["check"] == "OSD_DOWN"], 10)
+        recorded = history()
+        text = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster",
+                               cluster.dir, "health", "history"], capture_output=True,
+                              text=True, timeout=60).stdout
+        assert "raised  WARN OSD_DOWN: " in text and "cleared WARN OSD_DOWN: " in text, text
+        assert [e for e in recorded if e["check"] == "OSD_DOWN"] == events
+        assert recorded == receivers.events             # the same events, in the same order
+        leader = status["mons"]["leader"]
+        cluster.script("kill", leader)
+        cluster.wait_for("a new leader", lambda: cluster.cairn("status", check=False)[1].get(
+            "mons", {}).get("leader") not in (None, leader), 20)
+        sent = len(receivers.events)
+        time.sleep(LEADER_SETTLE_S + 4)
+        assert history()[:len(recorded)] == recorded
+        assert receivers.events[sent:] == [], "the new leader sent again: " + json.dumps(
+            receivers.events[sent:])
+        print(f"osd.1 marked down {down_s:.1f} s after SIGKILL with a hanging and a failing "
+              f"webhook configured; OSD_DOWN posted {raised_s:.1f} s after the kill; history "
+              f"the same and nothing re-sent after the leader {leader} was killed")
     finally:
         receivers.stop()
 

@@ -278,3 +278,48 @@ def test_mon_store_remembers_requests_done_through_reopen_snapshot_and_install(t
     follower = MonStore.open(other)
     assert follower.requests == expected and follower.load().to_dict() == cmap.to_dict()
     follower.close()
+
+
+def test_mon_store_keeps_the_health_history_through_reopen_snapshot_and_install(tmp_path,
+                                                                                monkeypatch):
+    """Health events (cairn health history) are state machine: written with their entry,
+    trimmed oldest first beyond HISTORY_KEPT, reloaded after a crash, carried in snapshots and
+    replaced by an install; `in_force` reads what was raised and not cleared."""
+    from cairn.mon import store as store_module
+    from cairn.mon.alerts import in_force
+    from cairn.mon.raft import Ready, Snapshot
+    monkeypatch.setattr(store_module, "HISTORY_KEPT", 3)
+
+    def event(check, state, time_s):
+        return {"cluster": "f", "check": check, "severity": "HEALTH_WARN", "summary": check,
+                "detail": [f"{check} line"], "state": state, "time": time_s}
+    directory = str(tmp_path / "mon")
+    mkfs(directory)
+    store = MonStore.open(directory)
+    cmap = store.load()
+    store.apply_history(1, [event("OSD_DOWN", "raised", 1.0), event("SLOW_DISK", "raised", 1.0)])
+    store.apply_history(2, [event("OSD_DOWN", "cleared", 2.0)])
+    store.apply_history(3, [event("SLOW_OPS", "raised", 3.0)])
+    kept = [event("SLOW_DISK", "raised", 1.0), event("OSD_DOWN", "cleared", 2.0),
+            event("SLOW_OPS", "raised", 3.0)]
+    assert store.events() == kept and store.applied() == 3
+    state = store.state(cmap)
+    store.close()
+    store = MonStore.open(directory)                          # as after a crash
+    assert store.events() == kept
+    assert set(in_force(store.events())) == {"SLOW_DISK", "SLOW_OPS"}
+    assert in_force(store.events())["SLOW_OPS"]["since"] == 3.0
+    store.close()
+    other = str(tmp_path / "other")
+    mkfs(other)
+    follower = MonStore.open(other)
+    follower.apply_history(1, [event("STALE", "raised", 0.5)])
+    follower.persist(Ready(snapshot=Snapshot(7, 1, {"mon.0": None}, state), install=True,
+                           compacted_to=(7, 1)))
+    assert follower.events() == kept                          # replaced, not merged
+    follower.close()
+    follower = MonStore.open(other)
+    assert follower.events() == kept
+    follower.apply_history(8, [event("X", "raised", 9.0)])
+    assert [e["check"] for e in follower.events()] == ["OSD_DOWN", "SLOW_OPS", "X"]
+    follower.close()
