@@ -16,6 +16,7 @@ import time
 from cairn.common import messenger
 from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
 from cairn.common.placement import PlacementError
+from cairn.common.units import format_size, parse_size
 
 # Admin commands give up sooner than daemons: a person is waiting.
 ADMIN_DEADLINE_S = 10.0
@@ -65,9 +66,26 @@ def add_parsers(commands, common):
                         "(e.g. 3 to put 18+6 on 8 hosts; at most M)")
     create.add_argument("--pg-num", type=int, default=128, help="placement groups, a power of "
                         "two (default 128)")
-    pool_commands.add_parser("ls", parents=[common], help="list pools")
+    quota = pool_commands.add_parser(
+        "set-quota", parents=[common], help="limit a pool's objects and/or bytes (0: no limit)",
+        description="Writes to the pool are refused with a quota error once it holds this many "
+        "objects or bytes (counted from the OSDs' reports, so a write or two may pass in the "
+        "second it takes); POOL_NEAR_QUOTA warns at pool.near_quota_ratio (0.8).")
+    quota.add_argument("name")
+    quota.add_argument("--max-objects", type=int, metavar="N", help="at most N objects (0: no "
+                       "limit)")
+    quota.add_argument("--max-bytes", metavar="SIZE", help="at most SIZE bytes stored, e.g. "
+                       "10G (0: no limit)")
+    pool_commands.add_parser("ls", parents=[common], help="list pools (with quotas)")
     remove = pool_commands.add_parser("rm", parents=[common], help="delete a pool")
     remove.add_argument("name")
+
+    commands.add_parser("df", parents=[common], help="raw capacity, each OSD's use, each pool's "
+                        "objects, bytes and quota", description="--json prints {raw: {total_bytes, "
+                        "used_bytes, avail_bytes, used_ratio}, osds: [...], pools: [{name, id, "
+                        "kind, objects, stored_bytes, raw_bytes, max_objects, max_bytes, "
+                        "quota_ratio, quota_full}], ratios}. Figures come from the OSDs' last "
+                        "heartbeats.")
 
     mapping = commands.add_parser("map", parents=[common], help="where an object lives: its PG, "
                                   "OSDs and primary")
@@ -102,7 +120,7 @@ def add_parsers(commands, common):
     remover.add_argument("name")
 
 
-COMMANDS = ("status", "health", "osd", "pool", "map", "config", "mon")
+COMMANDS = ("status", "health", "df", "osd", "pool", "map", "config", "mon")
 
 
 def _osd_id(text):
@@ -128,6 +146,11 @@ def _request_for(args):
                 lambda reply: f"marked osd.{osd_id} {args.osd_command} (epoch {reply['epoch']})")
     if args.command == "pool" and args.pool_command == "create":
         return _pool_create_request(args), _format_pool_created
+    if args.command == "df":
+        return {"op": "df"}, _format_df
+    if args.command == "pool" and args.pool_command == "set-quota":
+        return _quota_request(args), lambda reply: (
+            f"pool {_describe_pool(reply['pool'])} (epoch {reply['epoch']})")
     if args.command == "pool" and args.pool_command == "ls":
         return {"op": "pool_ls"}, _format_pools
     if args.command == "pool" and args.pool_command == "rm":
@@ -150,6 +173,21 @@ def _request_for(args):
         return ({"op": "mon_remove", "name": args.name},
                 lambda reply: f"removed {args.name}; monitors now {', '.join(reply['members'])}")
     return None, None
+
+
+def _quota_request(args):
+    request = {"op": "pool_set_quota", "name": args.name}
+    if args.max_objects is not None:
+        if args.max_objects < 0:
+            raise ValueError(f"--max-objects must be 0 or more (was {args.max_objects})")
+        request["max_objects"] = args.max_objects
+    if args.max_bytes is not None:
+        request["max_bytes"] = parse_size(args.max_bytes)
+        if request["max_bytes"] < 0:
+            raise ValueError(f"--max-bytes must be 0 or more (was {args.max_bytes})")
+    if len(request) == 2:
+        raise ValueError("give --max-objects, --max-bytes or both (0 removes a limit)")
+    return request
 
 
 def _pool_create_request(args):
@@ -307,7 +345,8 @@ def _format_tree(reply):
     for osd in sorted(osds, key=lambda o: (o["rack"] or "", o["host"] or "", o["id"])):
         lines.append(f"{osd['id']:>4}  {osd['rack'] or '-':10} {osd['host'] or '-':12} "
                      f"{osd['weight']:>7.3f} {osd['reweight']:>8.3f}  "
-                     f"{'up' if osd['up'] else 'down'} {'in' if osd['in'] else 'out'}")
+                     f"{'up' if osd['up'] else 'down'} {'in' if osd['in'] else 'out'}"
+                     f"{' full' if osd.get('full') else ''}")
     lines.append(f"{len(osds)} OSDs, epoch {reply['epoch']}")
     return "\n".join(lines)
 
@@ -320,12 +359,49 @@ def _describe_pool(pool):
         if pool.get("osds_per_domain", 1) > 1:
             kind += f" ({pool['osds_per_domain']} per {pool['failure_domain']})"
         kind += f" {pool.get('backend', 'isa_l_rs_cauchy')} min_size {pool['min_size']}"
+    quota = _quota_words(pool, "objects")
     return f"{pool['name']} (id {pool['id']}): {kind}, failure domain " \
-           f"{pool['failure_domain']}, {pool['pg_num']} PGs"
+           f"{pool['failure_domain']}, {pool['pg_num']} PGs" + \
+           (f", quota {' / '.join(quota)}" if quota else "") + \
+           (" (at its quota: writes refused)" if pool.get("quota_full") else "")
 
 
 def _format_pool_created(reply):
     return f"created pool {_describe_pool(reply['pool'])} (epoch {reply['epoch']})"
+
+
+def _quota_words(pool, objects_word):
+    words = []
+    if pool.get("max_objects"):
+        words.append(f"{pool['max_objects']} {objects_word}")
+    if pool.get("max_bytes"):
+        words.append(format_size(pool["max_bytes"]))
+    return words
+
+
+def _format_df(reply):
+    raw = reply["raw"]
+    lines = ["RAW", f"  {'SIZE':>10} {'USED':>10} {'AVAIL':>10} {'USED%':>6}",
+             f"  {format_size(raw['total_bytes']):>10} {format_size(raw['used_bytes']):>10} "
+             f"{format_size(raw['avail_bytes']):>10} {raw['used_ratio']:>6.1%}", "OSDS"]
+    for osd in reply["osds"]:
+        if osd["total_bytes"] is None:
+            lines.append(f"  osd.{osd['id']:<4} {'(no report yet)':>32}")
+            continue
+        lines.append(f"  osd.{osd['id']:<4} {format_size(osd['total_bytes']):>10} "
+                     f"{format_size(osd['used_bytes']):>10} {osd['used_ratio']:>6.1%}  "
+                     f"{osd['state']}{'' if osd['up'] else ' (down)'}")
+    lines += ["POOLS", f"  {'NAME':<16} {'ID':>4} {'OBJECTS':>9} {'STORED':>10} {'RAW':>10} "
+              f"{'QUOTA':>16}"]
+    for pool in reply["pools"]:
+        text = "/".join(_quota_words(pool, "obj")) or "-"
+        if pool["quota_ratio"] is not None:
+            text += f" {pool['quota_ratio']:.0%}"
+        lines.append(f"  {pool['name']:<16} {pool['id']:>4} {pool['objects']:>9} "
+                     f"{format_size(pool['stored_bytes']):>10} "
+                     f"{format_size(pool['raw_bytes']):>10} {text:>16}"
+                     + ("  FULL: writes refused" if pool["quota_full"] else ""))
+    return "\n".join(lines)
 
 
 def _format_pools(reply):

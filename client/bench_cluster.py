@@ -139,7 +139,8 @@ def _result(op, size, ops, elapsed, latencies):
 
 
 # What a typed error is called in the one line `cairn bench` prints for it.
-_ERROR_WORDS = {errors.NoSpace: "no space", errors.PoolNotFound: "no such pool",
+_ERROR_WORDS = {errors.NoSpace: "no space", errors.QuotaExceeded: "quota exceeded",
+                errors.PoolNotFound: "no such pool",
                 errors.PoolUnavailable: "pool unavailable", errors.Timeout: "timed out",
                 errors.DataUnavailable: "data unavailable", errors.ObjectNotFound: "not found",
                 errors.ProtocolError: "protocol error"}
@@ -151,7 +152,8 @@ def main(args):
         result = _run_loop(run(args, say))
     except errors.ClientError as exc:
         words = _ERROR_WORDS.get(type(exc), "error")
-        return fail(args, words.replace(" ", "_"), f"{words}: {exc}", 1)
+        message = str(exc) if str(exc).startswith(f"{words}:") else f"{words}: {exc}"
+        return fail(args, words.replace(" ", "_"), message, 1)
     except (ClusterNotFound, MonitorsUnavailable) as exc:
         return fail(args, "unavailable", str(exc), 2)
     line = (f"{result['op']} {format_size(result['size_bytes'])}: {result['ops']} ops in "

@@ -20,7 +20,7 @@ import secrets
 
 from cairn.client import striping
 from cairn.client.errors import (DataUnavailable, ObjectNotFound, NoSpace, PoolNotFound,
-                                 PoolUnavailable, ProtocolError, Timeout)
+                                 PoolUnavailable, ProtocolError, QuotaExceeded, Timeout)
 from cairn.common import messenger, pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable, load_cluster
@@ -168,6 +168,8 @@ class Cluster:
             raise ObjectNotFound(exc.message) from None
         if exc.code == "no_space":
             raise NoSpace(exc.message) from None
+        if exc.code == "quota":
+            raise QuotaExceeded(exc.message) from None
         if exc.code == "pool_unavailable":
             raise PoolUnavailable(exc.message) from None
         if exc.code == "unavailable":

@@ -3,6 +3,7 @@
 - ObjectNotFound: no such object (or it was deleted).
 - PoolNotFound: no such pool in the cluster map.
 - NoSpace: an OSD holding the object is full; free space or add OSDs.
+- QuotaExceeded: the pool is at its quota (`cairn pool set-quota`); raise it or delete objects.
 - PoolUnavailable: the object's PG has fewer members up than min_size; writes are refused until
   OSDs return (reads may still work).
 - DataUnavailable: too few shards of an erasure-coded object can be read right now (the message
@@ -27,6 +28,10 @@ class PoolNotFound(ClientError):
 
 
 class NoSpace(ClientError):
+    pass
+
+
+class QuotaExceeded(ClientError):
     pass
 
 

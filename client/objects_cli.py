@@ -139,8 +139,8 @@ def main(args):
         result = _run_loop(run(args))
     except (errors.ObjectNotFound, errors.PoolNotFound) as exc:
         return fail(args, "not_found", str(exc), 1)
-    except (errors.NoSpace, errors.PoolUnavailable, errors.ProtocolError,
-            errors.DataUnavailable) as exc:
+    except (errors.NoSpace, errors.QuotaExceeded, errors.PoolUnavailable,
+            errors.ProtocolError, errors.DataUnavailable) as exc:
         return fail(args, type(exc).__name__, str(exc), 1)
     except (errors.Timeout, ClusterNotFound) as exc:
         return fail(args, "unavailable", str(exc), 2)

@@ -23,6 +23,10 @@ Operations (each a dict with "op"):
     pool_create  name, kind (replicated|erasure), size, min_size | k, m, failure_domain, pg_num,
                  [osds_per_domain]
     pool_delete  name
+    pool_set_quota name, [max_objects], [max_bytes]   (0: no limit; a field left out stays)
+    pool_quota_full name, full        (the leader: the pool reached its quota; writes refused)
+    osd_full     id, full             (the leader: the OSD reached the full ratio; writes to
+                                       its PGs refused)
     config_set   key, value           (value None deletes)
 """
 
@@ -164,10 +168,12 @@ class ClusterMap:
                 "pools": pools}
 
     def osd_tree(self):
-        """[{id, host, rack, weight, reweight, up, in}] in id order (for `cairn osd tree`)."""
+        """[{id, host, rack, weight, reweight, up, in, full}] in id order (for `cairn osd
+        tree`)."""
         return [{"id": osd["id"], "host": osd["location"].get("host"),
                  "rack": osd["location"].get("rack"), "weight": osd["weight"],
-                 "reweight": osd["reweight"], "up": osd["up"], "in": osd["in"]}
+                 "reweight": osd["reweight"], "up": osd["up"], "in": osd["in"],
+                 "full": bool(osd.get("full"))}
                 for osd in (self.osds[i] for i in sorted(self.osds))]
 
 
@@ -357,6 +363,36 @@ def _pool_delete(new, op):
     del new.pools[name]
 
 
+def _pool_named(new, op):
+    name = op.get("name")
+    if name not in new.pools:
+        raise MapError(f"{op['op']}: no pool named {name!r}")
+    return new.pools[name]
+
+
+def _pool_set_quota(new, op):
+    pool = _pool_named(new, op)
+    if "max_objects" not in op and "max_bytes" not in op:
+        raise MapError("pool_set_quota: give max_objects, max_bytes or both (0: no limit)")
+    for field in ("max_objects", "max_bytes"):
+        if field in op:
+            pool[field] = _int(op, field, 0, 1 << 62)
+
+
+def _pool_quota_full(new, op):
+    pool = _pool_named(new, op)
+    if not isinstance(op.get("full"), bool):
+        raise MapError("pool_quota_full: full must be true or false")
+    pool["quota_full"] = op["full"]
+
+
+def _osd_full(new, op):
+    osd = _osd(new, op)
+    if not isinstance(op.get("full"), bool):
+        raise MapError("osd_full: full must be true or false")
+    osd["full"] = op["full"]
+
+
 def _config_set(new, op):
     key, value = op.get("key"), op.get("value")
     if not isinstance(key, str) or not key or len(key.encode()) > CONFIG_KEY_BYTES_MAX:
@@ -381,4 +417,5 @@ def _config_set(new, op):
 _HANDLERS = {"osd_add": _osd_add, "osd_boot": _osd_boot, "osd_down": _osd_down,
              "osd_out": _osd_out, "osd_in": _osd_in, "osd_reweight": _osd_reweight,
              "pool_create": _pool_create, "pool_delete": _pool_delete,
-             "config_set": _config_set}
+             "pool_set_quota": _pool_set_quota, "pool_quota_full": _pool_quota_full,
+             "osd_full": _osd_full, "config_set": _config_set}

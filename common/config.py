@@ -17,7 +17,7 @@ from cairn.common.units import parse_size
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
-    kind: type                  # float or int
+    kind: type                  # float, int, or str (with convert)
     default: object
     low: object
     high: object
@@ -62,6 +62,14 @@ OPTIONS = {option.name: option for option in [
            "times its peers' median"),
     Option("health.slow_disk_floor_ms", float, 5.0, 0.0, 60000.0,
            "SLOW_DISK: ... and is at least this high"),
+    # Ceph: mon_osd_nearfull_ratio 0.85, mon_osd_full_ratio 0.95.
+    Option("osd.nearfull_ratio", float, 0.85, 0.1, 1.0,
+           "OSD_NEARFULL: an OSD's data area is at least this fraction used"),
+    Option("osd.full_ratio", float, 0.95, 0.1, 1.0,
+           "OSD_FULL: at this fraction used, writes to the PGs of that OSD are refused (reads "
+           "and deletes go on)"),
+    Option("pool.near_quota_ratio", float, 0.8, 0.1, 1.0,
+           "POOL_NEAR_QUOTA: a pool's objects or bytes reach this fraction of its quota"),
     Option("alert.webhooks", str, [], None, None,
            "URLs (comma-separated) that every raise, change and clear of a health check is "
            "POSTed to as JSON; empty: none", convert=lambda text: _webhooks(text)),

@@ -1,11 +1,12 @@
 """What a monitor's /metrics shows (common/metrics.py serves it): health checks as gauges, OSD
-and PG counts, packet loss and round trips per host pair, the map epoch and leadership. Health,
+and PG counts, capacity and pool usage, packet loss and round trips per host pair, the map epoch
+and leadership. Health,
 PG states and network figures come from the OSDs' heartbeats, which go to the leader: a
 follower shows its map's view only."""
 
 from prometheus_client.core import GaugeMetricFamily
 
-from cairn.mon import netloss
+from cairn.mon import capacity, netloss
 
 _STATUS = {"HEALTH_OK": 0, "HEALTH_WARN": 1, "HEALTH_ERR": 2}
 
@@ -32,6 +33,26 @@ def collect(monitor):
     for state, count in monitor._pg_state_totals().items():
         pgs.add_metric([str(state)], count)
     yield pgs
+    usage = capacity.df(cmap, monitor._capacity, monitor._pool_totals(), monitor._ratios())
+    raw = GaugeMetricFamily("cairn_cluster_bytes", "raw capacity of the OSDs that reported",
+                            labels=["kind"])
+    raw.add_metric(["total"], usage["raw"]["total_bytes"])
+    raw.add_metric(["used"], usage["raw"]["used_bytes"])
+    yield raw
+    pool_objects = GaugeMetricFamily("cairn_pool_objects", "objects in each pool",
+                                     labels=["pool"])
+    pool_bytes = GaugeMetricFamily("cairn_pool_stored_bytes", "bytes stored in each pool "
+                                   "(before replication or coding)", labels=["pool"])
+    pool_quota = GaugeMetricFamily("cairn_pool_quota_ratio", "the larger of objects and bytes "
+                                   "over the pool's quota (pools with a quota)", labels=["pool"])
+    for pool in usage["pools"]:
+        pool_objects.add_metric([pool["name"]], pool["objects"])
+        pool_bytes.add_metric([pool["name"]], pool["stored_bytes"])
+        if pool["quota_ratio"] is not None:
+            pool_quota.add_metric([pool["name"]], pool["quota_ratio"])
+    yield pool_objects
+    yield pool_bytes
+    yield pool_quota
     epoch = GaugeMetricFamily("cairn_map_epoch", "the cluster map epoch this monitor has")
     epoch.add_metric([], cmap.epoch)
     yield epoch

@@ -38,6 +38,8 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     status [local]                        -> the leader's view (local: this monitor's own)
     health                                -> {status, checks} (the `cairn health` contract)
     health_history {limit}                -> events (newest last), kept: the raises and clears
+    df                                    -> raw, osds, pools, ratios (mon/capacity.py)
+    pool_set_quota {name, [max_objects], [max_bytes]}
     osd_tree, pool_ls                     -> views for the CLI
     osd_mark {id, state: out|in|down}, pool_create {...}, pool_delete {name},
     config_set {key, value}, config_get {key}
@@ -67,7 +69,7 @@ from cairn.common import messenger
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.daemon import crash_on_error
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.mon import alerts, health, netloss, raft, slowdisk
+from cairn.mon import alerts, capacity, health, netloss, raft, slowdisk
 from cairn.mon.failure import FailureDetector
 from cairn.mon.raft import ChangeRefused, NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
@@ -88,6 +90,8 @@ ALERT_INTERVAL_S = 1.0
 # A new leader's heartbeat-fed checks (SLOW_DISK, SLOW_OPS, NETWORK_*) need the OSDs' reports
 # (every 2 s) over the slow-disk detector's sustain time (6 s) before they mean anything.
 LEADER_SETTLE_S = 12.0
+# How often the leader brings the full and quota flags in line with the OSDs' reports.
+CAPACITY_INTERVAL_S = 1.0
 # `cairn health history` shows this many of the newest events unless asked for more.
 HISTORY_SHOWN = 50
 RAFT_CONFIG = RaftConfig(election_ticks=15, heartbeat_ticks=1)
@@ -120,7 +124,7 @@ assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
-              "mon_remove", "status", "health", "health_history"}
+              "mon_remove", "status", "health", "health_history", "df", "pool_set_quota"}
 
 
 def no_quorum(message):
@@ -153,6 +157,10 @@ class Monitor:
         self._slow_ops = {}                 # osd id -> client ops older than the complaint time
         self._device_paths = {}             # osd id -> its device, as it reports it
         self._net = {}                      # osd id -> its probe report (mon/netloss.py)
+        self._capacity = {}                 # osd id -> (total, used) bytes (mon/capacity.py)
+        self._pool_use = {}                 # osd id -> {pool id: (objects, bytes)} it serves
+        self._reported_at = {}              # osd id -> monotonic time of its last heartbeat
+        self._capacity_judged_at = 0.0
         self._check_since = {}              # health check -> wall time this leader first saw it
         self._alerter = alerts.Alerter()
         self._alerted = None                # the checks the alert loop last saw (leader only)
@@ -257,6 +265,15 @@ class Monitor:
                     await self.propose(ops, why="failure detector")
                 except RequestFailed as exc:
                     log.error("failure detector's change %s refused: %s", ops, exc)
+            if time.monotonic() - self._capacity_judged_at >= CAPACITY_INTERVAL_S:
+                self._capacity_judged_at = time.monotonic()
+                ops = capacity.flag_ops(self.map, self._capacity, self._pool_totals(),
+                                        self._ratios(), self._pools_known())
+                if ops:
+                    try:
+                        await self.propose(ops, why="capacity")
+                    except RequestFailed as exc:
+                        log.error("capacity change %s refused: %s", ops, exc)
 
     async def _alert_loop(self):
         # Runs until the monitor stops: the leader records health changes in the history and
@@ -804,6 +821,11 @@ class Monitor:
             self._objects[osd_id] = {key: objects[key] for key in OBJECT_COUNTS
                                      if isinstance(objects.get(key), int)}
         self._net[osd_id] = netloss.clean_report(header.get("net"))
+        found = capacity.clean_capacity(header.get("capacity"))
+        if found is not None:
+            self._capacity[osd_id] = found
+        self._pool_use[osd_id] = capacity.clean_pools(header.get("pools"))
+        self._reported_at[osd_id] = time.monotonic()
         slow_ops = header.get("slow_ops")
         self._slow_ops[osd_id] = slow_ops if type(slow_ops) is int and slow_ops > 0 else 0
         if isinstance(header.get("device_path"), str):
@@ -925,12 +947,45 @@ class Monitor:
             checks["SLOW_OPS"] = health.slow_ops_check(
                 self.map, slow_ops, config.value(self.map.config, "osd.op_complaint_s"))
         checks.update(self._network_checks(up))
+        for name, (severity, summary, lines) in capacity.checks(
+                self.map, self._capacity, self._pool_totals(), self._ratios()).items():
+            checks[name] = health.check(severity, summary, lines)
         now = time.time()
         self._check_since = {name: self._check_since.get(name, now) for name in checks}
         for name, entry in checks.items():
             entry["since"] = round(self._check_since[name], 3)
         return {"status": health.worst(entry["severity"] for entry in checks.values()),
                 "checks": checks}
+
+    def _ratios(self):
+        conf = self.map.config
+        return capacity.Ratios(nearfull=config.value(conf, "osd.nearfull_ratio"),
+                               full=config.value(conf, "osd.full_ratio"),
+                               near_quota=config.value(conf, "pool.near_quota_ratio"))
+
+    def _pool_totals(self):
+        """{pool id: (objects, bytes)} over the up OSDs' last reports."""
+        return capacity.pool_totals({osd_id: pools for osd_id, pools in self._pool_use.items()
+                                     if osd_id in self.map.osds and self.map.osds[osd_id]["up"]})
+
+    def _pools_known(self):
+        """Every up OSD has reported within three heartbeat intervals (and for longer than
+        that since this monitor started): pool totals are complete."""
+        horizon = 3 * config.value(self.map.config, "osd.heartbeat_interval_s")
+        now = time.monotonic()
+        return all(now - self._reported_at.get(osd_id, -1e9) <= horizon
+                   for osd_id, osd in self.map.osds.items() if osd["up"])
+
+    async def _df(self, peer, header):
+        return capacity.df(self.map, self._capacity, self._pool_totals(), self._ratios()), b""
+
+    async def _pool_set_quota(self, peer, header):
+        op = {"op": "pool_set_quota", "name": header.get("name")}
+        for field in ("max_objects", "max_bytes"):
+            if field in header:
+                op[field] = header[field]
+        new_map = await self.propose([op], why="operator", rid=header.get("rid"))
+        return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
 
     def _network_checks(self, up):
         host_of = {osd_id: self.map.osds[osd_id]["location"].get("host") for osd_id in up}
@@ -1107,7 +1162,8 @@ _REQUESTS = {
     "pool_delete": Monitor._pool_delete, "pool_ls": Monitor._pool_ls,
     "config_set": Monitor._config_set, "config_get": Monitor._config_get,
     "status": Monitor._status, "health": Monitor._health_op,
-    "health_history": Monitor._health_history, "osd_tree": Monitor._osd_tree,
+    "health_history": Monitor._health_history, "df": Monitor._df,
+    "pool_set_quota": Monitor._pool_set_quota, "osd_tree": Monitor._osd_tree,
     "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
     "mon_add": Monitor._mon_add, "mon_remove": Monitor._mon_remove,
 }

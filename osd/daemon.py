@@ -173,6 +173,11 @@ class OsdDaemon:
         peers = choose_peers(cmap, self.id, count)
         self._watch.set_peers(peers, time.monotonic_ns())
 
+    def _capacity(self):
+        """[total, used] bytes of the data area (for OSD_NEARFULL/OSD_FULL and `cairn df`)."""
+        statfs = self.store.statfs()
+        return [statfs["total_bytes"], statfs["used_bytes"]]
+
     def _interval_s(self):
         return config.value(self.monc.map.config, "osd.heartbeat_interval_s")
 
@@ -194,7 +199,9 @@ class OsdDaemon:
                                                  "pg_states": self.pgs.states(),
                                                  "objects": self.pgs.object_counts(),
                                                  "inconsistent": self.pgs.inconsistent(),
-                                                 "recovery_bytes": self.pgs.recovery_bytes_total},
+                                                 "recovery_bytes": self.pgs.recovery_bytes_total,
+                                                 "capacity": self._capacity(),
+                                                 "pools": self.pgs.pool_usage()},
                                                 timeout_s=self._interval_s() * 2)
             except (MonitorsUnavailable, RequestFailed) as exc:
                 log.warning("%s: heartbeat to the monitor failed: %s", self.name, exc)

@@ -54,6 +54,7 @@ async def fsck(store, deep=False, progress=None):
     references = np.zeros(block_count, dtype=np.uint16)
     collections = set(store.list_collections())
     objects = []
+    counted = {}                          # collection -> [objects, bytes] found
     prefix_length = len(records.PREFIX_OBJECT)
     for key, raw in store._iterate(records.PREFIX_OBJECT):
         collection, _, name = key[prefix_length:].partition(b"\x00")
@@ -65,6 +66,9 @@ async def fsck(store, deep=False, progress=None):
             continue
         report.objects += 1
         report.bytes += record.size
+        found = counted.setdefault(collection, [0, 0])
+        found[0] += 1
+        found[1] += record.size
         if collection not in collections:
             report.problem(f"object {name!r} is in collection {collection!r}, which does not "
                            "exist")
@@ -82,6 +86,11 @@ async def fsck(store, deep=False, progress=None):
             for start, length in record.extents:
                 references[start:start + length] += 1
             objects.append((collection, name, record))
+    for collection in sorted(collections):
+        found = tuple(counted.get(collection, (0, 0)))
+        if store.usage(collection) != found:
+            report.problem(f"collection {collection!r} counts {store.usage(collection)} "
+                           f"(objects, bytes) but holds {found}")
     report.blocks_referenced = int(np.count_nonzero(references))
     report.blocks_marked_used = int(np.count_nonzero(allocator.committed))
     shared = np.flatnonzero(references > 1)

@@ -225,6 +225,25 @@ class PgRegistry:
         """How many PGs this OSD holds a copy of (members and strays)."""
         return sum(1 for name in self.store.list_collections() if name.startswith("pg."))
 
+    def pool_usage(self):
+        """{pool id (as text): [objects, bytes stored]} over the PGs this OSD is primary of and serves
+        (for `cairn df` and pool quotas): the PG's object count, and the sizes of the objects
+        in its copy here; an erasure-coded PG's copy is one shard of each object, so k times
+        its bytes (padding included)."""
+        usage = {}
+        cmap = self.daemon.monc.map
+        for pg in self.pgs.values():
+            if pg.role is not Role.PRIMARY or not pg.serving:
+                continue
+            pool = pgs.pool_by_id(cmap, pg.key[0])
+            if pool is None:
+                continue
+            stored = self.store.usage(pg.collection)[1] * pool.get("k", 1)
+            entry = usage.setdefault(str(pg.key[0]), [0, 0])
+            entry[0] += pg.object_count
+            entry[1] += stored
+        return usage
+
     def object_counts(self):
         """Object copies, for `cairn status`: `total` (the copies the PGs this OSD is primary of
         should have), `degraded` (copies acting members still lack: being recovered, or a

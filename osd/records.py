@@ -4,7 +4,8 @@ Key layout in RocksDB (bytes sort in this order, so a collection's objects list 
 
     b"S"                          store identity: msgpack {uuid, format_version}
     b"Q"                          last committed transaction sequence (u64 big-endian)
-    b"C" + collection             a collection: msgpack {created_ns}
+    b"C" + collection             a collection: msgpack {created_ns, objects, bytes} (its
+                                  objects and the sum of their sizes, as of each commit)
     b"O" + collection + 0 + name  an object record (below)
     b"B" + segment (u32 BE)       allocator bitmap segment (`allocator.SEGMENT_BLOCKS` bits)
 

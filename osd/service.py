@@ -23,7 +23,8 @@ A primary that serves with a missing set (osd/pgs.py) recovers a missing object 
 or stat of it, answers deletes and listings from the set, and drops an object from it once a
 write replaces it.
 
-Errors go back as codes the client library turns into typed exceptions: not_found, no_space,
+Errors go back as codes the client library turns into typed exceptions: not_found, no_space
+(the store is out of blocks, or a member is flagged full), quota (the pool is at its quota),
 pool_unavailable, wrong_primary, again (retry soon), invalid, io_error.
 """
 
@@ -33,7 +34,7 @@ import itertools
 import logging
 import time
 
-from cairn.common import messenger
+from cairn.common import config, messenger
 from cairn.common.metrics import OpLatency
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
@@ -201,8 +202,33 @@ class ObjectService:
         if len(payload) > OBJECT_SIZE_BYTES_MAX:
             raise RequestFailed("invalid", f"object of {len(payload)} bytes is over the limit "
                                 f"({OBJECT_SIZE_BYTES_MAX}); stripe it (put_stream)")
+        self._check_room(pool, pg)
         return await self._write(pool, pg, name, payload, delete=False,
                                  manifest=bool(header.get("manifest")))
+
+    def _check_room(self, pool, pg):
+        """Refuse a write (never a delete) to a pool at its quota or to a PG with a member
+        the map flags full, or while this OSD is past the full ratio itself (before the map
+        says so): nothing is written, reads and deletes go on (mon/capacity.py)."""
+        where = f"pg {pg.key[0]}.{pg.key[1]:x} of pool {pool['name']}"
+        if pool.get("quota_full"):
+            limits = [f"{pool[field]} {unit}" for field, unit in
+                      (("max_objects", "objects"), ("max_bytes", "bytes")) if pool.get(field)]
+            raise RequestFailed("quota", f"quota exceeded: pool {pool['name']} is at its quota "
+                                f"({' or '.join(limits) or 'reached'}); raise it with 'cairn "
+                                f"pool set-quota {pool['name']}' or delete objects")
+        members = pg.acting.members if pg.acting is not None else ()
+        full = [m for m in members if m is not None and self.map.osds.get(m, {}).get("full")]
+        statfs = self.store.statfs()
+        ratio = statfs["used_bytes"] / statfs["total_bytes"] if statfs["total_bytes"] else 0.0
+        full_ratio = config.value(self.map.config, "osd.full_ratio")
+        if ratio >= full_ratio and self.daemon.id not in full:
+            full.append(self.daemon.id)
+        if full:
+            raise RequestFailed("no_space", f"no space: {', '.join(f'osd.{m}' for m in full)} "
+                                f"of {where} reached the full ratio ({full_ratio:.0%}); writes "
+                                "refused, reads and deletes still work (delete data or add "
+                                "OSDs)")
 
     async def _delete(self, header, payload):
         pool, pg = await self._pg_of(header)

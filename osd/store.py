@@ -83,6 +83,8 @@ class _Plan:
     freed: list                   # committed extents no longer referenced
     writes: list                  # (device offset, view) to write before the commit
     buffers: list                 # pool buffers to return after the writes
+    before: dict = dataclasses.field(default_factory=dict)  # object key -> (collection,
+                                  # committed record or None) of every object it touches
     future: object = None
     sequence: int = 0
 
@@ -190,6 +192,9 @@ class Store:
         self._object_locks = {}          # object key -> [lock, users]
         self._collection_writers = collections.Counter()
         self._collections = set()            # committed collection names (loaded at open)
+        # collection -> [objects, bytes of their sizes, created_ns]: kept in the collection's
+        # record, updated in the commit that changes them (after the batch is built).
+        self._usage = {}
         # object key -> committed ObjectRecord, least recently used first. An OrderedDict, not a
         # dict: evicting a plain dict's first key scans every slot deleted before it, which made
         # each put at 4 KiB cost more the longer a run went.
@@ -233,8 +238,17 @@ class Store:
 
     def _load(self):
         (self.sequence,) = struct.unpack(">Q", self._db.get(records.KEY_SEQUENCE))
-        self._collections = {key[1:].decode()
-                             for key, _ in self._iterate(records.PREFIX_COLLECTION)}
+        self._collections = set()
+        for key, value in self._iterate(records.PREFIX_COLLECTION):
+            name = key[1:].decode()
+            self._collections.add(name)
+            meta = msgpack.unpackb(value)
+            if "objects" not in meta:           # a store made before collections kept usage
+                meta["objects"] = meta["bytes"] = 0
+                for _, raw in self._iterate(records.object_prefix(name)):
+                    meta["objects"] += 1
+                    meta["bytes"] += ObjectRecord.decode(raw).size
+            self._usage[name] = [meta["objects"], meta["bytes"], meta.get("created_ns", 0)]
         for key, value in self._iterate(records.PREFIX_BITMAP):
             (index,) = struct.unpack(">I", key[1:])
             self.allocator.load_segment(index, value)
@@ -462,6 +476,12 @@ class Store:
         """True once a transaction creating `collection` has committed."""
         return collection in self._collections
 
+    def usage(self, collection):
+        """(objects, bytes: the sum of their sizes) of a committed collection; (0, 0) if there
+        is none. Counted by each commit, so it costs nothing to ask."""
+        usage = self._usage.get(collection)
+        return (usage[0], usage[1]) if usage is not None else (0, 0)
+
     def statfs(self):
         allocator = self.allocator
         return {"total_bytes": allocator.block_count * self.block_size,
@@ -568,7 +588,7 @@ class Store:
                         raise CollectionNotFound(op.collection)
                     key = records.object_key(op.collection, op.name)
                     old = plan.records[key] if key in plan.records else \
-                        self._record(op.collection, op.name)
+                        self._before(plan, key, op.collection, op.name)
                     if isinstance(op, Put):
                         new = self._plan_put(plan, staged, op, old)
                     elif isinstance(op, Write):
@@ -596,6 +616,13 @@ class Store:
                 self.device.pool.put(view)
             raise
         return plan
+
+    def _before(self, plan, key, collection, name):
+        """The committed record of an object a transaction touches first (None: none), noted
+        so that the commit can count what changed in each collection."""
+        record = self._record(collection, name)
+        plan.before[key] = (collection, record)
+        return record
 
     def _collection_exists(self, plan, collection):
         key = records.collection_key(collection)
@@ -629,13 +656,13 @@ class Store:
         key = records.object_key(op.collection, op.name)
         target = records.object_key(op.target_collection, op.target_name)
         old = plan.records[key] if key in plan.records else \
-            self._record(op.collection, op.name)
+            self._before(plan, key, op.collection, op.name)
         if old is None:
             raise ObjectNotFound(op.collection, op.name)
         if key == target:
             return
         replaced = plan.records[target] if target in plan.records else \
-            self._record(op.target_collection, op.target_name)
+            self._before(plan, target, op.target_collection, op.target_name)
         if replaced is not None:
             self._drop(plan, replaced.extents)
         plan.records[target] = old.copy()       # the same extents: nothing is copied or freed
@@ -830,14 +857,27 @@ class Store:
             dirty = set()
             sequence = self.sequence
             now_ns = time.time_ns()
+            changed = set()
             for plan in group:
                 sequence += 1
                 plan.sequence = sequence
                 for key, created in plan.collections.items():
+                    name = key[len(records.PREFIX_COLLECTION):].decode()
                     if created:
-                        batch.put(key, msgpack.packb({"created_ns": now_ns}))
+                        self._usage[name] = [0, 0, now_ns]
+                        changed.add(name)
                     else:
+                        self._usage.pop(name, None)
+                        changed.discard(name)
                         batch.delete(key)
+                for key, (collection, old) in plan.before.items():
+                    new = plan.records[key]
+                    usage = self._usage.get(collection)
+                    if usage is not None and new is not old:
+                        usage[0] += (new is not None) - (old is not None)
+                        usage[1] += (new.size if new is not None else 0) - \
+                            (old.size if old is not None else 0)
+                        changed.add(collection)
                 for key, record in plan.records.items():
                     if record is None:
                         batch.delete(key)
@@ -845,6 +885,10 @@ class Store:
                         record.version = sequence       # a fresh record of this plan
                         batch.put(key, record.encode())
                 dirty |= self.allocator.commit(plan.allocated, plan.freed)
+            for name in changed:
+                objects, size, created_ns = self._usage[name]
+                batch.put(records.collection_key(name), msgpack.packb(
+                    {"created_ns": created_ns, "objects": objects, "bytes": size}))
             for index in sorted(dirty):
                 batch.put(records.bitmap_key(index), self.allocator.segment_bytes(index))
             batch.put(records.KEY_SEQUENCE, struct.pack(">Q", sequence))

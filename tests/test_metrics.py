@@ -51,6 +51,13 @@ def test_every_daemon_serves_metrics_and_health_follows_the_contract(local_clust
         puts += sum(samples(ops, "cairn_osd_op_latency_seconds_count", op="put")) if ops else 0
         assert samples(families["cairn_osd_used_bytes"], "cairn_osd_used_bytes")[0] > 0
     assert puts == 20                                           # each put counted at its primary
+    cluster.wait_for("pool usage reported", lambda: samples(scrape(
+        description["mons"][0]["metrics"])["cairn_pool_objects"], "cairn_pool_objects",
+        pool="p") == [20.0], 10)
+    families = scrape(description["mons"][0]["metrics"])
+    assert samples(families["cairn_pool_stored_bytes"], "cairn_pool_stored_bytes",
+                   pool="p") == [200_000.0]
+    assert samples(families["cairn_cluster_bytes"], "cairn_cluster_bytes", kind="used")[0] > 0
     code, report = cluster.cairn("health", "--json")
     assert code == 0 and report == {"status": "HEALTH_OK", "checks": {}}
     cluster.script("kill", "osd.1")

@@ -405,3 +405,50 @@ def test_failed_metadata_write_fails_its_group_and_the_next(tmp_path):
         await assert_fsck_clean(store)
         await store.close()
     run(body())
+
+
+def test_collections_count_their_objects_and_bytes_through_every_change(open_twin, tmp_path):
+    """usage(collection) follows puts, overwrites, extending writes, deletes, renames across
+    collections and concurrent transactions, matches a scan of the records, survives a remount,
+    and a store whose collection records lack the counts (made earlier) counts them at open."""
+    import msgpack
+
+    from cairn.osd import records
+
+    def scanned(store, collection):
+        names, _ = store.list_objects(collection, limit=10_000)
+        return len(names), sum(store.stat(collection, name).size for name in names)
+
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        await store.create_collection("d")
+        await store.put("c", "a", b"x" * 5000)
+        await store.put("c", "b", b"y" * 10)
+        await store.put("c", "a", b"z" * 100)                   # overwrite: smaller
+        await store.write("c", "b", 9000, b"w" * 24)            # extend: 9024
+        await store.put("c", "gone", b"g" * 4096)
+        await store.delete("c", "gone")
+        await store.put("d", "t", b"t" * 7)
+        await store.apply(Transaction().rename("c", "a", "d", "t"))   # replaces d/t
+        await store.apply(Transaction().put("c", "n", b"1").put("c", "n", b"22"))
+        await asyncio.gather(*(store.put("d", f"p{i}", b"p" * i) for i in range(20)))
+        await store.set_attrs("c", "b", {"k": b"v"})
+        for collection in ("c", "d"):
+            assert store.usage(collection) == scanned(store, collection), collection
+        assert store.usage("c") == (2, 9024 + 2) and store.usage("d") == (21, 100 + 190)
+        assert store.usage("none") == (0, 0)
+        await store.close()
+        store = await Store.open(device, meta)
+        assert store.usage("c") == (2, 9026) and store.usage("d") == (21, 290)
+        # As a store made before collections kept counts: records without them.
+        store._db.put(records.collection_key("d"), msgpack.packb({"created_ns": 1}))
+        await store.close()
+        store = await Store.open(device, meta)
+        assert store.usage("d") == (21, 290)
+        for name in [f"p{i}" for i in range(20)] + ["t"]:
+            await store.delete("d", name)
+        await store.remove_collection("d")
+        assert store.usage("d") == (0, 0)
+        await store.close()
+        await device.aclose()
+    run(body())

@@ -1,0 +1,117 @@
+"""Capacity and quotas: the pure core (mon/capacity.py) and the map operations behind it."""
+
+import pytest
+
+from cairn.common.clustermap import ClusterMap, Incremental, MapError
+from cairn.mon import capacity
+from cairn.mon.capacity import Ratios
+
+pytestmark = pytest.mark.unit
+
+MIB = 1 << 20
+
+
+def cluster():
+    cmap = ClusterMap("fsid", epoch=1)
+    ops = []
+    for osd_id in range(3):
+        ops += [{"op": "osd_add", "id": osd_id, "uuid": f"u{osd_id}",
+                 "location": {"host": f"h{osd_id + 1}"}},
+                {"op": "osd_boot", "id": osd_id, "addr": f"127.0.0.1:{7000 + osd_id}"}]
+    ops += [{"op": "pool_create", "name": "rep", "kind": "replicated", "size": 3, "pg_num": 8},
+            {"op": "pool_create", "name": "ec", "kind": "erasure", "k": 2, "m": 1,
+             "pg_num": 8}]
+    return cmap.apply(Incremental(2, tuple(ops)))
+
+
+def step(cmap, *ops):
+    return cmap.apply(Incremental(cmap.epoch + 1, ops))
+
+
+def test_heartbeat_reports_are_cleaned_and_pool_totals_add_up():
+    assert capacity.clean_capacity([100, 40]) == (100, 40)
+    for bad in (None, [1], [10, 20], [-1, 0], ["1", 0], [True, 0], {"a": 1}):
+        assert capacity.clean_capacity(bad) is None, bad
+    assert capacity.clean_pools({"1": [3, 300], "x": [1, 1], "2": [1, -1], "3": "no"}) == \
+        {1: (3, 300)}
+    assert capacity.clean_pools(None) == {}
+    totals = capacity.pool_totals({0: {1: (3, 300)}, 1: {1: (2, 200), 2: (1, 5)}})
+    assert totals == {1: (5, 500), 2: (1, 5)}
+
+
+def test_full_and_quota_flags_follow_the_reports_and_clear():
+    cmap = cluster()
+    ratios = Ratios()
+    usage = {0: (100 * MIB, 50 * MIB), 1: (100 * MIB, 95 * MIB), 2: (100 * MIB, 10 * MIB)}
+    ops = capacity.flag_ops(cmap, usage, {}, ratios)
+    assert ops == [{"op": "osd_full", "id": 1, "full": True}]
+    cmap = step(cmap, *ops)
+    assert cmap.osds[1]["full"] and capacity.flag_ops(cmap, usage, {}, ratios) == []
+    usage[1] = (100 * MIB, 94 * MIB)                         # deletes freed space
+    assert capacity.flag_ops(cmap, usage, {}, ratios) == [{"op": "osd_full", "id": 1,
+                                                            "full": False}]
+    # Quotas: reached by objects or by bytes; not judged while reports are incomplete.
+    cmap = step(cmap, {"op": "pool_set_quota", "name": "rep", "max_objects": 10},
+                {"op": "pool_set_quota", "name": "ec", "max_bytes": 1000})
+    rep, ec = cmap.pools["rep"]["id"], cmap.pools["ec"]["id"]
+    totals = {rep: (10, 5), ec: (1, 999)}
+    usage[1] = (100 * MIB, 94 * MIB)
+    cmap = step(cmap, {"op": "osd_full", "id": 1, "full": False})
+    ops = capacity.flag_ops(cmap, usage, totals, ratios)
+    assert ops == [{"op": "pool_quota_full", "name": "rep", "full": True}]
+    assert capacity.flag_ops(cmap, usage, totals, ratios, pools_known=False) == []
+    cmap = step(cmap, *ops)
+    cmap = step(cmap, {"op": "pool_set_quota", "name": "rep", "max_objects": 20})
+    assert cmap.pools["rep"]["max_objects"] == 20
+    assert capacity.flag_ops(cmap, usage, totals, ratios) == [
+        {"op": "pool_quota_full", "name": "rep", "full": False}]
+    cmap = step(cmap, {"op": "pool_set_quota", "name": "rep", "max_objects": 0})
+    assert capacity.quota_use(cmap.pools["rep"], 10**9, 10**9) is None    # 0: no limit
+
+
+def test_checks_name_each_osd_and_pool_with_figures():
+    cmap = step(cluster(), {"op": "pool_set_quota", "name": "rep", "max_objects": 10,
+                            "max_bytes": 100 * MIB})
+    rep = cmap.pools["rep"]["id"]
+    usage = {0: (100 * MIB, 86 * MIB), 1: (100 * MIB, 96 * MIB), 2: (100 * MIB, 1 * MIB)}
+    found = capacity.checks(cmap, usage, {rep: (8, 10 * MIB)}, Ratios())
+    assert set(found) == {"OSD_FULL", "OSD_NEARFULL", "POOL_NEAR_QUOTA"}
+    severity, summary, detail = found["OSD_FULL"]
+    assert severity == "HEALTH_ERR" and "osd.1" in summary and "osd.0" not in summary
+    assert detail == ["osd.1 (host h2) is 96.0% full (96M of 100M)"], detail
+    assert found["OSD_NEARFULL"][0] == "HEALTH_WARN" and "osd.0" in found["OSD_NEARFULL"][1]
+    assert found["POOL_NEAR_QUOTA"][2][0].startswith("pool rep: 8 of 10 objects")
+    found = capacity.checks(cmap, {}, {rep: (10, 10 * MIB)}, Ratios())
+    assert set(found) == {"POOL_FULL"} and "rep" in found["POOL_FULL"][1]
+    custom = capacity.checks(cmap, usage, {}, Ratios(nearfull=0.5, full=0.99))
+    assert set(custom) == {"OSD_NEARFULL"} and "osd.1" in custom["OSD_NEARFULL"][1]
+
+
+def test_df_shows_raw_osds_and_pools():
+    cmap = step(cluster(), {"op": "pool_set_quota", "name": "ec", "max_bytes": 4 * MIB})
+    rep, ec = cmap.pools["rep"]["id"], cmap.pools["ec"]["id"]
+    usage = {0: (100 * MIB, 30 * MIB), 1: (100 * MIB, 20 * MIB)}
+    report = capacity.df(cmap, usage, {rep: (4, 2 * MIB), ec: (2, 2 * MIB)}, Ratios())
+    assert report["raw"] == {"total_bytes": 200 * MIB, "used_bytes": 50 * MIB,
+                             "avail_bytes": 150 * MIB, "used_ratio": 0.25}
+    assert [o["state"] for o in report["osds"]] == ["ok", "ok", "unknown"]
+    pools = {p["name"]: p for p in report["pools"]}
+    assert pools["rep"]["raw_bytes"] == 6 * MIB and pools["rep"]["quota_ratio"] is None
+    assert pools["ec"]["raw_bytes"] == 3 * MIB and pools["ec"]["quota_ratio"] == 0.5
+
+
+def test_map_operations_are_validated():
+    cmap = cluster()
+    for bad in ({"op": "pool_set_quota", "name": "nope", "max_objects": 1},
+                {"op": "pool_set_quota", "name": "rep"},
+                {"op": "pool_set_quota", "name": "rep", "max_bytes": -1},
+                {"op": "pool_set_quota", "name": "rep", "max_objects": "5"},
+                {"op": "pool_quota_full", "name": "rep", "full": 1},
+                {"op": "osd_full", "id": 9, "full": True},
+                {"op": "osd_full", "id": 0}):
+        with pytest.raises(MapError):
+            step(cmap, bad)
+    kept = step(cmap, {"op": "pool_set_quota", "name": "rep", "max_objects": 5},
+                {"op": "pool_set_quota", "name": "rep", "max_bytes": 7})
+    assert (kept.pools["rep"]["max_objects"], kept.pools["rep"]["max_bytes"]) == (5, 7)
+    assert ClusterMap.from_dict(kept.to_dict()).pools["rep"]["max_bytes"] == 7
