@@ -346,7 +346,8 @@ def _format_tree(reply):
         lines.append(f"{osd['id']:>4}  {osd['rack'] or '-':10} {osd['host'] or '-':12} "
                      f"{osd['weight']:>7.3f} {osd['reweight']:>8.3f}  "
                      f"{'up' if osd['up'] else 'down'} {'in' if osd['in'] else 'out'}"
-                     f"{' full' if osd.get('full') else ''}")
+                     f"{' full' if osd.get('full') else ''}"
+                     f"{' slow' if osd.get('slow') else ''}")
     lines.append(f"{len(osds)} OSDs, epoch {reply['epoch']}")
     return "\n".join(lines)
 

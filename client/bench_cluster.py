@@ -48,9 +48,14 @@ def add_parser(kinds):
                        help="print one JSON object on the last line")
     bench.add_argument("--cleanup", action="store_true", help="delete the written objects at "
                        "the end")
+    bench.add_argument("--objects", type=int, default=0, metavar="N",
+                       help="write: cycle over N object names, overwriting them (a steady load "
+                       "that does not fill the OSDs; default 0: a new object per op)")
 
 
 async def run(args, say):
+    if args.objects < 0:
+        raise SystemExit(f"cairn bench cluster: --objects must be 0 or more (was {args.objects})")
     cluster = await Cluster.connect(args.cluster)
     try:
         pool = cluster.pool(args.pool)
@@ -101,11 +106,14 @@ async def _write(pool, args):
     names = []
 
     async def put(index):
-        name = f"bench.{run_id}.{index}"
+        name = f"bench.{run_id}.{index % args.objects if args.objects else index}"
         await pool.put(name, data)
-        names.append(name)
+        if not args.objects:
+            names.append(name)
 
     ops, elapsed, latencies = await _timed(args, put)
+    if args.objects:            # every op ran to its end, so the first `ops` names exist
+        names = [f"bench.{run_id}.{index}" for index in range(min(ops, args.objects))]
     return _result("write", args.size, ops, elapsed, latencies), names
 
 

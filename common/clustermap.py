@@ -27,6 +27,7 @@ Operations (each a dict with "op"):
     pool_quota_full name, full        (the leader: the pool reached its quota; writes refused)
     osd_full     id, full             (the leader: the OSD reached the full ratio; writes to
                                        its PGs refused)
+    osd_slow     id, slow             (the leader: SLOW_DISK names it; reads avoid it)
     config_set   key, value           (value None deletes)
 """
 
@@ -168,12 +169,12 @@ class ClusterMap:
                 "pools": pools}
 
     def osd_tree(self):
-        """[{id, host, rack, weight, reweight, up, in, full}] in id order (for `cairn osd
-        tree`)."""
+        """[{id, host, rack, weight, reweight, up, in, full, slow}] in id order (for `cairn
+        osd tree`)."""
         return [{"id": osd["id"], "host": osd["location"].get("host"),
                  "rack": osd["location"].get("rack"), "weight": osd["weight"],
                  "reweight": osd["reweight"], "up": osd["up"], "in": osd["in"],
-                 "full": bool(osd.get("full"))}
+                 "full": bool(osd.get("full")), "slow": bool(osd.get("slow"))}
                 for osd in (self.osds[i] for i in sorted(self.osds))]
 
 
@@ -393,6 +394,13 @@ def _osd_full(new, op):
     osd["full"] = op["full"]
 
 
+def _osd_slow(new, op):
+    osd = _osd(new, op)
+    if not isinstance(op.get("slow"), bool):
+        raise MapError("osd_slow: slow must be true or false")
+    osd["slow"] = op["slow"]
+
+
 def _config_set(new, op):
     key, value = op.get("key"), op.get("value")
     if not isinstance(key, str) or not key or len(key.encode()) > CONFIG_KEY_BYTES_MAX:
@@ -418,4 +426,4 @@ _HANDLERS = {"osd_add": _osd_add, "osd_boot": _osd_boot, "osd_down": _osd_down,
              "osd_out": _osd_out, "osd_in": _osd_in, "osd_reweight": _osd_reweight,
              "pool_create": _pool_create, "pool_delete": _pool_delete,
              "pool_set_quota": _pool_set_quota, "pool_quota_full": _pool_quota_full,
-             "osd_full": _osd_full, "config_set": _config_set}
+             "osd_full": _osd_full, "osd_slow": _osd_slow, "config_set": _config_set}

@@ -62,6 +62,9 @@ OPTIONS = {option.name: option for option in [
            "times its peers' median"),
     Option("health.slow_disk_floor_ms", float, 5.0, 0.0, 60000.0,
            "SLOW_DISK: ... and is at least this high"),
+    Option("osd.avoid_slow_reads", int, 1, 0, 1,
+           "1: reads avoid an OSD that SLOW_DISK names (another copy, or the other shards, "
+           "serve them) until the check clears; 0: reads go where they always do"),
     # Ceph: mon_osd_nearfull_ratio 0.85, mon_osd_full_ratio 0.95.
     Option("osd.nearfull_ratio", float, 0.85, 0.1, 1.0,
            "OSD_NEARFULL: an OSD's data area is at least this fraction used"),

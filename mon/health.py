@@ -77,6 +77,17 @@ def slow_disk_check(cmap, findings, device_paths):
                  "the device's health and the host's I/O load)", lines)
 
 
+def slow_flag_ops(cmap, findings):
+    """Map operations that flag `slow` exactly the up OSDs SLOW_DISK names ({osd: Finding}),
+    so reads avoid them until the check clears."""
+    ops = []
+    for osd_id in sorted(cmap.osds):
+        slow = osd_id in findings and cmap.osds[osd_id]["up"]
+        if slow != bool(cmap.osds[osd_id].get("slow")):
+            ops.append({"op": "osd_slow", "id": osd_id, "slow": slow})
+    return ops
+
+
 def slow_ops_check(cmap, counts, complaint_s):
     """SLOW_OPS from {osd: client ops older than the complaint time}."""
     lines = [f"{_where(cmap, osd_id)}: {counts[osd_id]} client ops in progress for more than "

@@ -90,7 +90,7 @@ ALERT_INTERVAL_S = 1.0
 # A new leader's heartbeat-fed checks (SLOW_DISK, SLOW_OPS, NETWORK_*) need the OSDs' reports
 # (every 2 s) over the slow-disk detector's sustain time (6 s) before they mean anything.
 LEADER_SETTLE_S = 12.0
-# How often the leader brings the full and quota flags in line with the OSDs' reports.
+# How often the leader brings the full, quota and slow flags in line with the OSDs' reports.
 CAPACITY_INTERVAL_S = 1.0
 # `cairn health history` shows this many of the newest events unless asked for more.
 HISTORY_SHOWN = 50
@@ -164,7 +164,7 @@ class Monitor:
         self._check_since = {}              # health check -> wall time this leader first saw it
         self._alerter = alerts.Alerter()
         self._alerted = None                # the checks the alert loop last saw (leader only)
-        self._leading_since = None          # monotonic time this leadership began (alert loop)
+        self._leading_since = None          # monotonic time this leadership began
         self._tasks = []
         self._wake = asyncio.Event()
         self._waiting = {}                  # log index -> (term, future): proposals
@@ -269,6 +269,8 @@ class Monitor:
                 self._capacity_judged_at = time.monotonic()
                 ops = capacity.flag_ops(self.map, self._capacity, self._pool_totals(),
                                         self._ratios(), self._pools_known())
+                if self._settled():
+                    ops += health.slow_flag_ops(self.map, self._slow_found)
                 if ops:
                     try:
                         await self.propose(ops, why="capacity")
@@ -281,12 +283,11 @@ class Monitor:
         while True:
             await asyncio.sleep(ALERT_INTERVAL_S)
             if not self.is_leader or self._applied < self.raft.commit:
-                self._alerted = self._leading_since = None
+                self._alerted = None
                 self._alerter.set_urls([])
                 continue
             if self._alerted is None:
-                self._leading_since = self._leading_since or time.monotonic()
-                if time.monotonic() - self._leading_since < LEADER_SETTLE_S:
+                if not self._settled():
                     continue
                 self._alerted = alerts.in_force(self.store.events())
                 for name, check in self._alerted.items():
@@ -305,6 +306,12 @@ class Monitor:
                 await self._replicate({"t": "hist", "events": events})
             except RequestFailed as exc:
                 log.warning("health history: %d events not recorded: %s", len(events), exc)
+
+    def _settled(self):
+        """This monitor has led for LEADER_SETTLE_S: the OSDs' reports have reached it, so
+        what it judges from them (SLOW_DISK, ...) is not just missing data."""
+        return self._leading_since is not None and \
+            time.monotonic() - self._leading_since >= LEADER_SETTLE_S
 
     @property
     def is_leader(self):
@@ -372,9 +379,11 @@ class Monitor:
                      f"; handed over by {self.raft.handed_over_by}"
                      if self.raft.handed_over_by else "")
             # Heartbeats went to the old leader: every up OSD gets a fresh grace from now.
+            self._leading_since = time.monotonic()
             self._detector = FailureDetector(time.monotonic_ns())
             self._detector.observe(self.map, time.monotonic_ns())
         else:
+            self._leading_since = None
             log.info("%s no longer leads (term %d, leader %s)", self.name, self.raft.term,
                      self.raft.leader)
             for future in self._reads.values():

@@ -32,7 +32,7 @@ import collections
 import dataclasses
 import logging
 
-from cairn.common import pg as pgs
+from cairn.common import config, pg as pgs
 from cairn.common.limits import BLOCK_SIZE_BYTES
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.native.erasure import DEFAULT_BACKEND, BadFragment, Codec, NotEnoughFragments
@@ -75,6 +75,7 @@ class ShardUnavailable(Exception):
 class PgBackend(abc.ABC):
     def __init__(self, service):
         self.service = service
+        self.avoided_reads_total = 0        # reads served elsewhere: this OSD or a shard slow
 
     @property
     def store(self):
@@ -154,6 +155,22 @@ class PgBackend(abc.ABC):
         return not isinstance(results[0], BaseException), (failures[0] if failures else None)
 
 
+def slow_osds(cmap):
+    """The OSDs reads avoid: those the map flags slow (SLOW_DISK), unless
+    osd.avoid_slow_reads is 0 (worked out once per map epoch)."""
+    global _slow_cache
+    key = (cmap.fsid, cmap.epoch)
+    if _slow_cache[0] != key:
+        slow = frozenset()
+        if config.value(cmap.config, "osd.avoid_slow_reads"):
+            slow = frozenset(osd_id for osd_id, osd in cmap.osds.items() if osd.get("slow"))
+        _slow_cache = (key, slow)
+    return _slow_cache[1]
+
+
+_slow_cache = (None, frozenset())
+
+
 def padded(shard):
     """A shard to send to a member: its bytes, then zeros up to whole blocks, as two pieces of
     one payload (no copy here; the receiver stores its receive buffer as it is)."""
@@ -204,8 +221,17 @@ class ReplicatedBackend(PgBackend):
     async def read(self, pg, name, offset=0, length=None):
         """(stat, bytes to send) of the local copy, zero-copy when large (see read_local). A
         local copy that fails its checksum is read from another member instead and queued for
-        repair."""
+        repair. While the map flags this OSD slow (SLOW_DISK), a complete member that is not
+        slow serves the read instead, when there is one."""
         record = self.store.stat(pg.collection, name)
+        wanted = pgs.version_of(record.attrs)
+        ranges = [[offset, record.size if length is None else length]]
+        if self.me in slow_osds(self.service.map):
+            for osd in self.stand_ins(pg):
+                data = await self._remote_copy(pg, osd, name, wanted, ranges)
+                if data is not None:
+                    self.avoided_reads_total += 1
+                    return record, data
         try:
             if record.size >= ZERO_COPY_READ_BYTES_MIN:
                 return record, await self.store.read(pg.collection, name, offset, length)
@@ -215,19 +241,29 @@ class ReplicatedBackend(PgBackend):
             log.warning("pg %d.%x: osd.%d's copy of %r is damaged (%s); reading another "
                         "replica, queued for repair", *pg.key, self.me, name, exc)
             damage = exc
-        wanted = pgs.version_of(record.attrs)
-        ranges = [[offset, record.size if length is None else length]]
         for osd in pg.acting.up_members:
             if osd == self.me:
                 continue
-            try:
-                header, data = await self.registry.call(osd, self.registry.header(
-                    pg, "pg_read", pg.interval[0], name=name, ranges=ranges))
-            except RequestFailed:
-                continue
-            if header.get("version") == wanted:
+            data = await self._remote_copy(pg, osd, name, wanted, ranges)
+            if data is not None:
                 return record, data
         raise damage
+
+    def stand_ins(self, pg):
+        """Members that may serve a read for this (slow) primary: up, complete (they hold
+        every acknowledged write), not flagged slow themselves."""
+        slow = slow_osds(self.service.map)
+        return [osd for osd in pg.acting.up_members
+                if osd != self.me and osd in pg.complete_members and osd not in slow]
+
+    async def _remote_copy(self, pg, osd, name, wanted, ranges):
+        """The `ranges` of `osd`'s copy of `name` if it is version `wanted`, else None."""
+        try:
+            header, data = await self.registry.call(osd, self.registry.header(
+                pg, "pg_read", pg.interval[0], name=name, ranges=ranges))
+        except RequestFailed:
+            return None
+        return data if header.get("version") == wanted else None
 
     async def stat(self, pg, name):
         return self.store.stat(pg.collection, name), {}
@@ -377,7 +413,12 @@ class ErasureBackend(PgBackend):
         offset, length = layout.clamp(offset, length)
         if length == 0:
             return info, b""
-        data, failed = await self._read_healthy(pg, name, version, layout, offset, length)
+        avoided = self.avoided_shards(pg, codec_k=layout.k)
+        if avoided and avoided & {index for index, _, _ in layout.data_extents(offset, length)}:
+            self.avoided_reads_total += 1
+            data, failed = None, avoided
+        else:
+            data, failed = await self._read_healthy(pg, name, version, layout, offset, length)
         if data is None:
             self.degraded_reads_total += 1
             data = await self._read_degraded(pg, name, version, layout, offset, length, failed)
@@ -528,6 +569,17 @@ class ErasureBackend(PgBackend):
             out.append(pieces[index][cursors[index]:cursors[index] + size])
             cursors[index] += size
         return tuple(out), None
+
+    def avoided_shards(self, pg, codec_k):
+        """Shard indices on members the map flags slow, when the others that are up still
+        number k (a read then decodes from them rather than wait on a slow disk); else none."""
+        slow = slow_osds(self.service.map)
+        if not slow:
+            return set()
+        members = pg.acting.members
+        avoided = {index for index, osd in enumerate(members) if osd in slow}
+        usable = sum(1 for osd in members if osd is not None and osd not in slow)
+        return avoided if avoided and usable >= codec_k else set()
 
     def _preference(self, pg):
         """Shard indices to read a degraded range from: this OSD's own, then data shards, then

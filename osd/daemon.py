@@ -153,6 +153,8 @@ class OsdDaemon:
                     "inconsistent": self.pgs.inconsistent(),
                     "scrubs": self.scrubber.scrubs_total,
                     "degraded_reads": self.service.backends["erasure"].degraded_reads_total,
+                    "avoided_reads": sum(backend.avoided_reads_total
+                                         for backend in self.service.backends.values()),
                     "damaged_shards": self.service.backends["erasure"].damaged_shards_total,
                     "repairs": self.scrubber.repairs_total,
                     "store": self.store.statistics(),

@@ -54,6 +54,12 @@ def collect(daemon):
                                     "backfill", labels=["osd"])
     recovered.add_metric([labels["osd"]], daemon.pgs.recovery_bytes_total)
     yield recovered
+    avoided = CounterMetricFamily("cairn_osd_avoided_reads", "reads this primary served from "
+                                  "other members because it or a shard's OSD is flagged slow",
+                                  labels=["osd"])
+    avoided.add_metric([labels["osd"]], sum(backend.avoided_reads_total
+                                            for backend in daemon.service.backends.values()))
+    yield avoided
     states = GaugeMetricFamily("cairn_osd_pgs", "PGs this OSD is primary of, by state",
                                labels=["osd", "state"])
     for state, count in daemon.pgs.states().items():

@@ -115,3 +115,35 @@ def test_map_operations_are_validated():
                 {"op": "pool_set_quota", "name": "rep", "max_bytes": 7})
     assert (kept.pools["rep"]["max_objects"], kept.pools["rep"]["max_bytes"]) == (5, 7)
     assert ClusterMap.from_dict(kept.to_dict()).pools["rep"]["max_bytes"] == 7
+
+
+def test_slow_flags_follow_slow_disk_and_reads_avoid_flagged_osds():
+    """The leader flags `slow` exactly the up OSDs SLOW_DISK names; a slow primary's reads go to
+    a complete member that is not slow; an erasure read skips slow shards while k others are
+    up; osd.avoid_slow_reads 0 turns it off."""
+    import types
+
+    from cairn.mon.health import slow_flag_ops
+    from cairn.osd.backend import ErasureBackend, ReplicatedBackend, slow_osds
+    cmap = cluster()
+    assert slow_flag_ops(cmap, {1: "finding"}) == [{"op": "osd_slow", "id": 1, "slow": True}]
+    cmap = step(cmap, {"op": "osd_slow", "id": 1, "slow": True})
+    assert slow_flag_ops(cmap, {1: "finding"}) == [] and slow_osds(cmap) == {1}
+    assert cmap.osd_tree()[1]["slow"] is True
+    down = step(cmap, {"op": "osd_down", "id": 1})
+    assert slow_flag_ops(down, {1: "finding"}) == [{"op": "osd_slow", "id": 1, "slow": False}]
+    assert slow_flag_ops(cmap, {}) == [{"op": "osd_slow", "id": 1, "slow": False}]
+
+    service = types.SimpleNamespace(map=cmap, daemon=types.SimpleNamespace(id=1))
+    replicated = ReplicatedBackend(service)
+    acting = types.SimpleNamespace(members=(1, 0, 2), up_members=(1, 0, 2))
+    pg = types.SimpleNamespace(acting=acting, complete_members=frozenset({1, 2}))
+    assert replicated.stand_ins(pg) == [2]                   # osd.0 is not complete
+    erasure = ErasureBackend(service)
+    assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=2) == {0}
+    assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=3) == set()
+    service.map = step(cmap, {"op": "config_set", "key": "osd.avoid_slow_reads", "value": "0"})
+    assert slow_osds(service.map) == frozenset()
+    assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=2) == set()
+    with pytest.raises(MapError):
+        step(cmap, {"op": "osd_slow", "id": 1, "slow": "yes"})

@@ -34,7 +34,8 @@ def test_epochs_advance_one_incremental_at_a_time():
         cmap.apply(Incremental(epoch=4, ops=()))
     assert all(osd["up"] and osd["in"] for osd in cmap.osds.values())
     assert cmap.osd_tree()[4] == {"id": 4, "host": "h1", "rack": "r1", "weight": 1.0,
-                                  "reweight": 1.0, "up": True, "in": True, "full": False}
+                                  "reweight": 1.0, "up": True, "in": True, "full": False,
+                                  "slow": False}
 
 
 def test_pools_get_rules_from_their_kind_and_place_across_failure_domains():

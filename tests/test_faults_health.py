@@ -1,6 +1,7 @@
 """Health under real faults (root, isolated mode): a loop device throttled with the blkio cgroup
-while a write load runs is named by SLOW_DISK, and only it, and the check clears after the
-throttle is removed; before the fault, the same load raises no SLOW_DISK, SLOW_OPS or NETWORK_*.
+while a write load runs is named by SLOW_DISK, and only it; reads avoid it meanwhile (p99 with
+and without avoidance measured); the check clears after the throttle is removed; for 3 minutes
+before the fault, the same load raises no SLOW_DISK, SLOW_OPS or NETWORK_*.
 10% packet loss (nftables) between two hosts is named by NETWORK_PACKET_LOSS as that pair, 2% loss
 too (within 120 s), loss on every link of one host as that host; all clear. Every raise and clear
 reaches a webhook receiver on the cluster's bridge while two bad receivers (one hangs, one answers
@@ -22,6 +23,9 @@ from tests.helpers import WebhookReceivers, isolated_marks, isolated_up
 pytestmark = isolated_marks()
 
 FALSE_ALARMS = ("SLOW_DISK", "SLOW_OPS", "NETWORK_PACKET_LOSS", "NETWORK_SLOW_PING")
+# The false-alarm test: this long under a continuous bench load before the fault (the issue's
+# 3 minutes; CAIRN_QUIET_S=600 for the 10-minute run).
+QUIET_S = int(os.environ.get("CAIRN_QUIET_S", "180"))
 
 
 def cli(directory, module, *args):
@@ -68,19 +72,38 @@ def wait_for(what, predicate, timeout_s):
     raise AssertionError(f"{what}: not within {timeout_s} s")
 
 
-def test_a_throttled_disk_is_named_and_cleared_without_false_alarms(disk_dir):
+def bench(directory, *args):
+    """One `cairn bench cluster ... --json` run to its end; its result."""
+    return json.loads(cli(directory, "cairn.client.cli", "--cluster", directory, "bench",
+                          "cluster", "--json", *args).strip().splitlines()[-1])
+
+
+def scrape(url, family, **labels):
+    from prometheus_client.parser import text_string_to_metric_families
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(sample.value for metric in text_string_to_metric_families(text)
+               for sample in metric.samples if sample.name == family
+               and all(sample.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_a_throttled_disk_is_named_avoided_and_cleared_without_false_alarms(disk_dir):
     with isolated_up(os.path.join(str(disk_dir), "health"), "--hosts", "4", "--device-size",
                      "2G") as directory:
         cli(directory, "cairn.client.cli", "pool", "create", "h", "--replicated", "3",
             "--pg-num", "32")
         receivers = receive_alerts(directory)
+        bench(directory, "--pool", "h", "--op", "write", "--size", "64K", "--concurrency", "4",
+              "--seconds", "5")                                # objects for the reads below
         log = open(os.path.join(str(disk_dir), "load.log"), "w")       # closed by the test
         load = subprocess.Popen([sys.executable, "-m", "cairn.client.cli", "--cluster",
                                  directory, "bench", "cluster", "--pool", "h", "--op", "write",
-                                 "--size", "64K", "--concurrency", "8", "--seconds", "240"],
+                                 "--size", "64K", "--concurrency", "8", "--seconds", "400",
+                                 "--objects", "2000"],
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
-            quiet_until = time.monotonic() + 30
+            quiet_until = time.monotonic() + QUIET_S
             while time.monotonic() < quiet_until:           # a busy healthy cluster
                 raised = set(health(directory)["checks"]) & set(FALSE_ALARMS)
                 assert not raised, health(directory)
@@ -96,13 +119,36 @@ def test_a_throttled_disk_is_named_and_cleared_without_false_alarms(disk_dir):
             assert "osd.2" in text and not any(f"osd.{i}" in text for i in (0, 1, 3)), check
             assert len(check["detail"]) == 1 and "host h3" in check["detail"][0], check
             assert isinstance(check["since"], float) and check["since"] <= time.time()
+
+            # Reads avoid the flagged OSD; the same reads with avoidance turned off, to compare.
+            wait_for("osd.2 flagged slow", lambda: json.loads(cli(
+                directory, "cairn.client.cli", "osd", "tree", "--json"))["osds"][2]["slow"], 15)
+            reads = ("--pool", "h", "--op", "rand", "--size", "64K", "--concurrency", "4",
+                     "--seconds", "10")
+            avoiding = bench(directory, *reads)
+            metrics = json.load(open(os.path.join(directory, "cluster.json")))["osds"][2][
+                "metrics"]
+            avoided = scrape(metrics, "cairn_osd_avoided_reads_total")
+            cli(directory, "cairn.client.cli", "config", "set", "osd.avoid_slow_reads", "0")
+            time.sleep(1)
+            plain = bench(directory, *reads)
+            cli(directory, "cairn.client.cli", "config", "rm", "osd.avoid_slow_reads")
+            assert avoided > 0, "osd.2 served every read itself"
+            assert avoiding["lat_ms_p99"] < plain["lat_ms_p99"], (avoiding, plain)
+
             cli(directory, "cairn.cluster.cli", "fault", "--dir", directory, "clear")
             cleared_s = wait_for("SLOW_DISK cleared",
                                  lambda: "SLOW_DISK" not in health(directory)["checks"], 60)
+            wait_for("osd.2 no longer flagged slow", lambda: not json.loads(cli(
+                directory, "cairn.client.cli", "osd", "tree", "--json"))["osds"][2]["slow"], 15)
             assert load.poll() is None, "the load stopped early: " + open(log.name).read()[-2000:]
             assert_raised_then_cleared(receivers, "SLOW_DISK")
-            print(f"SLOW_DISK named osd.2 {named_s:.0f} s after the throttle, cleared "
-                  f"{cleared_s:.0f} s after it was removed, under load")
+            print(f"no false alarm in {QUIET_S} s of load; SLOW_DISK named osd.2 {named_s:.0f} s "
+                  f"after the throttle, cleared {cleared_s:.0f} s after it was removed, under "
+                  f"load; 64 KiB random reads during the fault: p99 {avoiding['lat_ms_p99']} ms "
+                  f"avoiding osd.2 ({avoided:.0f} reads served elsewhere, "
+                  f"{avoiding['iops']} IOPS), p99 {plain['lat_ms_p99']} ms not avoiding it "
+                  f"({plain['iops']} IOPS)")
         finally:
             load.send_signal(signal.SIGKILL)
             load.wait(timeout=30)
