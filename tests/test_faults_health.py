@@ -93,9 +93,12 @@ def test_a_throttled_disk_is_named_avoided_and_cleared_without_false_alarms(disk
                      "2G") as directory:
         cli(directory, "cairn.client.cli", "pool", "create", "h", "--replicated", "3",
             "--pg-num", "32")
+        cli(directory, "cairn.client.cli", "pool", "create", "e", "--erasure", "2+1",
+            "--pg-num", "16")
         receivers = receive_alerts(directory)
-        bench(directory, "--pool", "h", "--op", "write", "--size", "64K", "--concurrency", "4",
-              "--seconds", "5")                                # objects for the reads below
+        for pool in ("h", "e"):                                # objects for the reads below
+            bench(directory, "--pool", pool, "--op", "write", "--size", "64K", "--concurrency",
+                  "4", "--seconds", "5")
         log = open(os.path.join(str(disk_dir), "load.log"), "w")       # closed by the test
         load = subprocess.Popen([sys.executable, "-m", "cairn.client.cli", "--cluster",
                                  directory, "bench", "cluster", "--pool", "h", "--op", "write",
@@ -123,18 +126,24 @@ def test_a_throttled_disk_is_named_avoided_and_cleared_without_false_alarms(disk
             # Reads avoid the flagged OSD; the same reads with avoidance turned off, to compare.
             wait_for("osd.2 flagged slow", lambda: json.loads(cli(
                 directory, "cairn.client.cli", "osd", "tree", "--json"))["osds"][2]["slow"], 15)
-            reads = ("--pool", "h", "--op", "rand", "--size", "64K", "--concurrency", "4",
-                     "--seconds", "10")
-            avoiding = bench(directory, *reads)
-            metrics = json.load(open(os.path.join(directory, "cluster.json")))["osds"][2][
-                "metrics"]
-            avoided = scrape(metrics, "cairn_osd_avoided_reads_total")
+            reads = ("--op", "rand", "--size", "64K", "--concurrency", "4", "--seconds", "10")
+            urls = [osd["metrics"] for osd in json.load(open(os.path.join(
+                directory, "cluster.json")))["osds"]]
+            avoiding = bench(directory, "--pool", "h", *reads)
+            avoided = scrape(urls[2], "cairn_osd_avoided_reads_total")
+            before = sum(scrape(url, "cairn_osd_avoided_reads_total") for url in urls)
+            ec_avoiding = bench(directory, "--pool", "e", *reads)
+            ec_avoided = sum(scrape(url, "cairn_osd_avoided_reads_total") for url in urls) - \
+                before
             cli(directory, "cairn.client.cli", "config", "set", "osd.avoid_slow_reads", "0")
             time.sleep(1)
-            plain = bench(directory, *reads)
+            plain = bench(directory, "--pool", "h", *reads)
+            ec_plain = bench(directory, "--pool", "e", *reads)
             cli(directory, "cairn.client.cli", "config", "rm", "osd.avoid_slow_reads")
             assert avoided > 0, "osd.2 served every read itself"
+            assert ec_avoided > 0, "no erasure read decoded around osd.2's shards"
             assert avoiding["lat_ms_p99"] < plain["lat_ms_p99"], (avoiding, plain)
+            assert ec_avoiding["lat_ms_p99"] < ec_plain["lat_ms_p99"], (ec_avoiding, ec_plain)
 
             cli(directory, "cairn.cluster.cli", "fault", "--dir", directory, "clear")
             cleared_s = wait_for("SLOW_DISK cleared",
@@ -148,7 +157,9 @@ def test_a_throttled_disk_is_named_avoided_and_cleared_without_false_alarms(disk
                   f"load; 64 KiB random reads during the fault: p99 {avoiding['lat_ms_p99']} ms "
                   f"avoiding osd.2 ({avoided:.0f} reads served elsewhere, "
                   f"{avoiding['iops']} IOPS), p99 {plain['lat_ms_p99']} ms not avoiding it "
-                  f"({plain['iops']} IOPS)")
+                  f"({plain['iops']} IOPS); erasure 2+1: p99 {ec_avoiding['lat_ms_p99']} ms "
+                  f"avoiding ({ec_avoided:.0f} reads decoded around it, {ec_avoiding['iops']} "
+                  f"IOPS), {ec_plain['lat_ms_p99']} ms not ({ec_plain['iops']} IOPS)")
         finally:
             load.send_signal(signal.SIGKILL)
             load.wait(timeout=30)
