@@ -54,6 +54,11 @@ def collect(daemon):
                                     "backfill", labels=["osd"])
     recovered.add_metric([labels["osd"]], daemon.pgs.recovery_bytes_total)
     yield recovered
+    client = CounterMetricFamily("cairn_osd_client_bytes", "payload bytes of client requests "
+                                 "(in) and of their replies (out)", labels=["osd", "direction"])
+    client.add_metric([labels["osd"], "in"], daemon.service.client_bytes_in)
+    client.add_metric([labels["osd"], "out"], daemon.service.client_bytes_out)
+    yield client
     avoided = CounterMetricFamily("cairn_osd_avoided_reads", "reads this primary served from "
                                   "other members because it or a shard's OSD is flagged slow",
                                   labels=["osd"])

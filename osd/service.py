@@ -67,6 +67,8 @@ class ObjectService:
         self._started = {}              # client op serial -> monotonic start (SLOW_OPS)
         self._serial = itertools.count()
         self.op_latency = OpLatency()   # client ops, for /metrics
+        self.client_bytes_in = 0        # payload bytes of client requests
+        self.client_bytes_out = 0       # payload bytes of their replies
 
     @property
     def store(self):
@@ -103,8 +105,11 @@ class ObjectService:
         serial = next(self._serial)
         started_ns = time.monotonic_ns()
         self._started[serial] = started_ns / 1e9
+        self.client_bytes_in += len(payload)
         try:
-            return await self._handle(op, header, payload)
+            reply, data = await self._handle(op, header, payload)
+            self.client_bytes_out += sum(map(len, data)) if type(data) is tuple else len(data)
+            return reply, data
         finally:
             del self._started[serial]
             self.op_latency.record(op, time.monotonic_ns() - started_ns)

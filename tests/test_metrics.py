@@ -51,6 +51,10 @@ def test_every_daemon_serves_metrics_and_health_follows_the_contract(local_clust
         puts += sum(samples(ops, "cairn_osd_op_latency_seconds_count", op="put")) if ops else 0
         assert samples(families["cairn_osd_used_bytes"], "cairn_osd_used_bytes")[0] > 0
     assert puts == 20                                           # each put counted at its primary
+    client_in = sum(samples(scrape(osd["metrics"])["cairn_osd_client_bytes"],
+                            "cairn_osd_client_bytes_total", direction="in")[0]
+                    for osd in description["osds"])
+    assert client_in == 20 * 10_000                             # at the primaries only
     cluster.wait_for("pool usage reported", lambda: samples(scrape(
         description["mons"][0]["metrics"])["cairn_pool_objects"], "cairn_pool_objects",
         pool="p") == [20.0], 10)
