@@ -282,10 +282,12 @@ class Monitor:
         # pushes them to the webhooks.
         while True:
             await asyncio.sleep(ALERT_INTERVAL_S)
-            if not self.is_leader or self._applied < self.raft.commit:
+            if not self.is_leader:
                 self._alerted = None
                 self._alerter.set_urls([])
                 continue
+            if self._applied < self.raft.commit:
+                continue                    # not caught up yet: judge from the applied map
             if self._alerted is None:
                 if not self._settled():
                     continue

@@ -102,7 +102,8 @@ def test_a_throttled_disk_is_named_avoided_and_cleared_without_false_alarms(disk
         log = open(os.path.join(str(disk_dir), "load.log"), "w")       # closed by the test
         load = subprocess.Popen([sys.executable, "-m", "cairn.client.cli", "--cluster",
                                  directory, "bench", "cluster", "--pool", "h", "--op", "write",
-                                 "--size", "64K", "--concurrency", "8", "--seconds", "400",
+                                 "--size", "64K", "--concurrency", "8", "--seconds",
+                                 str(QUIET_S + 220),
                                  "--objects", "2000"],
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
