@@ -20,7 +20,8 @@ import secrets
 
 from cairn.client import striping
 from cairn.client.errors import (DataUnavailable, ObjectNotFound, NoSpace, PoolNotFound,
-                                 PoolUnavailable, ProtocolError, QuotaExceeded, Timeout)
+                                 PoolUnavailable, PreconditionFailed, ProtocolError,
+                                 QuotaExceeded, Timeout, Unsupported)
 from cairn.common import messenger, pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable, load_cluster
@@ -48,6 +49,7 @@ class ObjectStat:
     striped: bool
     shards: tuple = None            # erasure-coded: the shard indices present of its version
     shards_needed: int = None       # ... and how many a read needs (k)
+    omap: bool = False              # it has an omap (maybe empty)
 
 
 class Cluster:
@@ -138,7 +140,7 @@ class Cluster:
                 except RequestFailed as exc:
                     if exc.code == "not_found" and maybe_applied and header["op"] == "delete":
                         return None
-                    self._raise_typed(exc)
+                    self._raise_typed(exc, maybe_applied)
                     last_error = f"osd.{acting.primary}: {exc.message}"
                     # `again` can follow a partial apply (a replica failed); wrong_primary and
                     # stale are refusals before any change.
@@ -163,7 +165,7 @@ class Cluster:
                 pass
 
     @staticmethod
-    def _raise_typed(exc):
+    def _raise_typed(exc, maybe_applied=False):
         if exc.code == "not_found":
             raise ObjectNotFound(exc.message) from None
         if exc.code == "no_space":
@@ -174,8 +176,12 @@ class Cluster:
             raise PoolUnavailable(exc.message) from None
         if exc.code == "unavailable":
             raise DataUnavailable(exc.message) from None
-        if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error",
-                        "unsupported"):
+        if exc.code == "precondition":
+            # After a retry, the condition may fail because the first attempt succeeded.
+            raise PreconditionFailed(exc.message, maybe_applied=maybe_applied) from None
+        if exc.code == "unsupported":
+            raise Unsupported(exc.message) from None
+        if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error"):
             raise ProtocolError(f"{exc.code}: {exc.message}") from None
         # wrong_primary, again: retry after the map moves
 
@@ -221,7 +227,7 @@ class Pool:
         return ObjectStat(name, size, reply.header["version"], reply.header["mtime_ns"],
                           bool(reply.header.get("manifest")),
                           tuple(shards) if shards is not None else None,
-                          reply.header.get("shards_needed"))
+                          reply.header.get("shards_needed"), bool(reply.header.get("omap")))
 
     async def delete(self, name):
         """Delete `name` (and its stripes if it was written by put_stream)."""
@@ -235,6 +241,61 @@ class Pool:
         await self.cluster._op(self.name, name, {"op": "delete"})
         if manifest is not None:
             await self._delete_stripes(name, manifest)
+
+    # -- omaps: per-object sorted key/value tables (replicated pools) ---------------------------
+
+    async def omap_update(self, name, set=None, remove=(), clear=False, create=False,
+                          absent=(), present=(), equals=None, if_version=None, empty=()):
+        """Change object `name`'s omap atomically: drop every entry if `clear`, remove the keys
+        in `remove`, set the {key: value} pairs in `set` (bytes). Only if every condition holds
+        (else PreconditionFailed, nothing changed): the keys in `absent` do not exist, those in
+        `present` do, each key of `equals` holds its value, no key starts with a prefix in
+        `empty` (b"": the table is empty), and the object is at `if_version` (0: it does not
+        exist). `create`: make the object, empty, if it does not exist (else
+        ObjectNotFound). Returns the object's new version."""
+        conditions = [["absent", key] for key in absent] + \
+            [["present", key] for key in present] + \
+            [["equals", key, value] for key, value in (equals or {}).items()] + \
+            [["none", prefix] for prefix in empty]
+        header = {"op": "omap", "set": [[k, v] for k, v in (set or {}).items()],
+                  "remove": list(remove), "clear": clear, "create": create, "if": conditions}
+        if if_version is not None:
+            header["if_version"] = if_version
+        reply = await self.cluster._op(self.name, name, header)
+        return reply.header["version"]
+
+    async def omap_get(self, name, keys):
+        """{key: value} of those `keys` the object's omap holds."""
+        return (await self.omap_read(name, keys))[0]
+
+    async def omap_read(self, name, keys):
+        """({key: value} found, the object's version): for a compare-and-swap
+        (`omap_update(..., if_version=version)`)."""
+        keys = list(keys)
+        reply = await self.cluster._op(self.name, name, {"op": "omap_get", "keys": keys})
+        return ({key: value for key, value in zip(keys, reply.header["values"])
+                 if value is not None}, reply.header["version"])
+
+    async def omap_list(self, name, start_after=None, prefix=b"", limit=1000):
+        """([(key, value)], more): up to `limit` entries (fewer when they are large) in key
+        order, starting with `prefix`, after `start_after`. Pass the last key back as
+        `start_after` while `more`."""
+        header = {"op": "omap_list", "prefix": prefix, "limit": limit}
+        if start_after is not None:
+            header["start_after"] = start_after
+        reply = await self.cluster._op(self.name, name, header)
+        return [tuple(pair) for pair in reply.header["entries"]], reply.header["more"]
+
+    async def omap_items(self, name, prefix=b"", page_size=1000):
+        """Every entry of the omap (async iterator), page by page."""
+        start_after = None
+        while True:
+            entries, more = await self.omap_list(name, start_after, prefix, page_size)
+            for entry in entries:
+                yield entry
+            if not more:
+                return
+            start_after = entries[-1][0]
 
     async def list(self, prefix="", page=None, limit=LIST_PAGE_DEFAULT):
         """(names, next_page): up to `limit` object names starting with `prefix`, PG by PG

@@ -9,6 +9,10 @@
 - DataUnavailable: too few shards of an erasure-coded object can be read right now (the message
   names the PG, the shards found and how many are needed); it may be readable again when OSDs
   return.
+- PreconditionFailed: an omap update's condition did not hold (a key exists, is absent, or
+  holds another value; the object is at another version); nothing was changed by this attempt
+  (`maybe_applied`: an earlier attempt that got no answer may have been).
+- Unsupported: the pool cannot do this (omaps need a replicated pool).
 - Timeout: no answer within the op's deadline (OSDs or monitors unreachable).
 - ProtocolError: a daemon sent something we do not understand, or refused the request as
   malformed.
@@ -40,6 +44,18 @@ class PoolUnavailable(ClientError):
 
 
 class DataUnavailable(ClientError):
+    pass
+
+
+class PreconditionFailed(ClientError):
+    def __init__(self, message, maybe_applied=False):
+        super().__init__(message)
+        # An earlier attempt of the same op got no answer: it may have been applied, and be
+        # why the condition fails now. The caller checks the outcome it wanted.
+        self.maybe_applied = maybe_applied
+
+
+class Unsupported(ClientError):
     pass
 
 

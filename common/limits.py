@@ -28,6 +28,15 @@ COLLECTION_NAME_BYTES_MAX = 256
 ATTR_NAME_BYTES_MAX = 256
 ATTRS_BYTES_MAX = 64 * 1024
 
+# Omaps (per-object sorted key/value tables: directory entries) live in RocksDB too. A key is
+# at most a long object name; a value a small record. One update (a client op, or a page of a
+# recovery push) travels in a message header (common/frame.py bounds those at 1 MiB), so its
+# entries are bounded in bytes; a table itself is unbounded (a directory of millions).
+OMAP_KEY_BYTES_MAX = 1024
+OMAP_VALUE_BYTES_MAX = 64 * 1024
+OMAP_UPDATE_BYTES_MAX = 512 * 1024
+OMAP_PAGE_ENTRIES_MAX = 10_000
+
 # Transactions grouped into one device flush and one metadata commit. More amortises the flush
 # better; 512 keeps one RocksDB batch at a few MB.
 COMMIT_GROUP_TRANSACTIONS_MAX = 512

@@ -17,6 +17,8 @@ the pool's kind:
     recover_object(pg, source, target, name, epoch, pay) -> "copied" | "removed"
         make one object on `target` what it is on `source` (recovery and backfill; the caller
         holds the object lock); `pay(bytes)`, when given, waits for the recovery budget
+    write_omap(pg, plan, prior, update)
+        apply one omap update (replicated pools only: `OmapChange` below)
 
 The replicated backend keeps a whole copy on every member. The erasure-coded backend keeps one
 shard per member: shard i on the member at acting position i (indep placement: a member that is
@@ -33,7 +35,7 @@ import dataclasses
 import logging
 
 from cairn.common import config, pg as pgs
-from cairn.common.limits import BLOCK_SIZE_BYTES
+from cairn.common.limits import BLOCK_SIZE_BYTES, OMAP_UPDATE_BYTES_MAX
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.native.erasure import DEFAULT_BACKEND, BadFragment, Codec, NotEnoughFragments
 from cairn.osd import ecstripe
@@ -62,6 +64,27 @@ class ObjectInfo:
     size: int
     attrs: dict
     mtime_ns: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OmapChange:
+    """An omap update as the primary resolved it (its conditions held): what every member
+    applies to its copy at version `prior` to make version `plan.version`."""
+    sets: tuple = ()            # ((key, value), ...)
+    removes: tuple = ()
+    clear: bool = False
+
+    def fields(self):
+        return {"set": [list(pair) for pair in self.sets], "remove": list(self.removes),
+                "clear": self.clear}
+
+
+# Bytes of omap entries one recovery message carries (pg_read's first page, pg_omap's pages):
+# under the update bound, so a page is also one store update on the target.
+OMAP_PAGE_BYTES = OMAP_UPDATE_BYTES_MAX // 2
+# Where a member keeps an object whose omap arrives over several recovery pages, until the
+# last page renames it into place (replicated PGs leave their stash collection unused).
+PUSH_PREFIX = "push."
 
 
 class ShardUnavailable(Exception):
@@ -110,6 +133,11 @@ class PgBackend(abc.ABC):
     async def recover_object(self, pg, source, target, name, epoch, pay=None):
         ...
 
+    async def write_omap(self, pg, plan, prior, update):
+        raise RequestFailed("unsupported", f"pg {pg.key[0]}.{pg.key[1]:x} is erasure-coded; "
+                            "omaps live in replicated pools (keep directories and other "
+                            "tables in one: 'cairn mount DATA --metadata-pool META')")
+
     async def read_local(self, pg, name, ranges=None, stash_entry=None):
         """(stat, bytes) of this OSD's copy or shard (or of a rollback stash entry): whole,
         or the byte `ranges` [(offset, length)] one after another. Large whole reads go out as
@@ -127,7 +155,7 @@ class PgBackend(abc.ABC):
                  for offset, length in ranges]
         return record, parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _replicate(self, osd_id, header, payload):
+    async def _replicate(self, osd_id, header, payload, passed=("no_space",)):
         osd = self.service.map.osds.get(osd_id)
         if osd is None or not osd["addr"]:
             raise RequestFailed("again", f"replica osd.{osd_id} has no address; retry")
@@ -138,7 +166,7 @@ class PgBackend(abc.ABC):
             raise RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
                                 "retry after the map changes") from None
         except RequestFailed as exc:
-            if exc.code == "no_space":
+            if exc.code in passed:
                 raise
             raise RequestFailed("again", f"replica osd.{osd_id}: {exc.message}") from None
 
@@ -178,6 +206,10 @@ def padded(shard):
     return (shard, _PADDING[:padding]) if padding else shard
 
 
+def omap_bytes(entries):
+    return sum(len(key) + len(value) for key, value in entries)
+
+
 def object_attrs(version, manifest, extra=None):
     attrs = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
     if manifest:
@@ -188,6 +220,10 @@ def object_attrs(version, manifest, extra=None):
 
 class ReplicatedBackend(PgBackend):
     """A whole copy of every object on every acting member (primary-copy replication)."""
+
+    def __init__(self, service):
+        super().__init__(service)
+        self.behind_pushes_total = 0        # omap updates that pushed a member the whole object
 
     async def write(self, pg, plan, payload):
         """Write locally and send rep_put/rep_delete to every other up member in parallel."""
@@ -268,22 +304,89 @@ class ReplicatedBackend(PgBackend):
     async def stat(self, pg, name):
         return self.store.stat(pg.collection, name), {}
 
+    # -- omaps --------------------------------------------------------------------------------
+
+    async def write_omap(self, pg, plan, prior, update):
+        """Apply the update here and on every other up member in parallel. A member whose
+        copy is not at `prior` (it is being recovered and has not reached this object) answers
+        `behind`: it then gets this OSD's whole object once the update committed here, and
+        the write's log entry alone."""
+        header = self._write_header(pg, plan, op="rep_omap", prior=prior, **update.fields())
+        local = asyncio.ensure_future(self.apply_omap(
+            pg, plan.name, plan.version, prior, update, plan.target(self.me).complete))
+        remote = [self._omap_to(pg, plan, target, header, local)
+                  for target in plan.targets if target.osd != self.me]
+        return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
+
+    async def _omap_to(self, pg, plan, target, header, local):
+        header = {**header, "complete": target.complete}
+        try:
+            await self._replicate(target.osd, header, b"", passed=("no_space", "behind"))
+            return
+        except RequestFailed as exc:
+            if exc.code != "behind":
+                raise
+        await asyncio.shield(local)                 # the copy to push must be the new one
+        await self.recover_object(pg, self.me, target.osd, plan.name, plan.epoch)
+        self.behind_pushes_total += 1
+        await self._replicate(target.osd, {**header, "log_only": True}, b"")
+
+    async def apply_omap(self, pg, name, version, prior, update, complete, log_only=False):
+        """This member's part of an omap update, with its log entry: the object must be at
+        version `prior` here (0: absent; it is then created empty)."""
+        await self.registry.ensure_collections(pg)
+        txn = Transaction()
+        if not log_only:
+            record = self.registry.local_record(pg, name)
+            have = pgs.version_of(record.attrs) if record is not None else 0
+            if have != prior:
+                raise RequestFailed("behind", f"osd.{self.me} holds {name!r} at version "
+                                    f"{have:x}, not {prior:x}: it needs the whole object")
+            version_attr = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
+            if record is None:
+                txn.put(pg.collection, name, b"", attrs=version_attr)
+            else:
+                txn.set_attrs(pg.collection, name, version_attr)
+            txn.omap_update(pg.collection, name, update.sets, update.removes, update.clear)
+        self.registry.log_ops(pg, txn, version, name, False, complete)
+        await self.store.apply(txn)
+        pg.applied(version, complete)
+
+    # -- recovery -----------------------------------------------------------------------------
+
     async def recover_object(self, pg, source, target, name, epoch, pay=None):
         """Copy the whole object from `source` to `target` (pg_read, pg_push), or remove it
-        from `target` when `source` has none."""
+        from `target` when `source` has none. An omap comes along: with the data when it
+        fits one page, else page by page into a temporary object on the target that the last
+        page renames into place (a target never holds the new version half copied)."""
         call, header_of = self.registry.call, self.registry.header
         try:
-            header, payload = await call(source, header_of(pg, "pg_read", epoch, name=name))
+            header, payload = await call(source, header_of(pg, "pg_read", epoch, name=name,
+                                                           omap=True))
         except RequestFailed as exc:
             if exc.code != "not_found":
                 raise
             await call(target, header_of(pg, "pg_remove", epoch, name=name))
             return "removed"
+        entries, more = header.get("omap") or [], bool(header.get("omap_more"))
+        moved = len(payload) + omap_bytes(entries)
         if pay is not None:
-            await pay(len(payload))
-        await call(target, header_of(pg, "pg_push", epoch, name=name, version=header["version"],
-                                     manifest=header.get("manifest", False)), payload)
-        self.registry.recovery_bytes_total += len(payload)
+            await pay(moved)
+        version = header["version"]
+        await call(target, header_of(pg, "pg_push", epoch, name=name, version=version,
+                                     manifest=header.get("manifest", False), omap=entries,
+                                     partial=more), payload)
+        while more:
+            reply, _ = await call(source, header_of(pg, "pg_omap", epoch, name=name,
+                                                    start_after=entries[-1][0],
+                                                    version=version))
+            entries, more = reply["entries"], reply["more"]
+            if pay is not None:
+                await pay(omap_bytes(entries))
+            moved += omap_bytes(entries)
+            await call(target, header_of(pg, "pg_push_omap", epoch, name=name, version=version,
+                                         omap=entries, final=not more))
+        self.registry.recovery_bytes_total += moved
         return "copied"
 
 

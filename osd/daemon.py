@@ -146,7 +146,9 @@ class OsdDaemon:
                     "recovery_bytes": self.pgs.recovery_bytes_total,
                     "recoveries": {"log": self.pgs.delta_recoveries_total,
                                    "backfill": self.pgs.backfills_total,
-                                   "on_demand": self.pgs.on_demand_total},
+                                   "on_demand": self.pgs.on_demand_total,
+                                   "behind_pushes": self.service.backends[
+                                       "replicated"].behind_pushes_total},
                     "pgs_held": self.pgs.copies_held(),
                     "pg_states": self.pgs.states(),
                     "objects": self.pgs.object_counts(),

@@ -6,10 +6,13 @@ Checks, each reported as a line naming what is wrong:
 - every referenced block is marked used in the durable bitmap, and every used block is referenced
   (no leaks);
 - every object's collection exists;
+- every omap entry belongs to an object's omap (no orphaned entries), and no two objects share
+  one omap id, and every id is below the next id to hand out;
 - with `deep`: every block's data matches its crc32c (the object and offset are named).
 """
 
 import dataclasses
+import struct
 
 import numpy as np
 
@@ -56,6 +59,7 @@ async def fsck(store, deep=False, progress=None):
     objects = []
     counted = {}                          # collection -> [objects, bytes] found
     prefix_length = len(records.PREFIX_OBJECT)
+    omap_owners = {}                      # omap id -> "collection/name"
     for key, raw in store._iterate(records.PREFIX_OBJECT):
         collection, _, name = key[prefix_length:].partition(b"\x00")
         collection, name = collection.decode(), name.decode()
@@ -66,6 +70,14 @@ async def fsck(store, deep=False, progress=None):
             continue
         report.objects += 1
         report.bytes += record.size
+        if record.omap_id:
+            owner = omap_owners.setdefault(record.omap_id, f"{collection}/{name}")
+            if owner != f"{collection}/{name}":
+                report.problem(f"object {name!r} in {collection!r} shares omap id "
+                               f"{record.omap_id} with {owner}")
+            if record.omap_id >= store._omap_next:
+                report.problem(f"object {name!r} in {collection!r}: omap id {record.omap_id} "
+                               f"is not below the next id ({store._omap_next})")
         found = counted.setdefault(collection, [0, 0])
         found[0] += 1
         found[1] += record.size
@@ -91,6 +103,7 @@ async def fsck(store, deep=False, progress=None):
         if store.usage(collection) != found:
             report.problem(f"collection {collection!r} counts {store.usage(collection)} "
                            f"(objects, bytes) but holds {found}")
+    _check_omaps(store, omap_owners, report)
     report.blocks_referenced = int(np.count_nonzero(references))
     report.blocks_marked_used = int(np.count_nonzero(allocator.committed))
     shared = np.flatnonzero(references > 1)
@@ -116,6 +129,18 @@ async def fsck(store, deep=False, progress=None):
     if deep:
         await _check_data(store, objects, report, progress)
     return report
+
+
+def _check_omaps(store, owners, report):
+    """Every omap entry's id must belong to an object (an orphan is an entry that a delete or
+    a replacing put should have dropped)."""
+    orphans = {}
+    for key, _ in store._iterate(records.PREFIX_OMAP):
+        (omap_id,) = struct.unpack(">Q", key[1:9])
+        if omap_id not in owners:
+            orphans[omap_id] = orphans.get(omap_id, 0) + 1
+    for omap_id, count in sorted(orphans.items()):
+        report.problem(f"omap id {omap_id}: {count} entries belong to no object")
 
 
 async def _check_data(store, objects, report, progress):

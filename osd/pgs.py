@@ -96,10 +96,20 @@ class RecoveryThrottle:
     async def take(self, size_bytes):
         """Wait until `size_bytes` of recovery traffic fit the budget."""
         now = time.monotonic()
-        self.bucket.set_rate(self.budget().max_bytes_per_s, now)
+        rate = self.budget().max_bytes_per_s
+        self.bucket.set_rate(rate, now)
         delay = self.bucket.wait_s(size_bytes, now)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        while delay > 0:
+            # In steps: when the budget moves (a window ends, the config changes), the rest of
+            # this wait follows the new rate instead of the one it started under.
+            step = min(delay, 1.0)
+            await asyncio.sleep(step)
+            delay -= step
+            new_rate = self.budget().max_bytes_per_s
+            if new_rate != rate:
+                self.bucket.set_rate(new_rate, time.monotonic())
+                delay = delay * rate / new_rate if new_rate > 0 else 0.0
+                rate = new_rate
 
     async def slot(self):
         """Wait for one of the budget's max_active recovery slots."""

@@ -8,11 +8,17 @@ Key layout in RocksDB (bytes sort in this order, so a collection's objects list 
                                   objects and the sum of their sizes, as of each commit)
     b"O" + collection + 0 + name  an object record (below)
     b"B" + segment (u32 BE)       allocator bitmap segment (`allocator.SEGMENT_BLOCKS` bits)
+    b"M" + omap id (u64 BE) + key one entry of an object's omap (its sorted key/value table)
+    b"N"                          the next omap id to hand out (u64 big-endian)
 
 An object record maps logical 4 KiB blocks to device blocks with a list of extents
 (`(first_block, block_count)` in logical order), keeps a crc32c per logical block (the last
 block's crc covers its zero padding), the object's size, version (the sequence of the
-transaction that last changed it), small attributes and the modification time.
+transaction that last changed it), small attributes, the modification time and its omap id.
+
+An object's omap lives in its own key range (`omap_range`), named by an id rather than by the
+object's name, so a rename moves a table of a million entries by rewriting one record, and a
+delete drops it with one range deletion. Id 0: the object has no omap yet.
 """
 
 import dataclasses
@@ -21,7 +27,8 @@ import struct
 import msgpack
 
 from cairn.common.limits import (ATTR_NAME_BYTES_MAX, ATTRS_BYTES_MAX,
-                                 COLLECTION_NAME_BYTES_MAX, OBJECT_NAME_BYTES_MAX)
+                                 COLLECTION_NAME_BYTES_MAX, OBJECT_NAME_BYTES_MAX,
+                                 OMAP_KEY_BYTES_MAX, OMAP_VALUE_BYTES_MAX)
 from cairn.osd.errors import InvalidArgument
 
 KEY_IDENTITY = b"S"
@@ -29,6 +36,8 @@ KEY_SEQUENCE = b"Q"
 PREFIX_COLLECTION = b"C"
 PREFIX_OBJECT = b"O"
 PREFIX_BITMAP = b"B"
+PREFIX_OMAP = b"M"
+KEY_OMAP_NEXT = b"N"
 
 
 def collection_key(collection):
@@ -45,6 +54,37 @@ def object_key(collection, name):
 
 def bitmap_key(segment_index):
     return PREFIX_BITMAP + struct.pack(">I", segment_index)
+
+
+def omap_prefix(omap_id):
+    return PREFIX_OMAP + struct.pack(">Q", omap_id)
+
+
+def omap_key(omap_id, key):
+    return PREFIX_OMAP + struct.pack(">Q", omap_id) + key
+
+
+def omap_range(omap_id):
+    """[start, end) of the keys of omap `omap_id`."""
+    return omap_prefix(omap_id), omap_prefix(omap_id + 1)
+
+
+def check_omap_key(key):
+    if not isinstance(key, (bytes, bytearray)) or not key or len(key) > OMAP_KEY_BYTES_MAX:
+        raise InvalidArgument(f"an omap key is 1..{OMAP_KEY_BYTES_MAX} bytes (was "
+                              f"{_describe(key)})")
+
+
+def check_omap_value(value):
+    if not isinstance(value, (bytes, bytearray)) or len(value) > OMAP_VALUE_BYTES_MAX:
+        raise InvalidArgument(f"an omap value is at most {OMAP_VALUE_BYTES_MAX} bytes (was "
+                              f"{_describe(value)})")
+
+
+def _describe(value):
+    if isinstance(value, (bytes, bytearray)):
+        return f"{len(value)} bytes"
+    return type(value).__name__
 
 
 def _check_name(kind, name, bytes_max):
@@ -89,6 +129,7 @@ class ObjectRecord:
     attrs: dict
     version: int = 0
     mtime_ns: int = 0
+    omap_id: int = 0        # 0: no omap
 
     def __post_init__(self):
         block_count = sum(count for _, count in self.extents)
@@ -101,19 +142,23 @@ class ObjectRecord:
     def copy(self, attrs=None):
         return ObjectRecord(size=self.size, extents=self.extents, crcs=self.crcs,
                             attrs=dict(self.attrs if attrs is None else attrs),
-                            version=self.version, mtime_ns=self.mtime_ns)
+                            version=self.version, mtime_ns=self.mtime_ns,
+                            omap_id=self.omap_id)
 
     def encode(self):
         flat = [value for extent in self.extents for value in extent]
-        return msgpack.packb([self.size, self.version, self.mtime_ns, flat, self.crcs,
-                              self.attrs], use_bin_type=True)
+        fields = [self.size, self.version, self.mtime_ns, flat, self.crcs, self.attrs]
+        if self.omap_id:
+            fields.append(self.omap_id)
+        return msgpack.packb(fields, use_bin_type=True)
 
     @classmethod
     def decode(cls, raw):
-        size, version, mtime_ns, flat, crcs, attrs = msgpack.unpackb(raw, raw=False)
+        # Records written before omaps existed have six fields.
+        size, version, mtime_ns, flat, crcs, attrs, *rest = msgpack.unpackb(raw, raw=False)
         extents = tuple(zip(flat[0::2], flat[1::2]))
         return cls(size=size, extents=extents, crcs=crcs, attrs=attrs, version=version,
-                   mtime_ns=mtime_ns)
+                   mtime_ns=mtime_ns, omap_id=rest[0] if rest else 0)
 
 
 def slice_extents(extents, first, count):

@@ -9,7 +9,7 @@ against its crc32c, and gives a crc32c of the whole copy. The primary compares (
   another position);
 - stale: a member holds another version than the primary, or an object the primary has not;
 - checksum: (deep) a member's bytes fail their stored crc32c, or (replicated) a copy's crc32c
-  differs from the one most members agree on;
+  (of its bytes, then its omap's entries) differs from the one most members agree on;
 - parity: (deep, erasure-coded) the parity shards differ from a fresh encoding of the data
   shards.
 

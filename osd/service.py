@@ -23,9 +23,16 @@ A primary that serves with a missing set (osd/pgs.py) recovers a missing object 
 or stat of it, answers deletes and listings from the set, and drops an object from it once a
 write replaces it.
 
+Omaps (per-object sorted key/value tables, osd/omap.py) are changed by the `omap` op on the
+primary: under the object's lock it checks the op's conditions against its copy, then every
+member applies the same resolved update with a log entry (`rep_omap`, osd/backend.py); they are
+read with `omap_get` and `omap_list` and recovered with the object (pg_read's `omap`, pg_omap
+and pg_push_omap for tables over one page).
+
 Errors go back as codes the client library turns into typed exceptions: not_found, no_space
 (the store is out of blocks, or a member is flagged full), quota (the pool is at its quota),
-pool_unavailable, wrong_primary, again (retry soon), invalid, io_error.
+pool_unavailable, wrong_primary, again (retry soon), invalid, io_error, precondition (an omap
+condition failed), unsupported.
 """
 
 import asyncio
@@ -39,8 +46,11 @@ from cairn.common.metrics import OpLatency
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
 from cairn.common import pg as pgs
-from cairn.osd.backend import ErasureBackend, ReplicatedBackend
-from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound
+from cairn.common.limits import OMAP_PAGE_ENTRIES_MAX
+from cairn.osd import omap
+from cairn.osd.backend import OMAP_PAGE_BYTES, PUSH_PREFIX, ErasureBackend, ReplicatedBackend
+from cairn.osd.errors import (ChecksumError, CollectionNotFound, InvalidArgument, NoSpace,
+                              ObjectNotFound)
 from cairn.native.checksum import crc32c
 from cairn.osd.pg import Refused, merge_missing
 from cairn.osd.store import Transaction
@@ -87,11 +97,13 @@ class ObjectService:
 
     # -- dispatch ---------------------------------------------------------------------------------
 
-    OPS = ("put", "get", "stat", "delete", "list", "rep_put", "rep_delete", "pg_query", "pg_list",
-           "pg_log", "pg_stat", "pg_read", "pg_push", "pg_remove", "pg_mark", "pg_info",
-           "pg_scrub", "pg_scrub_local", "pg_versions")
+    OPS = ("put", "get", "stat", "delete", "list", "omap", "omap_get", "omap_list", "rep_put",
+           "rep_delete", "rep_omap", "pg_query", "pg_list", "pg_log", "pg_stat", "pg_read",
+           "pg_push", "pg_omap", "pg_push_omap", "pg_remove", "pg_mark", "pg_info", "pg_scrub",
+           "pg_scrub_local", "pg_versions")
 
-    CLIENT_OPS = frozenset(("put", "get", "stat", "delete", "list"))
+    CLIENT_OPS = frozenset(("put", "get", "stat", "delete", "list", "omap", "omap_get",
+                            "omap_list"))
 
     def ops_older_than(self, age_s):
         """How many client ops in progress started more than `age_s` ago."""
@@ -306,7 +318,7 @@ class ObjectService:
         record, extra = await self.backend(pool).stat(pg, name)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
                 "mtime_ns": record.mtime_ns, "manifest": pgs.MANIFEST_ATTR in record.attrs,
-                **extra}, b""
+                "omap": getattr(record, "omap", False), **extra}, b""
 
     async def _list(self, header, payload):
         pool, pg = await self._pg_of(header)
@@ -320,6 +332,73 @@ class ObjectService:
             names, following = merge_missing(names, following, pg.missing, prefix, start_after,
                                              limit)
         return {"names": names, "next": following}, b""
+
+    # -- omaps ------------------------------------------------------------------------------------
+
+    async def _omap(self, header, payload):
+        """Change an object's omap if its conditions hold (osd/omap.py), on every member;
+        `create`: make the object (empty) if it is absent."""
+        pool, pg = await self._pg_of(header)
+        name = self._name(header)
+        request = omap.parse_update(header)
+        if request.update.sets:
+            self._check_room(pool, pg)
+        acting = pg.check_writable(pool["name"])
+        pg = await self.registry.wait_active(pg.key)
+        key = (pg.collection, name)
+        entry = await self._locked(key)
+        try:
+            await self.registry.recover_now(pg, name)
+            record = self.registry.local_record(pg, name)
+            prior = pgs.version_of(record.attrs) if record is not None else 0
+            if record is None and not request.create:
+                raise ObjectNotFound(pg.collection, name)
+            current, used = {}, []
+            if record is not None and request.keys_checked:
+                current = self.store.omap_get(pg.collection, name, request.keys_checked)
+            if record is not None:
+                used = [prefix for prefix in request.prefixes_checked
+                        if self.store.omap_list(pg.collection, name, prefix=prefix, limit=1)[0]]
+            omap.check_conditions(request, name, prior, current, used)
+            self.registry.load_log(pg)
+            plan = pg.plan_write(acting, self.map.epoch, name, False, False,
+                                 existed=record is not None)
+            committed, failure = await self.backend(pool).write_omap(pg, plan, prior,
+                                                                     request.update)
+            pg.write_finished(plan, committed, acknowledged=failure is None)
+            if failure is not None:
+                raise failure
+            self.ops_total += 1
+            return {"version": plan.version, "epoch": plan.epoch}, b""
+        finally:
+            self._unlock(key, entry)
+
+    async def _omap_read(self, header, read):
+        """`read(pg, name)` under the object's lock, once the primary's copy is current."""
+        pool, pg = await self._pg_of(header)
+        name = self._name(header)
+        pg = await self.registry.wait_active(pg.key)
+        async with self.object_lock(pg.collection, name):
+            await self.registry.recover_now(pg, name)
+            if not self.store.has_collection(pg.collection):
+                raise ObjectNotFound(pg.collection, name)
+            version = pgs.version_of(self.store.stat(pg.collection, name).attrs)
+            return {"version": version, **read(pg, name)}, b""
+
+    async def _omap_get(self, header, payload):
+        keys = omap.parse_keys(header)
+        return await self._omap_read(header, lambda pg, name: {"values": [
+            found.get(key) for found in [self.store.omap_get(pg.collection, name, keys)]
+            for key in keys]})
+
+    async def _omap_list(self, header, payload):
+        start_after, prefix, limit = omap.parse_listing(header)
+
+        def page(pg, name):
+            entries, more = self.store.omap_list(pg.collection, name, start_after, prefix, limit,
+                                                 max_bytes=omap.LIST_REPLY_BYTES)
+            return {"entries": [list(pair) for pair in entries], "more": more}
+        return await self._omap_read(header, page)
 
     # -- replica ops ------------------------------------------------------------------------------
 
@@ -344,6 +423,18 @@ class ObjectService:
 
     async def _rep_delete(self, header, payload):
         return await self._replicated_write(header, payload, delete=True)
+
+    async def _rep_omap(self, header, payload):
+        pool, pg = await self._from_primary(header)
+        name, version = self._name(header), self._version(header)
+        prior = header.get("prior", 0)
+        if not isinstance(prior, int) or prior < 0:
+            raise RequestFailed("invalid", "rep_omap carries the version it applies to")
+        update = omap.parse_update(header).update
+        await self.backend(pool).apply_omap(pg, name, version, prior, update,
+                                            bool(header.get("complete")),
+                                            log_only=bool(header.get("log_only")))
+        return {}, b""
 
     async def _replicated_write(self, header, payload, delete):
         pool, pg = await self._from_primary(header)
@@ -398,18 +489,57 @@ class ObjectService:
         stash = header.get("stash")
         if stash is not None and not (isinstance(stash, str) and stash):
             raise RequestFailed("invalid", "stash names a rollback stash entry")
-        record, data = await self.backend(pool).read_local(pg, self._name(header), ranges,
-                                                           stash)
+        name = self._name(header)
+        record, data = await self.backend(pool).read_local(pg, name, ranges, stash)
         reply = {"version": pgs.version_of(record.attrs),
                  "manifest": pgs.MANIFEST_ATTR in record.attrs}
+        if header.get("omap") and record.omap and stash is None:
+            entries, more = self.store.omap_list(pg.collection, name, limit=OMAP_PAGE_ENTRIES_MAX,
+                                                 max_bytes=OMAP_PAGE_BYTES)
+            reply.update(omap=[list(pair) for pair in entries], omap_more=more)
         if pgs.SHARD_ATTR in record.attrs:
             reply["shard"] = pgs.shard_of(record.attrs)
             reply["ec"] = list(pgs.ec_geometry(record.attrs))
         return reply, data
 
+    async def _pg_omap(self, header, payload):
+        """A further page of this member's omap of an object, for a recovery push; refused
+        when the copy is no longer at `version`."""
+        pool, pg = await self._from_primary(header)
+        name = self._name(header)
+        start_after = omap.parse_listing(header)[0]
+        record = self.registry.local_record(pg, name)
+        if record is None or pgs.version_of(record.attrs) != header.get("version"):
+            raise RequestFailed("again", f"{name!r} changed on osd.{self.daemon.id} during "
+                                "its recovery; retry")
+        entries, more = self.store.omap_list(pg.collection, name, start_after,
+                                             limit=OMAP_PAGE_ENTRIES_MAX,
+                                             max_bytes=OMAP_PAGE_BYTES)
+        return {"entries": [list(pair) for pair in entries], "more": more}, b""
+
+    async def _pg_push_omap(self, header, payload):
+        """A further page of a pushed object's omap; the last one moves the object into
+        place."""
+        pool, pg = await self._from_primary(header)
+        name = self._name(header)
+        temporary = PUSH_PREFIX + name
+        update = omap.parse_update({"set": header.get("omap", [])}).update
+        try:
+            stat = self.store.stat(pg.stash_collection, temporary)
+        except (ObjectNotFound, CollectionNotFound):
+            stat = None
+        if stat is None or pgs.version_of(stat.attrs) != header.get("version"):
+            raise RequestFailed("again", f"no push of {name!r} at this version is in progress "
+                                f"on osd.{self.daemon.id}; retry the recovery")
+        txn = Transaction().omap_update(pg.stash_collection, temporary, update.sets)
+        if header.get("final"):
+            txn.rename(pg.stash_collection, temporary, pg.collection, name)
+        await self.store.apply(txn)
+        return {}, b""
+
     async def _pg_push(self, header, payload):
         pool, pg = await self._from_primary(header)
-        await self.registry.ensure_collections(pg)
+        await self.registry.ensure_collections(pg, stash=bool(header.get("partial")))
         attrs = {pgs.VERSION_ATTR: pgs.version_bytes(self._version(header))}
         if header.get("manifest"):
             attrs[pgs.MANIFEST_ATTR] = b"1"
@@ -423,8 +553,15 @@ class ObjectService:
             size = self.backend(pool).shard_bytes(pg, geometry, payload)
         else:
             size = None
-        await self.store.apply(Transaction().put(pg.collection, self._name(header), payload,
-                                                 attrs=attrs, size=size))
+        name = self._name(header)
+        update = omap.parse_update({"set": header.get("omap") or []}).update
+        collection, target = pg.collection, name
+        if header.get("partial"):                   # more omap pages follow (pg_push_omap)
+            collection, target = pg.stash_collection, PUSH_PREFIX + name
+        txn = Transaction().put(collection, target, payload, attrs=attrs, size=size)
+        if update.sets:
+            txn.omap_update(collection, target, update.sets)
+        await self.store.apply(txn)
         return {}, b""
 
     async def _pg_remove(self, header, payload):
@@ -513,6 +650,8 @@ class ObjectService:
                 try:
                     data = await self.store.read(pg.collection, name)
                     crc = crc32c(data)
+                    if getattr(record, "omap", False):
+                        crc = self._omap_crc(pg, name, crc)
                 except ChecksumError:
                     damaged = True
                 except ObjectNotFound:
@@ -520,6 +659,20 @@ class ObjectService:
             entries.append([name, pgs.version_of(record.attrs), pgs.shard_of(record.attrs),
                             record.size, crc, damaged])
         return {"entries": entries, "next": following}, b""
+
+    def _omap_crc(self, pg, name, crc):
+        """`crc` continued over the object's omap (each key and value with its length), so
+        a deep scrub finds replicas whose tables differ."""
+        after = None
+        while True:
+            entries, more = self.store.omap_list(pg.collection, name, after,
+                                                 limit=OMAP_PAGE_ENTRIES_MAX)
+            for key, value in entries:
+                crc = crc32c(len(key).to_bytes(4, "little") + key +
+                             len(value).to_bytes(4, "little") + value, crc)
+            if not more:
+                return crc
+            after = entries[-1][0]
 
     async def _pg_info(self, header, payload):
         pool, pg = await self._pg_of(header)

@@ -44,7 +44,8 @@ import numpy as np
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX,
-                                 DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX)
+                                 DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX,
+                                 OMAP_PAGE_ENTRIES_MAX)
 from cairn.native.bufpool import aligned_copy, is_aligned
 from cairn.native.checksum import block_crcs
 from cairn.osd import records
@@ -53,8 +54,8 @@ from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpt
                               CollectionNotFound, InvalidArgument, NoSpace, ObjectNotFound,
                               StoreError, StoreExists, StoreMismatch)
 from cairn.osd.records import ObjectRecord
-from cairn.osd.txn import (CreateCollection, Delete, Put, RemoveCollection, Rename,  # noqa: F401
-                           SetAttrs, Transaction, Write)
+from cairn.osd.txn import (CreateCollection, Delete, OmapUpdate, Put,  # noqa: F401
+                           RemoveCollection, Rename, SetAttrs, Transaction, Write)
 from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
 
 META_ROOT_DEFAULT = "/var/lib/cairn"
@@ -85,6 +86,8 @@ class _Plan:
     buffers: list                 # pool buffers to return after the writes
     before: dict = dataclasses.field(default_factory=dict)  # object key -> (collection,
                                   # committed record or None) of every object it touches
+    omap: list = dataclasses.field(default_factory=list)    # omap changes, in order:
+                                  # ("put", key, value) / ("delete", key) / ("range", start, end)
     future: object = None
     sequence: int = 0
 
@@ -96,6 +99,7 @@ class ObjectStat:
     version: int
     mtime_ns: int
     attrs: dict
+    omap: bool = False            # the object has an omap (maybe empty)
 
 
 # -- mkfs / mount ---------------------------------------------------------------------------
@@ -195,6 +199,8 @@ class Store:
         # collection -> [objects, bytes of their sizes, created_ns]: kept in the collection's
         # record, updated in the commit that changes them (after the batch is built).
         self._usage = {}
+        self._omap_next = 1                 # the next omap id (persisted with each commit)
+        self._omap_persisted = 1
         # object key -> committed ObjectRecord, least recently used first. An OrderedDict, not a
         # dict: evicting a plain dict's first key scans every slot deleted before it, which made
         # each put at 4 KiB cost more the longer a run went.
@@ -238,6 +244,8 @@ class Store:
 
     def _load(self):
         (self.sequence,) = struct.unpack(">Q", self._db.get(records.KEY_SEQUENCE))
+        raw = self._db.get(records.KEY_OMAP_NEXT)
+        self._omap_next = self._omap_persisted = struct.unpack(">Q", raw)[0] if raw else 1
         self._collections = set()
         for key, value in self._iterate(records.PREFIX_COLLECTION):
             name = key[1:].decode()
@@ -437,7 +445,55 @@ class Store:
             self._require_collection(collection)
             raise ObjectNotFound(collection, name)
         return ObjectStat(name=name, size=record.size, version=record.version,
-                          mtime_ns=record.mtime_ns, attrs=dict(record.attrs))
+                          mtime_ns=record.mtime_ns, attrs=dict(record.attrs),
+                          omap=record.omap_id != 0)
+
+    def omap_get(self, collection, name, keys):
+        """{key: value} of those `keys` the object's omap holds (committed state)."""
+        self._check_open()
+        omap_id = self._omap_id(collection, name)
+        found = {}
+        if omap_id:
+            for key in keys:
+                records.check_omap_key(key)
+                value = self._db.get(records.omap_key(omap_id, bytes(key)))
+                if value is not None:
+                    found[bytes(key)] = value
+        return found
+
+    def omap_list(self, collection, name, start_after=None, prefix=b"", limit=1000,
+                  max_bytes=None):
+        """([(key, value)] in key order, more): the object's omap entries starting with
+        `prefix`, after `start_after`, at most `limit` of them and (when given) about
+        `max_bytes` of keys and values (at least one entry). `more`: a later page has some."""
+        self._check_open()
+        if not 1 <= limit <= OMAP_PAGE_ENTRIES_MAX:
+            raise InvalidArgument(f"omap list limit must be within 1..{OMAP_PAGE_ENTRIES_MAX} "
+                                  f"(was {limit})")
+        omap_id = self._omap_id(collection, name)
+        if not omap_id:
+            return [], False
+        base = records.omap_prefix(omap_id)
+        start = base + bytes(prefix)
+        if start_after is not None:
+            start = max(start, base + bytes(start_after) + b"\x00")
+        entries, size = [], 0
+        for key, value in self._iterate(base + bytes(prefix), start):
+            if len(entries) == limit or (max_bytes is not None and entries
+                                         and size + len(key) + len(value) > max_bytes):
+                return entries, True
+            entries.append((key[len(base):], value))
+            size += len(key) - len(base) + len(value)
+        return entries, False
+
+    def _omap_id(self, collection, name):
+        records.check_collection_name(collection)
+        records.check_object_name(name)
+        record = self._record(collection, name)
+        if record is None:
+            self._require_collection(collection)
+            raise ObjectNotFound(collection, name)
+        return record.omap_id
 
     def list_objects(self, collection, prefix="", start_after=None, limit=1000):
         """Names in `collection` starting with `prefix`, in name order, after `start_after`.
@@ -591,12 +647,15 @@ class Store:
                         self._before(plan, key, op.collection, op.name)
                     if isinstance(op, Put):
                         new = self._plan_put(plan, staged, op, old)
+                    elif isinstance(op, OmapUpdate):
+                        new = self._plan_omap(plan, op, old)
                     elif isinstance(op, Write):
                         new = await self._plan_write(plan, staged, op, old)
                     elif isinstance(op, Delete):
                         if old is None:
                             raise ObjectNotFound(op.collection, op.name)
                         self._drop(plan, old.extents)
+                        self._drop_omap(plan, old)
                         new = None
                     else:
                         if old is None:
@@ -665,8 +724,31 @@ class Store:
             self._before(plan, target, op.target_collection, op.target_name)
         if replaced is not None:
             self._drop(plan, replaced.extents)
+            if replaced.omap_id != old.omap_id:
+                self._drop_omap(plan, replaced)
         plan.records[target] = old.copy()       # the same extents: nothing is copied or freed
         plan.records[key] = None
+
+    def _plan_omap(self, plan, op, old):
+        if old is None:
+            raise ObjectNotFound(op.collection, op.name)
+        new = old.copy()
+        if not new.omap_id:
+            new.omap_id = self._omap_next
+            self._omap_next += 1
+        elif op.clear:
+            plan.omap.append(("range", *records.omap_range(new.omap_id)))
+        for key in op.removes:
+            plan.omap.append(("delete", records.omap_key(new.omap_id, key)))
+        for key, value in op.sets:
+            plan.omap.append(("put", records.omap_key(new.omap_id, key), value))
+        new.mtime_ns = time.time_ns()
+        return new
+
+    def _drop_omap(self, plan, record):
+        """The omap of a record going away (deleted, replaced by a put or a rename)."""
+        if record is not None and record.omap_id:
+            plan.omap.append(("range", *records.omap_range(record.omap_id)))
 
     def _drop(self, plan, extents):
         """Extents no longer referenced: committed ones are freed at commit; ones this same
@@ -709,6 +791,7 @@ class Store:
         length = source.nbytes if op.size is None else op.size
         if old is not None:
             self._drop(plan, old.extents)
+            self._drop_omap(plan, old)
         if length == 0:
             return ObjectRecord(size=0, extents=(), crcs=b"", attrs=dict(op.attrs),
                                 mtime_ns=time.time_ns())
@@ -769,7 +852,8 @@ class Store:
         self._drop(plan, replaced)
         crcs = old.crcs[:first * 4] + new_crcs + old.crcs[(first + count) * 4:]
         return ObjectRecord(size=new_size, extents=merged, crcs=crcs,
-                            attrs=dict(old.attrs), mtime_ns=time.time_ns())
+                            attrs=dict(old.attrs), mtime_ns=time.time_ns(),
+                            omap_id=old.omap_id)
 
     async def _write_data(self, plan):
         if not plan.writes:
@@ -871,13 +955,20 @@ class Store:
                         changed.discard(name)
                         batch.delete(key)
                 for key, (collection, old) in plan.before.items():
-                    new = plan.records[key]
+                    new = plan.records.get(key, old)    # a rename onto itself changes nothing
                     usage = self._usage.get(collection)
                     if usage is not None and new is not old:
                         usage[0] += (new is not None) - (old is not None)
                         usage[1] += (new.size if new is not None else 0) - \
                             (old.size if old is not None else 0)
                         changed.add(collection)
+                for change in plan.omap:
+                    if change[0] == "put":
+                        batch.put(change[1], change[2])
+                    elif change[0] == "delete":
+                        batch.delete(change[1])
+                    else:
+                        batch.delete_range(change[1], change[2])
                 for key, record in plan.records.items():
                     if record is None:
                         batch.delete(key)
@@ -892,6 +983,11 @@ class Store:
             for index in sorted(dirty):
                 batch.put(records.bitmap_key(index), self.allocator.segment_bytes(index))
             batch.put(records.KEY_SEQUENCE, struct.pack(">Q", sequence))
+            if self._omap_next != self._omap_persisted:
+                # Ids handed out by transactions not yet committed are covered too: an id is
+                # never reused, whatever happens to the transaction that took it.
+                self._omap_persisted = self._omap_next
+                batch.put(records.KEY_OMAP_NEXT, struct.pack(">Q", self._omap_next))
             write = asyncio.get_running_loop().run_in_executor(
                 self._db_thread, self._db.write, batch, self._sync)
         except Exception as exc:

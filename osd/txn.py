@@ -6,7 +6,7 @@ operations) can make them without importing the engine.
 
 import typing
 
-from cairn.common.limits import BLOCK_SIZE_BYTES, OBJECT_SIZE_BYTES_MAX
+from cairn.common.limits import BLOCK_SIZE_BYTES, OBJECT_SIZE_BYTES_MAX, OMAP_UPDATE_BYTES_MAX
 from cairn.osd import records
 from cairn.osd.errors import InvalidArgument
 
@@ -53,6 +53,14 @@ class SetAttrs(typing.NamedTuple):
     collection: str
     name: str
     attrs: dict             # a value of None removes that attribute
+
+
+class OmapUpdate(typing.NamedTuple):
+    collection: str
+    name: str
+    sets: tuple             # ((key, value), ...): bytes
+    removes: tuple          # (key, ...): absent keys are fine
+    clear: bool             # drop every entry first
 
 
 class Transaction:
@@ -118,6 +126,30 @@ class Transaction:
         self._check_object(collection, name)
         records.check_attrs(attrs)
         self.ops.append(SetAttrs(collection, name, dict(attrs)))
+        return self
+
+    def omap_update(self, collection, name, set=(), remove=(), clear=False):
+        """Change an existing object's omap: drop every entry if `clear`, then remove the keys
+        in `remove` and set the (key, value) pairs in `set` (a dict or pairs). A `put` of the
+        object replaces its omap with an empty one; a rename carries it along."""
+        self._check_object(collection, name)
+        sets = tuple(set.items() if isinstance(set, dict) else set)
+        removes = tuple(remove)
+        total = 0
+        for pair in sets:
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                raise InvalidArgument("omap entries to set are (key, value) pairs")
+            records.check_omap_key(pair[0])
+            records.check_omap_value(pair[1])
+            total += len(pair[0]) + len(pair[1])
+        for key in removes:
+            records.check_omap_key(key)
+            total += len(key)
+        if total > OMAP_UPDATE_BYTES_MAX:
+            raise InvalidArgument(f"an omap update of {total} bytes is over the limit "
+                                  f"({OMAP_UPDATE_BYTES_MAX}); split it")
+        self.ops.append(OmapUpdate(collection, name, tuple((bytes(k), bytes(v)) for k, v in sets),
+                                   tuple(bytes(k) for k in removes), bool(clear)))
         return self
 
     @staticmethod
