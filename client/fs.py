@@ -73,6 +73,9 @@ WRITE_BEHIND = 8
 READ_AHEAD = 4
 # Dirty stripes one open file holds before writing them back.
 DIRTY_STRIPES_MAX = 16
+# A file being written makes its size durable at least this often (so a crash loses at most
+# this much of a long write, and fsck's grace period never takes its stripes for orphans).
+FLUSH_INTERVAL_S = 20.0
 LIST_PAGE = 1000
 
 
@@ -811,6 +814,7 @@ class OpenInode:
         self.lock = asyncio.Lock()
         self.failure = None             # a write-back error, raised at the next flush
         self.changed = False            # size or data changed since the last flush
+        self.flushed_at = time.monotonic()
 
     async def _stripe(self, index):
         """The stripe's bytes as this process sees them (dirty, cached, or from the pool)."""
@@ -883,6 +887,8 @@ class OpenInode:
             await asyncio.wait(self.writing, return_when=asyncio.FIRST_COMPLETED)
         if self.failure is not None:
             raise self.failure
+        if time.monotonic() - self.flushed_at > FLUSH_INTERVAL_S:
+            await self.flush()
         return len(view)
 
     def _write_back(self, index):
@@ -934,6 +940,7 @@ class OpenInode:
                     attr["mt"] = attr["ct"] = time.time_ns()
                 await self.fs._set_attr(self.ino, change)
                 self.changed = False
+            self.flushed_at = time.monotonic()
 
 
 class FileHandle:

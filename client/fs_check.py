@@ -1,0 +1,206 @@
+"""`cairn fsck POOL`: check a file namespace (client/fs.py) and repair it.
+
+The check walks every directory from the root (finishing renames caught midway, as any reader
+does), then lists the metadata pool's inode objects and the data pool's stripe objects, and
+reports, as {"kind", "path", "ino", "object"}:
+
+- dangling: an entry whose inode object is gone (repair: the entry is removed);
+- kind: an entry whose kind differs from its inode's (repair: the entry is corrected);
+- twice: an inode named by a second entry (hard links are not made by cairn; repair: the later
+  entry in the walk is removed);
+- parent: a directory whose parent pointer is not the directory that names it (repair: set);
+- removing: a directory marked for removal that is still named (an rmdir interrupted; repair:
+  finished if it is empty, the mark dropped otherwise);
+- orphan_inode: an inode no entry names (a create or unlink interrupted; repair: deleted with
+  its data);
+- orphan_data: a stripe object of no file, or past its file's end (repair: deleted).
+
+Orphans younger than `grace_s` are left alone (not reported): a client may be creating them
+right now.
+"""
+
+import dataclasses
+import time
+
+import msgpack
+
+from cairn.client import errors
+from cairn.client.fs import (ATTR_KEY, DEAD_KEY, ENTRY_PREFIX, ROOT_INO, STRIPE_BYTES,
+                             _pack_entry, inode_object)
+
+GRACE_S_DEFAULT = 60.0
+
+
+@dataclasses.dataclass
+class FsckReport:
+    directories: int = 0
+    files: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+    errors: list = dataclasses.field(default_factory=list)
+    repaired: int = 0
+
+    @property
+    def clean(self):
+        return not self.errors
+
+    def to_dict(self):
+        return dataclasses.asdict(self) | {"clean": self.clean}
+
+
+async def check(fs, repair=False, grace_s=GRACE_S_DEFAULT, progress=None):
+    """Check (and with `repair` mend) the namespace of Filesystem `fs`; an FsckReport."""
+    report = FsckReport()
+    seen = {ROOT_INO: "/"}              # ino -> path of the entry naming it
+    files = {}                          # ino -> size
+    queue = [(ROOT_INO, "/")]
+    while queue:
+        directory, path = queue.pop()
+        report.directories += 1
+        if progress is not None and report.directories % 100 == 0:
+            progress(report)
+        dead = (await fs.meta.omap_get(inode_object(directory), [DEAD_KEY])).get(DEAD_KEY)
+        if dead is not None and directory != ROOT_INO:
+            await _interrupted_rmdir(fs, report, directory, path, repair)
+            continue
+        after = None
+        while True:
+            entries, more = await fs.readdir(directory, after)
+            for name, ino, kind in entries:
+                child = path.rstrip("/") + "/" + name
+                await _check_entry(fs, report, directory, name, ino, kind, child, seen, files,
+                                   queue, repair)
+            if not more:
+                break
+            after = entries[-1][0]
+    await _check_orphans(fs, report, seen, files, grace_s, repair)
+    return report
+
+
+def _error(report, kind, path, ino=None, object_name=None):
+    report.errors.append({"kind": kind, "path": path, "ino": f"{ino:x}" if ino else None,
+                          "object": object_name})
+
+
+async def _check_entry(fs, report, directory, name, ino, kind, path, seen, files, queue,
+                       repair):
+    key = ENTRY_PREFIX + name.encode(errors="surrogateescape")
+    packed = _pack_entry(ino, kind)
+    try:
+        attr = await fs.getattr(ino)
+    except FileNotFoundError:
+        _error(report, "dangling", path, ino, inode_object(ino))
+        if repair:
+            await _conditional(fs.meta.omap_update(inode_object(directory), remove=[key],
+                                                   equals={key: packed}), report)
+        return
+    if ino in seen:
+        _error(report, "twice", path, ino, inode_object(ino))
+        if repair:
+            await _conditional(fs.meta.omap_update(inode_object(directory), remove=[key],
+                                                   equals={key: packed}), report)
+        return
+    seen[ino] = path
+    if attr.kind != kind:
+        _error(report, "kind", path, ino, inode_object(ino))
+        if repair:
+            await _conditional(fs.meta.omap_update(
+                inode_object(directory), {key: _pack_entry(ino, attr.kind)},
+                equals={key: packed}), report)
+    if attr.kind == "d":
+        if attr.get("p") != directory:
+            _error(report, "parent", path, ino, inode_object(ino))
+            if repair:
+                def fix(record):
+                    record["p"] = directory
+                await fs._set_attr(ino, fix)
+                report.repaired += 1
+        queue.append((ino, path))
+    elif attr.kind == "f":
+        report.files += 1
+        report.bytes += attr.size
+        files[ino] = attr.size
+    else:
+        report.symlinks += 1
+
+
+async def _interrupted_rmdir(fs, report, directory, path, repair):
+    _error(report, "removing", path, directory, inode_object(directory))
+    if not repair:
+        return
+    entries, _ = await fs.readdir(directory, limit=1)
+    parent = (await fs.getattr(directory)).get("p", ROOT_INO)
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    if entries:
+        await fs.meta.omap_update(inode_object(directory), remove=[DEAD_KEY])
+    else:
+        key = ENTRY_PREFIX + name.encode(errors="surrogateescape")
+        await _conditional(fs.meta.omap_update(inode_object(parent), remove=[key],
+                                               equals={key: _pack_entry(directory, "d")}),
+                           report, count=False)
+        await fs._drop_inode(directory, None)
+    report.repaired += 1
+
+
+async def _check_orphans(fs, report, seen, files, grace_s, repair):
+    now_ns = time.time_ns()
+    old_enough = now_ns - int(grace_s * 1e9)
+    async for name in _names(fs.meta, "i."):
+        try:
+            ino = int(name[2:], 16)
+        except ValueError:
+            continue
+        if ino in seen:
+            continue
+        try:
+            raw = (await fs.meta.omap_get(name, [ATTR_KEY])).get(ATTR_KEY)
+        except errors.ObjectNotFound:
+            continue                            # removed meanwhile
+        attr = msgpack.unpackb(raw) if raw is not None else {}
+        if attr.get("ct", 0) > old_enough:
+            continue                            # maybe being created right now
+        _error(report, "orphan_inode", None, ino, name)
+        if repair:
+            await fs._drop_inode(ino, attr)
+            report.repaired += 1
+    async for name in _names(fs.data, "f."):
+        parts = name.split(".")
+        try:
+            ino, index = int(parts[1], 16), int(parts[2], 16)
+        except (IndexError, ValueError):
+            continue
+        size = files.get(ino)
+        if size is not None and index * STRIPE_BYTES < size:
+            continue
+        try:
+            stat = await fs.data.stat(name)
+        except errors.ObjectNotFound:
+            continue
+        if stat.mtime_ns > old_enough:
+            continue                            # maybe being written right now
+        _error(report, "orphan_data", seen.get(ino), ino, name)
+        if repair:
+            try:
+                await fs.data.delete(name)
+            except errors.ObjectNotFound:
+                pass
+            report.repaired += 1
+
+
+async def _names(pool, prefix):
+    page = None
+    while True:
+        names, page = await pool.list(prefix=prefix, page=page, limit=1000)
+        for name in names:
+            yield name
+        if page is None:
+            return
+
+
+async def _conditional(update, report, count=True):
+    try:
+        await update
+    except errors.PreconditionFailed:
+        return                                  # changed meanwhile: the next check sees it
+    if count:
+        report.repaired += 1

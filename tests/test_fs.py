@@ -1,0 +1,320 @@
+"""The file namespace (client/fs.py) on a real cluster: POSIX behaviour and errno of each op,
+files over many stripes and on an erasure-coded data pool, two clients, renames across
+directories finished by readers, fsck, and random op sequences checked against a model."""
+
+import errno
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from cairn.client import fs as fsmod
+from cairn.client.fs import Filesystem, STRIPE_BYTES
+from cairn.client.fs_check import check
+from cairn.client.sync import connect
+
+pytestmark = pytest.mark.cluster
+
+FAST = ("mon.osd_grace_s=3", "osd.heartbeat_interval_s=0.5")
+
+
+def make_cluster(local_cluster):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST)
+    cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
+    cluster.cairn("pool", "create", "data", "--erasure", "2+1", "--pg-num", "8")
+    return cluster
+
+
+def expect(code, call):
+    with pytest.raises(OSError) as failure:
+        call()
+    assert failure.value.errno == code, failure.value
+
+
+def test_posix_behaviour_errno_and_two_clients(local_cluster):
+    cluster = make_cluster(local_cluster)
+    with connect(cluster.dir) as one, connect(cluster.dir) as two:
+        a = one.call(Filesystem.open(one._cluster, "data", metadata_pool="meta"))
+        b = two.call(Filesystem.open(two._cluster, "data", metadata_pool="meta"))
+        run_a, run_b = one.call, two.call
+
+        def write(fs, call, path, data, mode="wb"):
+            async def go():
+                async with await fs.open_path(path, mode) as f:
+                    await f.write(data)
+            call(go())
+
+        def read(fs, call, path, offset=0, size=-1):
+            async def go():
+                async with await fs.open_path(path, "rb") as f:
+                    return await f.read(size, offset)
+            return call(go())
+
+        run_a(a.makedirs("/ckpt/step-1"))
+        big = os.urandom(2 * STRIPE_BYTES + 12345)
+        write(a, run_a, "/ckpt/step-1/model.pt", big)
+        assert read(b, run_b, "/ckpt/step-1/model.pt") == big          # the other client
+        assert read(b, run_b, "/ckpt/step-1/model.pt", STRIPE_BYTES - 5, 10) == \
+            big[STRIPE_BYTES - 5:STRIPE_BYTES + 5]
+        assert run_b(b.stat("/ckpt/step-1/model.pt")).size == len(big)
+
+        # Overwrite in the middle, extend with a hole, truncate.
+        async def patch():
+            async with await a.open_path("/ckpt/step-1/model.pt", "r+b") as f:
+                await f.write(b"X" * 100, offset=STRIPE_BYTES - 50)
+                await f.write(b"tail", offset=len(big) + 1000)
+        run_a(patch())
+        model = bytearray(big)
+        model[STRIPE_BYTES - 50:STRIPE_BYTES + 50] = b"X" * 100
+        model += bytes(1000) + b"tail"
+        assert read(b, run_b, "/ckpt/step-1/model.pt") == bytes(model)
+        ino, _ = run_a(a.resolve("/ckpt/step-1/model.pt"))
+        run_a(a.setattr(ino, size=STRIPE_BYTES + 7))
+        assert read(b, run_b, "/ckpt/step-1/model.pt") == bytes(model[:STRIPE_BYTES + 7])
+        run_a(a.setattr(ino, size=STRIPE_BYTES + 20))            # grows with zeros, not old bytes
+        assert read(a, run_a, "/ckpt/step-1/model.pt") == \
+            bytes(model[:STRIPE_BYTES + 7]) + bytes(13)
+
+        # errno of each error case.
+        expect(errno.ENOENT, lambda: run_a(a.stat("/nope")))
+        expect(errno.ENOENT, lambda: run_a(a.open_path("/nope/x", "wb")))
+        expect(errno.EEXIST, lambda: run_a(a.mkdir_path("/ckpt")))
+        expect(errno.EEXIST, lambda: run_a(a.open_path("/ckpt/step-1/model.pt", "xb")))
+        expect(errno.ENOTEMPTY, lambda: run_a(a.rmdir_path("/ckpt")))
+        expect(errno.ENOTDIR, lambda: run_a(a.listdir("/ckpt/step-1/model.pt")))
+        expect(errno.ENOTDIR, lambda: run_a(a.stat("/ckpt/step-1/model.pt/x")))
+        expect(errno.ENOTDIR, lambda: run_a(a.rmdir_path("/ckpt/step-1/model.pt")))
+        expect(errno.EISDIR, lambda: run_a(a.unlink_path("/ckpt")))
+        expect(errno.EISDIR, lambda: run_a(a.open_path("/ckpt", "rb")))
+        expect(errno.EINVAL, lambda: run_a(a.rename_path("/ckpt", "/ckpt/step-1/inside")))
+        expect(errno.ENAMETOOLONG, lambda: run_a(a.mkdir_path("/" + "n" * 256)))
+
+        # Renames: within a directory, across, over a file (atomic replace), a non-empty
+        # directory, and over an empty / non-empty directory.
+        write(a, run_a, "/ckpt/a", b"a")
+        write(a, run_a, "/ckpt/b", b"bb")
+        run_a(a.rename_path("/ckpt/a", "/ckpt/b"))
+        assert read(b, run_b, "/ckpt/b") == b"a" and not run_b(b.exists("/ckpt/a"))
+        run_b(b.rename_path("/ckpt/step-1", "/ckpt/step-2"))
+        assert read(a, run_a, "/ckpt/step-2/model.pt")[:10] == bytes(model[:10])
+        run_a(a.makedirs("/other/empty"))
+        run_a(a.rename_path("/ckpt/b", "/other/b"))                 # across directories
+        assert run_b(b.listdir("/other")) == ["b", "empty"]
+        assert "b" not in run_b(b.listdir("/ckpt"))
+        run_a(a.rename_path("/ckpt/step-2", "/other/empty"))         # over an empty directory
+        assert run_b(b.listdir("/other/empty")) == ["model.pt"]
+        run_a(a.mkdir_path("/ckpt/full"))
+        write(a, run_a, "/ckpt/full/x", b"x")
+        run_a(a.mkdir_path("/ckpt/d2"))
+        expect(errno.ENOTEMPTY, lambda: run_a(a.rename_path("/ckpt/d2", "/ckpt/full")))
+        expect(errno.EISDIR, lambda: run_a(a.rename_path("/other/b", "/ckpt/full")))
+        expect(errno.ENOTDIR, lambda: run_a(a.rename_path("/ckpt/d2", "/other/b")))
+        assert run_a(a.stat("/other/empty")).get("p") == run_a(a.resolve("/other"))[0]
+
+        # Symlinks.
+        run_a(a.symlink_path("/other/empty/model.pt", "/link"))
+        assert read(b, run_b, "/link", 0, 10) == bytes(model[:10])
+        assert run_b(b.stat("/link", follow=False)).kind == "l"
+        run_a(a.symlink_path("empty", "/other/rel"))
+        assert run_b(b.listdir("/other/rel")) == ["model.pt"]
+
+        # unlink and rmdir remove the data too; what is left is consistent.
+        data_ino, _ = run_a(a.resolve("/other/empty/model.pt"))
+        run_a(a.unlink_path("/other/empty/model.pt"))
+        names, _ = run_a(a.data.list(prefix=f"f.{data_ino:016x}."))
+        assert names == []
+        run_a(a.rmdir_path("/other/empty"))
+        expect(errno.ENOENT, lambda: run_a(a.stat("/other/empty")))
+        report = run_a(check(a, grace_s=0))
+        assert report.clean, report.errors
+        assert (report.files, report.directories, report.symlinks) == (2, 5, 2), report
+
+
+def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cluster):
+    cluster = make_cluster(local_cluster)
+    with connect(cluster.dir) as client:
+        fs = client.call(Filesystem.open(client._cluster, "data", metadata_pool="meta"))
+        run = client.call
+        run(fs.makedirs("/src"))
+        run(fs.makedirs("/dst"))
+
+        async def make(path, data):
+            async with await fs.open_path(path, "wb") as f:
+                await f.write(data)
+        for name in ("one", "two", "three"):
+            run(make(f"/src/{name}", name.encode()))
+        src, _ = run(fs.resolve("/src"))
+        dst, _ = run(fs.resolve("/dst"))
+
+        async def crash_after(step, name):
+            """Steps 1..step of a rename across directories, as a client killed then."""
+            ino, kind = await fs.lookup(src, name)
+            key, dkey = fsmod.ENTRY_PREFIX + name.encode(), fsmod.ENTRY_PREFIX + name.encode()
+            to_mark = fsmod._pack_entry(ino, kind, ["to", dst, name.encode(), 0.0])
+            await fs.meta.omap_update(fsmod.inode_object(src), {key: to_mark})
+            if step >= 2:
+                from_mark = fsmod._pack_entry(ino, kind, ["from", src, name.encode(), None])
+                await fs.meta.omap_update(fsmod.inode_object(dst), {dkey: from_mark})
+            if step >= 3:
+                await fs.meta.omap_update(fsmod.inode_object(src), remove=[key])
+        run(crash_after(1, "one"))          # only marked: rolled back (the mark is old)
+        run(crash_after(2, "two"))          # both halves: finished
+        run(crash_after(3, "three"))        # source gone: the target's mark cleared
+        assert run(fs.listdir("/src")) == ["one"]
+        assert run(fs.listdir("/dst")) == ["three", "two"]
+
+        async def read(path):
+            async with await fs.open_path(path, "rb") as f:
+                return await f.read()
+        assert run(read("/src/one")) == b"one" and run(read("/dst/two")) == b"two"
+        report = run(check(fs, grace_s=0))
+        assert report.clean, report.errors
+
+        # Damage fsck finds and repairs: an orphaned inode with data, a dangling entry, an
+        # interrupted rmdir, a directory whose parent pointer is wrong.
+        async def damage():
+            orphan = await fs._new_inode(fs._new_attr("f", 0o644, None, None, s=5))
+            await fs.data.put(fsmod.stripe_object(orphan, 0), b"hello")
+            await fs.meta.omap_update(fsmod.inode_object(dst), {
+                fsmod.ENTRY_PREFIX + b"ghost": fsmod._pack_entry(12345, "f")})
+            gone = await fs.mkdir(dst, "gone")
+            await fs.meta.omap_update(fsmod.inode_object(gone), {fsmod.DEAD_KEY: b"1"})
+
+            def wrong(attr):
+                attr["p"] = dst
+            await fs._set_attr(src, wrong)
+            return orphan
+        orphan = run(damage())
+        report = run(check(fs, grace_s=0))
+        kinds = sorted(error["kind"] for error in report.errors)
+        assert kinds == ["dangling", "orphan_data", "orphan_inode", "parent", "removing"], \
+            report.errors
+        assert any(e["ino"] == f"{orphan:x}" for e in report.errors)
+        report = run(check(fs, repair=True, grace_s=0))
+        # The orphan's stripe goes with the orphaned inode, before the data is listed.
+        assert report.repaired == len(report.errors) == 4, report
+        report = run(check(fs, grace_s=0))
+        assert report.clean, report.errors
+        assert run(fs.listdir("/dst")) == ["three", "two"]
+
+
+class NamespaceModel(RuleBasedStateMachine):
+    """Random namespace ops through the library, against a dict model of paths."""
+
+    fs = run = None                     # set by the test for each run
+    counter = 0
+
+    def __init__(self):
+        super().__init__()
+        NamespaceModel.counter += 1
+        self.root = f"/m{NamespaceModel.counter}"
+        self.run(self.fs.makedirs(self.root))
+        self.model = {"": None}         # relative path -> bytes (file) or None (directory)
+
+    def _path(self, relative):
+        return f"{self.root}/{relative}" if relative else self.root
+
+    def _dirs(self):
+        return sorted(p for p, v in self.model.items() if v is None)
+
+    @rule(data=st.data(), name=st.sampled_from(["a", "b", "c"]), is_dir=st.booleans(),
+          payload=st.binary(max_size=64))
+    def make(self, data, name, is_dir, payload):
+        parent = data.draw(st.sampled_from(self._dirs()))
+        relative = f"{parent}/{name}".lstrip("/")
+        try:
+            if is_dir:
+                self.run(self.fs.mkdir_path(self._path(relative)))
+            else:
+                async def create():
+                    async with await self.fs.open_path(self._path(relative), "xb") as f:
+                        await f.write(payload)
+                self.run(create())
+        except FileExistsError:
+            assert relative in self.model
+            return
+        assert relative not in self.model
+        self.model[relative] = None if is_dir else payload
+
+    @rule(data=st.data())
+    def remove(self, data):
+        candidates = sorted(p for p in self.model if p)
+        if not candidates:
+            return
+        relative = data.draw(st.sampled_from(candidates))
+        children = [p for p in self.model if p.startswith(relative + "/")]
+        if self.model[relative] is None:
+            try:
+                self.run(self.fs.rmdir_path(self._path(relative)))
+            except OSError as exc:
+                assert exc.errno == errno.ENOTEMPTY and children
+                return
+            assert not children
+        else:
+            self.run(self.fs.unlink_path(self._path(relative)))
+        del self.model[relative]
+
+    @rule(data=st.data(), name=st.sampled_from(["a", "b", "c", "d"]))
+    def rename(self, data, name):
+        candidates = sorted(p for p in self.model if p)
+        if not candidates:
+            return
+        source = data.draw(st.sampled_from(candidates))
+        parent = data.draw(st.sampled_from(self._dirs()))
+        target = f"{parent}/{name}".lstrip("/")
+        try:
+            self.run(self.fs.rename_path(self._path(source), self._path(target)))
+        except OSError as exc:
+            inside = target == source or target.startswith(source + "/")
+            existing = self.model.get(target, "absent")
+            if exc.errno == errno.EINVAL:
+                assert inside and self.model[source] is None
+            elif exc.errno == errno.ENOTEMPTY:
+                assert existing is None and any(p.startswith(target + "/") for p in self.model)
+            elif exc.errno == errno.EISDIR:
+                assert existing is None and self.model[source] is not None
+            elif exc.errno == errno.ENOTDIR:
+                assert existing not in (None, "absent") and self.model[source] is None
+            else:
+                raise
+            return
+        if target == source:
+            return
+        moved = {p: v for p, v in self.model.items()
+                 if p == source or p.startswith(source + "/")}
+        for p in moved:
+            del self.model[p]
+        for p in [p for p in self.model if p == target or p.startswith(target + "/")]:
+            del self.model[p]
+        for p, v in moved.items():
+            self.model[target + p[len(source):]] = v
+
+    @invariant()
+    def matches(self):
+        seen = {}
+
+        async def walk(relative):
+            for name, ino, kind in await self.fs.scandir(self._path(relative)):
+                child = f"{relative}/{name}".lstrip("/")
+                if kind == "d":
+                    seen[child] = None
+                    await walk(child)
+                else:
+                    async with await self.fs.open_path(self._path(child), "rb") as f:
+                        seen[child] = await f.read()
+        self.run(walk(""))
+        assert seen == {p: v for p, v in self.model.items() if p}
+
+
+def test_random_namespace_ops_follow_a_model(local_cluster):
+    cluster = make_cluster(local_cluster)
+    with connect(cluster.dir) as client:
+        NamespaceModel.fs = client.call(Filesystem.open(client._cluster, "data",
+                                                        metadata_pool="meta"))
+        NamespaceModel.run = staticmethod(client.call)
+        run_state_machine_as_test(NamespaceModel, settings=settings(
+            max_examples=12, stateful_step_count=15, deadline=None,
+            suppress_health_check=list(HealthCheck)))
+        report = client.call(check(NamespaceModel.fs, grace_s=0))
+        assert report.clean, report.errors
