@@ -4,6 +4,8 @@
   `cairn config set|get|rm`: cluster administration through the monitors (client/admin.py).
 - `cairn put|get|ls|rm|stat POOL [NAME] [FILE]`: objects through the client library
   (client/objects_cli.py); `cairn bench cluster ...`: throughput like `rados bench`.
+- `cairn mount POOL[/PATH] MOUNTPOINT`, `cairn umount MOUNTPOINT`: the file namespace with
+  FUSE (client/mount.py); `cairn fsck POOL`: check and repair it (client/fs_check.py).
 - `cairn placement test --map FILE --pool NAME [--compare FILE]`: offline placement report.
 - `cairn bench device|store ...`: the local benchmarks. Those drive an OSD's store engine
   directly, and the client never imports the OSD (DESIGN.md, "Layout"), so they run in the
@@ -14,7 +16,7 @@ import argparse
 import os
 import sys
 
-from cairn.client import admin, bench_cluster, objects_cli, placement_tool
+from cairn.client import admin, bench_cluster, fs_cli, mount, objects_cli, placement_tool
 
 
 def build_parser():
@@ -25,6 +27,8 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     admin.add_parsers(commands, admin.common_options(top_level=False))
     objects_cli.add_parsers(commands, admin.common_options(top_level=False))
+    mount.add_parsers(commands, admin.common_options(top_level=False))
+    fs_cli.add_parsers(commands, admin.common_options(top_level=False))
     bench = commands.add_parser("bench", help="benchmarks: 'cairn bench cluster|device|store "
                                 "--help'")
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
@@ -49,6 +53,10 @@ def main(argv=None):
         return admin.main(args)
     if args.command in objects_cli.COMMANDS:
         return objects_cli.main(args)
+    if args.command in mount.COMMANDS:
+        return mount.main(args)
+    if args.command in fs_cli.COMMANDS:
+        return fs_cli.main(args)
     if args.command == "bench":
         return bench_cluster.main(args)
     parser.error(f"unknown command {args.command}")

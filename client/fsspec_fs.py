@@ -1,0 +1,241 @@
+"""`cairn://POOL/path` as an fsspec filesystem (registered by entry point as "cairn").
+
+    import fsspec
+    with fsspec.open("cairn://ckpt/a/b.pt", "wb") as f:      # the cluster: cluster= storage
+        f.write(data)                                         # option, else $CAIRN_CLUSTER
+    fs = fsspec.filesystem("cairn", metadata_pool="meta")
+    fs.ls("ckpt/a"); fs.mv("ckpt/a/b.pt", "ckpt/a/c.pt")      # mv: the namespace's atomic rename
+
+The first path component is the pool (the data pool; directories live in `metadata_pool`,
+default the same pool), the rest a path in its namespace (client/fs.py): files written here and
+through `cairn mount` are the same files. Calls run on the client library's loop in a
+background thread (client/sync.py). The filesystem object pickles as its options and connects
+again where it is unpickled (DCP's process-based async save pickles its writer).
+"""
+
+import errno
+import io
+import os
+
+from fsspec.spec import AbstractFileSystem
+
+from cairn.client.fs import Filesystem, split_path
+
+
+class CairnFileSystem(AbstractFileSystem):
+    protocol = "cairn"
+    root_marker = ""
+
+    def __init__(self, cluster=None, metadata_pool=None, op_timeout_s=None, **kwargs):
+        super().__init__(cluster=cluster, metadata_pool=metadata_pool,
+                         op_timeout_s=op_timeout_s, **kwargs)
+        self.cluster_where = cluster or os.environ.get("CAIRN_CLUSTER")
+        self.metadata_pool = metadata_pool
+        self.op_timeout_s = op_timeout_s
+        self._client = None
+        self._pid = None
+        self._namespaces = {}               # pool -> Filesystem
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _connection(self):
+        if self._client is None or self._pid != os.getpid():      # a fork gets its own
+            from cairn.client.sync import SyncCluster
+            from cairn.client.cluster import OP_TIMEOUT_S_DEFAULT
+            self._client = SyncCluster(self.cluster_where,
+                                       self.op_timeout_s or OP_TIMEOUT_S_DEFAULT)
+            self._pid = os.getpid()
+            self._namespaces = {}
+        return self._client
+
+    def _call(self, coroutine):
+        return self._connection().call(coroutine)
+
+    def _split(self, path):
+        """(Filesystem of the path's pool, path inside it)."""
+        parts = split_path(self._strip_protocol(path))
+        if not parts:
+            raise OSError(errno.EINVAL, "a cairn path names a pool first: cairn://POOL/path")
+        pool, inner = parts[0], "/" + "/".join(parts[1:])
+        client = self._connection()
+        namespace = self._namespaces.get(pool)
+        if namespace is None:
+            namespace = self._namespaces[pool] = client.call(Filesystem.open(
+                client._cluster, pool, metadata_pool=self.metadata_pool))
+        return namespace, inner
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        path = str(path)
+        if path.startswith("cairn://"):
+            path = path[len("cairn://"):]
+        return path.strip("/")
+
+    def _info_of(self, full, attr):
+        kind = {"f": "file", "d": "directory", "l": "link"}[attr.kind]
+        return {"name": full, "size": attr.size if kind != "directory" else 0, "type": kind,
+                "mode": attr.st_mode(), "mtime": attr.get("mt", 0) / 1e9,
+                "created": attr.get("ct", 0) / 1e9, "uid": attr.get("u"), "gid": attr.get("g")}
+
+    # -- the AbstractFileSystem interface ----------------------------------------------------
+
+    def info(self, path, **kwargs):
+        full = self._strip_protocol(path)
+        namespace, inner = self._split(path)
+        try:
+            attr = self._call(namespace.stat(inner))
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(errno.ENOENT, f"no such file: cairn://{full}") from None
+        return self._info_of(full, attr)
+
+    def ls(self, path, detail=True, **kwargs):
+        full = self._strip_protocol(path)
+        namespace, inner = self._split(path)
+        try:
+            attr = self._call(namespace.stat(inner))
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(errno.ENOENT, f"no such directory: cairn://{full}") \
+                from None
+        if not attr.is_dir:
+            entries = [self._info_of(full, attr)]
+        else:
+            async def listing():
+                out = []
+                for name, ino, _ in await namespace.scandir(inner):
+                    try:
+                        out.append((name, await namespace.getattr(ino)))
+                    except FileNotFoundError:
+                        pass
+                return out
+            entries = [self._info_of(f"{full}/{name}", child)
+                       for name, child in self._call(listing())]
+        return entries if detail else [entry["name"] for entry in entries]
+
+    def mkdir(self, path, create_parents=True, **kwargs):
+        namespace, inner = self._split(path)
+        if create_parents:
+            self._call(namespace.makedirs(inner))
+        else:
+            self._call(namespace.mkdir_path(inner))
+
+    def makedirs(self, path, exist_ok=False):
+        namespace, inner = self._split(path)
+        if not exist_ok and self._call(namespace.exists(inner)):
+            raise FileExistsError(errno.EEXIST, f"cairn://{self._strip_protocol(path)}")
+        self._call(namespace.makedirs(inner))
+
+    def rmdir(self, path):
+        namespace, inner = self._split(path)
+        self._call(namespace.rmdir_path(inner))
+
+    def _rm(self, path):
+        namespace, inner = self._split(path)
+        if self._call(namespace.stat(inner, follow=False)).is_dir:
+            self._call(namespace.rmdir_path(inner))
+        else:
+            self._call(namespace.unlink_path(inner))
+
+    def rm_file(self, path):
+        namespace, inner = self._split(path)
+        self._call(namespace.unlink_path(inner))
+
+    def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
+        """The namespace's atomic rename (a file or a whole directory), never copy-and-delete;
+        both paths must be in the same pool."""
+        source, inner1 = self._split(path1)
+        target, inner2 = self._split(path2)
+        if source is not target:
+            raise OSError(errno.EXDEV, "cairn mv works within one pool")
+        self._call(source.rename_path(inner1, inner2))
+
+    rename = mv
+
+    def cp_file(self, path1, path2, **kwargs):
+        with self.open(path1, "rb") as source, self.open(path2, "wb") as target:
+            while chunk := source.read(8 << 20):
+                target.write(chunk)
+
+    def created(self, path):
+        import datetime
+        return datetime.datetime.fromtimestamp(self.info(path)["created"],
+                                               tz=datetime.timezone.utc)
+
+    def modified(self, path):
+        import datetime
+        return datetime.datetime.fromtimestamp(self.info(path)["mtime"],
+                                               tz=datetime.timezone.utc)
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None,
+              **kwargs):
+        namespace, inner = self._split(path)
+        mode = mode.replace("t", "").replace("b", "") + "b"
+        handle = self._call(namespace.open_path(inner, mode))
+        return CairnFile(self, handle, mode, path)
+
+
+class CairnFile(io.RawIOBase):
+    """A file open through fsspec: reads and writes go to the namespace's FileHandle."""
+
+    def __init__(self, filesystem, handle, mode, path):
+        super().__init__()
+        self.fs = filesystem
+        self.handle = handle
+        self.mode = mode
+        self.path = path
+
+    def readable(self):
+        return "r" in self.mode or "+" in self.mode
+
+    def writable(self):
+        return self.handle.writable
+
+    def seekable(self):
+        return True
+
+    def readinto(self, buffer):
+        data = self.fs._call(self.handle.read(len(buffer)))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def read(self, size=-1):
+        return self.fs._call(self.handle.read(size))
+
+    def readall(self):
+        return self.read(-1)
+
+    def write(self, data):
+        return self.fs._call(self.handle.write(data))
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        if whence == io.SEEK_SET:
+            self.handle.position = offset
+        elif whence == io.SEEK_CUR:
+            self.handle.position += offset
+        else:
+            self.handle.position = self.handle.size + offset
+        return self.handle.position
+
+    def tell(self):
+        return self.handle.position
+
+    def truncate(self, size=None):
+        size = self.handle.position if size is None else size
+        self.fs._call(self.handle.truncate(size))
+        return size
+
+    def flush(self):
+        if not self.handle.closed and self.handle.writable:
+            self.fs._call(self.handle.flush())
+
+    def close(self):
+        if not self.closed:
+            try:
+                self.fs._call(self.handle.close())      # durable on the cluster on return
+            finally:
+                super().close()
+
+    @property
+    def size(self):
+        return self.handle.size
