@@ -1,0 +1,204 @@
+"""`cairn mount` through the kernel (real FUSE mounts of a real cluster) and `cairn://` through
+fsspec: POSIX behaviour and errno, two mounts, a read-only mount, readdir during creates,
+ergonomics (missing / busy mount point, umount after SIGKILL), fsck afterwards."""
+
+import errno
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(os.geteuid() != 0, reason="FUSE mounts of another user's files need "
+                       "root here (CI runs as root)"),
+    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine"),
+]
+
+FAST = ("mon.osd_grace_s=3", "osd.heartbeat_interval_s=0.5")
+
+
+def cairn(cluster, *args):
+    return subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
+                           *args], capture_output=True, text=True, timeout=60)
+
+
+class Mounts:
+    """Mounts a test made; each stopped by pid and unmounted, even when the test fails."""
+
+    def __init__(self, cluster, tmp_path):
+        self.cluster, self.tmp_path = cluster, tmp_path
+        self.pids = {}
+
+    def mount(self, name, *options):
+        point = str(self.tmp_path / name)
+        os.makedirs(point, exist_ok=True)
+        result = cairn(self.cluster, "mount", "data", point, "--metadata-pool", "meta",
+                       "--log", str(self.tmp_path / f"{name}.log"), *options)
+        assert result.returncode == 0, result.stderr
+        self.pids[point] = int(re.search(r"pid (\d+)", result.stdout).group(1))
+        assert os.path.ismount(point)
+        assert "cairn umount" in result.stdout            # says how to unmount
+        return point
+
+    def stop(self):
+        for point, pid in self.pids.items():
+            subprocess.run(["fusermount3", "-uz", point], capture_output=True)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def mounts(local_cluster, tmp_path):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST)
+    cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
+    made = Mounts(cluster, tmp_path)
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def expect(code, call, *args):
+    with pytest.raises(OSError) as failure:
+        call(*args)
+    assert failure.value.errno == code, (call, args, failure.value)
+
+
+def test_posix_through_the_mount_two_mounts_read_only_and_fsspec(mounts):
+    m = mounts.mount("m1")
+    other = mounts.mount("m2")
+    # Files: write, read, stat, overwrite at an offset, append, truncate.
+    os.makedirs(f"{m}/ckpt/step-1")
+    blob = os.urandom(9 * 1024 * 1024 + 77)
+    with open(f"{m}/ckpt/step-1/model.pt", "wb") as f:
+        f.write(blob)
+    assert os.stat(f"{m}/ckpt/step-1/model.pt").st_size == len(blob)
+    with open(f"{other}/ckpt/step-1/model.pt", "rb") as f:          # the other mount
+        assert f.read() == blob
+    with open(f"{m}/ckpt/step-1/model.pt", "r+b") as f:
+        f.seek(4 * 1024 * 1024 - 3)
+        f.write(b"OVERWRITE")
+    with open(f"{m}/ckpt/step-1/model.pt", "ab") as f:
+        f.write(b"appended")
+    model = bytearray(blob)
+    model[4 * 1024 * 1024 - 3:4 * 1024 * 1024 + 6] = b"OVERWRITE"
+    model += b"appended"
+    with open(f"{other}/ckpt/step-1/model.pt", "rb") as f:
+        assert f.read() == bytes(model)
+    os.truncate(f"{m}/ckpt/step-1/model.pt", 1000)
+    with open(f"{m}/ckpt/step-1/model.pt", "rb") as f:
+        assert f.read() == bytes(model[:1000])
+
+    # errno of each error case.
+    expect(errno.ENOENT, os.stat, f"{m}/nope")
+    expect(errno.ENOTEMPTY, os.rmdir, f"{m}/ckpt")
+    expect(errno.EEXIST, os.mkdir, f"{m}/ckpt")
+    expect(errno.ENOTDIR, os.listdir, f"{m}/ckpt/step-1/model.pt")
+    expect(errno.EISDIR, os.unlink, f"{m}/ckpt")
+    expect(errno.EEXIST, os.open, f"{m}/ckpt/step-1/model.pt", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    expect(errno.EINVAL, os.rename, f"{m}/ckpt", f"{m}/ckpt/step-1/inside")
+    expect(errno.EPERM, os.link, f"{m}/ckpt/step-1/model.pt", f"{m}/hard")
+    expect(errno.ENOENT, open, f"{m}/nope/x", "wb")
+
+    # Renames: over a file (atomic replace), a non-empty directory, across directories.
+    with open(f"{m}/ckpt/a", "w") as f:
+        f.write("a")
+    with open(f"{m}/ckpt/b", "w") as f:
+        f.write("bb")
+    os.rename(f"{m}/ckpt/a", f"{m}/ckpt/b")
+    assert open(f"{other}/ckpt/b").read() == "a" and not os.path.exists(f"{other}/ckpt/a")
+    os.rename(f"{m}/ckpt/step-1", f"{m}/ckpt/step-2")
+    assert os.listdir(f"{other}/ckpt/step-2") == ["model.pt"]
+    os.makedirs(f"{m}/elsewhere")
+    os.rename(f"{m}/ckpt/step-2", f"{m}/elsewhere/step-2")
+    assert sorted(os.listdir(f"{other}/ckpt")) == ["b"]
+    os.symlink("elsewhere/step-2", f"{m}/latest")
+    assert os.readlink(f"{other}/latest") == "elsewhere/step-2"
+    assert os.listdir(f"{other}/latest") == ["model.pt"]
+
+    # readdir while another mount adds entries: no name twice, every old name there.
+    os.makedirs(f"{m}/busy")
+    for i in range(200):
+        open(f"{m}/busy/old-{i:04d}", "wb").close()
+    stop = threading.Event()
+
+    def add():
+        i = 0
+        while not stop.is_set() and i < 300:
+            open(f"{other}/busy/new-{i:04d}", "wb").close()
+            i += 1
+    adder = threading.Thread(target=add)
+    adder.start()
+    try:
+        for _ in range(5):
+            names = os.listdir(f"{m}/busy")
+            assert len(names) == len(set(names))
+            assert {f"old-{i:04d}" for i in range(200)} <= set(names)
+    finally:
+        stop.set()
+        adder.join()
+
+    # Read-only mount: reads work, every write is EROFS.
+    ro = mounts.mount("ro", "--read-only")
+    assert open(f"{ro}/ckpt/b").read() == "a"
+    expect(errno.EROFS, open, f"{ro}/ckpt/new", "wb")
+    expect(errno.EROFS, os.mkdir, f"{ro}/d")
+    expect(errno.EROFS, os.unlink, f"{ro}/ckpt/b")
+
+    # fsspec: the same files; mv is the namespace's rename; the filesystem pickles.
+    import fsspec
+    fs = fsspec.filesystem("cairn", cluster=mounts.cluster.dir, metadata_pool="meta")
+    with fs.open("cairn://data/ckpt/from-fsspec.bin", "wb") as f:
+        f.write(b"x" * 5_000_000)
+    assert os.stat(f"{m}/ckpt/from-fsspec.bin").st_size == 5_000_000
+    fs.mv("cairn://data/ckpt/from-fsspec.bin", "cairn://data/elsewhere/moved.bin")
+    assert os.path.exists(f"{m}/elsewhere/moved.bin")
+    # The mount's kernel keeps entries it looked up for ATTR_TIMEOUT_S (1 s): another
+    # client's rename shows within that.
+    gone_by = time.monotonic() + 3
+    while os.path.exists(f"{m}/ckpt/from-fsspec.bin") and time.monotonic() < gone_by:
+        time.sleep(0.1)
+    assert not os.path.exists(f"{m}/ckpt/from-fsspec.bin")
+    again = pickle.loads(pickle.dumps(fs))
+    assert sorted(again.ls("data/elsewhere", detail=False)) == ["data/elsewhere/moved.bin",
+                                                                "data/elsewhere/step-2"]
+    assert again.info("data/elsewhere/moved.bin")["size"] == 5_000_000
+    with fsspec.open("cairn://data/elsewhere/step-2/model.pt", "rb",
+                     cluster=mounts.cluster.dir, metadata_pool="meta") as f:
+        assert f.read() == bytes(model[:1000])
+
+    result = cairn(mounts.cluster, "fsck", "data", "--metadata-pool", "meta", "--grace", "0",
+                   "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mount_ergonomics_and_cleanup_after_sigkill(mounts, tmp_path):
+    missing = cairn(mounts.cluster, "mount", "data", str(tmp_path / "absent"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    m = mounts.mount("m")
+    busy = cairn(mounts.cluster, "mount", "data", m, "--metadata-pool", "meta")
+    assert busy.returncode == 2 and "already a mount point" in busy.stderr
+    with open(f"{m}/kept", "wb") as f:
+        f.write(b"closed before the kill")
+    os.kill(mounts.pids[m], signal.SIGKILL)
+    time.sleep(0.5)
+    expect(errno.ENOTCONN, os.stat, f"{m}/kept")
+    result = cairn(mounts.cluster, "umount", m)
+    assert result.returncode == 0, result.stderr
+    assert not os.path.ismount(m)
+    m = mounts.mount("m")
+    assert open(f"{m}/kept", "rb").read() == b"closed before the kill"
+    result = cairn(mounts.cluster, "umount", m)
+    assert result.returncode == 0 and not os.path.ismount(m)
+    not_mounted = cairn(mounts.cluster, "umount", m)
+    assert not_mounted.returncode == 2 and "not mounted" in not_mounted.stderr
