@@ -7,7 +7,7 @@
     fs.ls("ckpt/a"); fs.mv("ckpt/a/b.pt", "ckpt/a/c.pt")      # mv: the namespace's atomic rename
 
 The first path component is the pool (the data pool; directories live in `metadata_pool`,
-default the same pool), the rest a path in its namespace (client/fs.py): files written here and
+else $CAIRN_METADATA_POOL, else the same pool), the rest a path in its namespace (client/fs.py): files written here and
 through `cairn mount` are the same files. Calls run on the client library's loop in a
 background thread (client/sync.py). The filesystem object pickles as its options and connects
 again where it is unpickled (DCP's process-based async save pickles its writer).
@@ -30,7 +30,7 @@ class CairnFileSystem(AbstractFileSystem):
         super().__init__(cluster=cluster, metadata_pool=metadata_pool,
                          op_timeout_s=op_timeout_s, **kwargs)
         self.cluster_where = cluster or os.environ.get("CAIRN_CLUSTER")
-        self.metadata_pool = metadata_pool
+        self.metadata_pool = metadata_pool or os.environ.get("CAIRN_METADATA_POOL")
         self.op_timeout_s = op_timeout_s
         self._client = None
         self._pid = None
