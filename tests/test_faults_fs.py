@@ -1,0 +1,168 @@
+"""The file namespace under real faults: a client SIGKILLed again and again in a loop of creates
+and renames (within and across directories), and an OSD SIGKILLed under a mount during a large
+sequential write. Afterwards fsck is clean (after repairing what the kills left: orphans only)
+and every file closed before a kill reads back byte-identical, exactly once."""
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from cairn.client.fs import Filesystem
+from cairn.client.fs_check import check
+from cairn.client.sync import connect
+from tests.test_mount import Mounts
+
+pytestmark = pytest.mark.faults
+
+FAST = ("mon.osd_grace_s=3", "osd.heartbeat_interval_s=0.5")
+
+# The client that gets killed: creates files (content derived from their number), renames them
+# within and across directories, and appends to a journal what completed (after it returned).
+WORKER = textwrap.dedent("""
+    import asyncio, os, random, sys
+    from cairn.client.cluster import Cluster
+    from cairn.client.fs import Filesystem
+
+    def content(number):
+        return (b"%d:" % number) * (1 + number % 5000)
+
+    async def main(where, journal_path, start):
+        async with await Cluster.connect(where) as cluster:
+            fs = await Filesystem.open(cluster, "data", metadata_pool="meta")
+            for name in ("a", "b", "c"):
+                try:
+                    await fs.mkdir_path("/" + name)
+                except FileExistsError:
+                    pass
+            journal = open(journal_path, "a", buffering=1)
+            number = start
+            rng = random.Random(start)
+            while True:
+                path = f"/{rng.choice('abc')}/f{number}"
+                async with await fs.open_path(path, "xb") as f:
+                    await f.write(content(number))
+                journal.write(f"closed {number} {path}\\n")
+                target = f"/{rng.choice('abc')}/g{number}"
+                journal.write(f"renaming {number} {target}\\n")
+                await fs.rename_path(path, target)
+                journal.write(f"renamed {number} {target}\\n")
+                number += 1
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+""")
+
+
+def content(number):
+    return (b"%d:" % number) * (1 + number % 5000)
+
+
+def test_a_client_killed_in_creates_and_renames_loses_nothing_closed(local_cluster, tmp_path):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST)
+    cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
+    cluster.cairn("pool", "create", "data", "--erasure", "2+1", "--pg-num", "8")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    journal = tmp_path / "journal"
+    rng = random.Random(11)
+    kills = 0
+    for round_number in range(8):
+        worker = subprocess.Popen([sys.executable, str(script), cluster.dir, str(journal),
+                                   str(round_number * 100_000)], stderr=subprocess.PIPE)
+        try:
+            time.sleep(rng.uniform(1.5, 3.0))
+            assert worker.poll() is None, worker.stderr.read().decode()[-2000:]
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            worker.stderr.close()
+        kills += 1
+
+    where = {}                              # number -> {possible paths}
+    for line in journal.read_text().splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue                        # a line cut by the kill
+        kind, number, path = parts[0], int(parts[1]), parts[2]
+        if kind == "closed":
+            where[number] = {path}
+        elif kind == "renaming" and number in where:
+            where[number] = where[number] | {path}
+        elif kind == "renamed" and number in where:
+            where[number] = {path}
+    assert len(where) > 20, f"only {len(where)} files were closed in {kills} runs"
+
+    with connect(cluster.dir) as client:
+        fs = client.call(Filesystem.open(client._cluster, "data", metadata_pool="meta"))
+        found = {}                          # number -> [paths]
+
+        async def walk():
+            for directory in ("a", "b", "c"):
+                for name in await fs.listdir("/" + directory):
+                    found.setdefault(int(name[1:]), []).append(f"/{directory}/{name}")
+        client.call(walk())
+        for number, paths in where.items():
+            assert len(found.get(number, [])) == 1, (number, found.get(number), paths)
+            assert found[number][0] in paths, (number, found[number], paths)
+
+        async def read(path):
+            async with await fs.open_path(path, "rb") as f:
+                return await f.read()
+        for number, paths in found.items():
+            assert len(paths) == 1, (number, paths)            # never visible twice
+            data = client.call(read(paths[0]))
+            if number in where:
+                assert data == content(number), paths[0]
+        report = client.call(check(fs, repair=True, grace_s=0))
+        leftovers = {error["kind"] for error in report.errors}
+        assert leftovers <= {"orphan_inode", "orphan_data"}, report.errors
+        assert report.repaired == len(report.errors)
+        again = client.call(check(fs, grace_s=0))
+        assert again.clean, again.errors
+        print(f"{kills} kills, {len(where)} files closed, {len(found)} present; fsck repaired "
+              f"{report.repaired} ({sorted(leftovers)})")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="FUSE mounts need root here (CI runs as root)")
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine")
+def test_an_osd_killed_under_a_mount_during_a_large_write(local_cluster, tmp_path):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="2G", config=FAST)
+    cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "16")
+    source = tmp_path / "source.bin"
+    with open(source, "wb") as handle:
+        for _ in range(64):
+            handle.write(os.urandom(8 << 20))                     # 512 MiB
+    want = hashlib.sha256(source.read_bytes()).hexdigest()
+    mounts = Mounts(cluster, tmp_path)
+    try:
+        m = mounts.mount("m")
+        writer = subprocess.Popen(["dd", f"if={source}", f"of={m}/big.bin", "bs=4M",
+                                   "conv=fsync", "status=none"], stderr=subprocess.PIPE)
+        try:
+            time.sleep(1.0)
+            cluster.script("kill", "osd.1")                       # SIGKILL mid-write
+            assert writer.wait(timeout=240) == 0, writer.stderr.read().decode()
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait()
+            writer.stderr.close()
+        with open(f"{m}/big.bin", "rb") as handle:
+            digest = hashlib.sha256()
+            while chunk := handle.read(8 << 20):
+                digest.update(chunk)
+        assert digest.hexdigest() == want
+        cluster.script("restart", "osd.1")
+        with connect(cluster.dir) as client:
+            fs = client.call(Filesystem.open(client._cluster, "data", metadata_pool="meta"))
+            report = client.call(check(fs, grace_s=0))
+            assert report.clean and report.bytes == 512 << 20, report
+    finally:
+        mounts.stop()
