@@ -16,7 +16,8 @@ import argparse
 import os
 import sys
 
-from cairn.client import admin, bench_cluster, fs_cli, mount, objects_cli, placement_tool
+from cairn.client import (admin, bench_cluster, bench_mount, fs_cli, mount, objects_cli,
+                          placement_tool)
 
 
 def build_parser():
@@ -33,6 +34,7 @@ def build_parser():
                                 "--help'")
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
     bench_cluster.add_parser(kinds)
+    bench_mount.add_parser(kinds)
     for kind in ("device", "store"):
         kinds.add_parser(kind, help=f"the {kind} benchmark of cairn-osd (see 'cairn-osd bench "
                          f"{kind} --help')", add_help=False)
@@ -42,8 +44,7 @@ def build_parser():
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"] and argv[1:2] != ["cluster"] and argv[1:2] not in (["-h"],
-                                                                                 ["--help"]):
+    if argv[:1] == ["bench"] and argv[1:2] not in (["cluster"], ["mount"], ["-h"], ["--help"]):
         os.execv(sys.executable, [sys.executable, "-m", "cairn.osd.cli", "bench", *argv[1:]])
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -57,6 +58,8 @@ def main(argv=None):
         return mount.main(args)
     if args.command in fs_cli.COMMANDS:
         return fs_cli.main(args)
+    if args.command == "bench" and args.kind == "mount":
+        return bench_mount.main(args)
     if args.command == "bench":
         return bench_cluster.main(args)
     parser.error(f"unknown command {args.command}")

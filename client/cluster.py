@@ -217,6 +217,14 @@ class Pool:
         reply = await self.cluster._op(self.name, name, header)
         return bytes(reply.payload)
 
+    async def get_view(self, name):
+        """A plain (not striped) object's bytes as they were received: a read-only buffer, not
+        copied (the file namespace slices its stripes out of it)."""
+        reply = await self.cluster._op(self.name, name, {"op": "get", "offset": 0})
+        if reply.header.get("manifest"):
+            return await self.get(name)
+        return reply.payload
+
     async def stat(self, name):
         reply = await self.cluster._op(self.name, name, {"op": "stat"})
         size = reply.header["size"]

@@ -13,6 +13,9 @@ whose omap (osd/omap.py) holds:
 
     b"\\x00a"             its attributes: msgpack {t: "f"|"d"|"l", m: mode bits, u, g,
                           s: size, mt, ct: ns, p: parent (directories), l: symlink target}
+    b"\\x00s"             a file's size and mtime as its last flush set them: msgpack
+                          [size, mtime ns] (a blind write: closing a file costs one update)
+    b"\\x00D"             marks a directory (a create's condition: the parent is one)
     b"\\x00d"             a directory being removed: no entry may be added to it any more
     b"\\x01" + name       a directory entry: msgpack [ino, kind] (+ a rename intent, below)
 
@@ -49,6 +52,7 @@ a file is never visible in both directories, nor in neither.
 """
 
 import asyncio
+import collections
 import errno
 import os
 import secrets
@@ -62,6 +66,8 @@ from cairn.client import errors
 ROOT_INO = 1
 STRIPE_BYTES = 4 << 20
 ATTR_KEY = b"\x00a"
+SIZE_KEY = b"\x00s"
+DIR_KEY = b"\x00D"
 DEAD_KEY = b"\x00d"
 ENTRY_PREFIX = b"\x01"
 NAME_BYTES_MAX = 255
@@ -126,6 +132,18 @@ class Attr(dict):
         return kind | (self.get("m", 0) & 0o7777)
 
 
+def decode_attr(found):
+    """The Attr of an inode from its omap entries {ATTR_KEY, SIZE_KEY} (None: no inode)."""
+    raw = found.get(ATTR_KEY)
+    if raw is None:
+        return None
+    attr = Attr(msgpack.unpackb(raw))
+    sized = found.get(SIZE_KEY)
+    if sized is not None:
+        attr["s"], attr["mt"] = msgpack.unpackb(sized)
+    return attr
+
+
 def _pack_entry(ino, kind, intent=None):
     return msgpack.packb([ino, kind] + ([intent] if intent is not None else []))
 
@@ -153,14 +171,19 @@ class Filesystem:
             raise errors.Unsupported(f"pool {fs.meta.name} is {pool['kind']}: directories need a "
                                      "replicated metadata pool (--metadata-pool)")
         try:
-            await fs.getattr(ROOT_INO)
-        except FileNotFoundError:
+            found = await fs.meta.omap_get(inode_object(ROOT_INO), [ATTR_KEY, DIR_KEY])
+        except errors.ObjectNotFound:
+            found = {}
+        if ATTR_KEY in found and DIR_KEY not in found:       # a root made before the mark
+            await fs.meta.omap_update(inode_object(ROOT_INO), {DIR_KEY: b""})
+        if ATTR_KEY not in found:
             now = time.time_ns()
             root = {"t": "d", "m": 0o755, "u": os.getuid() if uid is None else uid,
                     "g": os.getgid() if gid is None else gid, "mt": now, "ct": now,
                     "p": ROOT_INO}
             try:
-                await fs.meta.omap_update(inode_object(ROOT_INO), {ATTR_KEY: msgpack.packb(root)},
+                await fs.meta.omap_update(inode_object(ROOT_INO),
+                                          {ATTR_KEY: msgpack.packb(root), DIR_KEY: b""},
                                           create=True, if_version=0)
             except errors.PreconditionFailed:
                 pass                        # another client made it first
@@ -171,12 +194,12 @@ class Filesystem:
     async def getattr(self, ino):
         """The inode's Attr (the open file's own size while this process writes it)."""
         try:
-            found = await self.meta.omap_get(inode_object(ino), [ATTR_KEY])
+            found = await self.meta.omap_get(inode_object(ino), [ATTR_KEY, SIZE_KEY])
         except errors.ObjectNotFound:
             found = {}
-        if ATTR_KEY not in found:
+        attr = decode_attr(found)
+        if attr is None:
             raise fs_error(errno.ENOENT, f"inode {ino:x}")
-        attr = Attr(msgpack.unpackb(found[ATTR_KEY]))
         handle = self._open.get(ino)
         if handle is not None:
             attr["s"] = handle.size
@@ -184,13 +207,16 @@ class Filesystem:
 
     async def _new_inode(self, attr):
         """Claim a fresh inode number and write its attributes; the number."""
+        entries = {ATTR_KEY: msgpack.packb(attr)}
+        if attr["t"] == "d":
+            entries[DIR_KEY] = b""
         while True:
             ino = secrets.randbits(63)
             if ino <= ROOT_INO:
                 continue
             try:
-                await self.meta.omap_update(inode_object(ino), {ATTR_KEY: msgpack.packb(attr)},
-                                            create=True, if_version=0)
+                await self.meta.omap_update(inode_object(ino), entries, create=True,
+                                            if_version=0)
                 return ino
             except errors.PreconditionFailed as exc:
                 if exc.maybe_applied:
@@ -205,17 +231,18 @@ class Filesystem:
         name = inode_object(ino)
         while True:
             try:
-                reply = await self.meta.omap_read(name, [ATTR_KEY])
+                reply = await self.meta.omap_read(name, [ATTR_KEY, SIZE_KEY])
             except errors.ObjectNotFound:
                 raise fs_error(errno.ENOENT, f"inode {ino:x}") from None
             values, version = reply
-            if ATTR_KEY not in values:
+            attr = decode_attr(values)
+            if attr is None:
                 raise fs_error(errno.ENOENT, f"inode {ino:x}")
-            attr = Attr(msgpack.unpackb(values[ATTR_KEY]))
             change(attr)
             try:
+                # The size moves into the attributes (one record again).
                 await self.meta.omap_update(name, {ATTR_KEY: msgpack.packb(dict(attr))},
-                                            if_version=version)
+                                            remove=[SIZE_KEY], if_version=version)
                 return attr
             except errors.PreconditionFailed:
                 continue
@@ -288,7 +315,7 @@ class Filesystem:
         packed = _pack_entry(ino, kind)
         try:
             await self.meta.omap_update(inode_object(parent), {key: packed},
-                                        absent=[key, DEAD_KEY], present=[ATTR_KEY])
+                                        absent=[key, DEAD_KEY], present=[DIR_KEY])
         except errors.ObjectNotFound:
             raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
         except errors.PreconditionFailed as exc:
@@ -302,15 +329,16 @@ class Filesystem:
                 from None
 
     async def _make(self, parent, name, attr):
+        """(ino, Attr) of a new inode named `name` in `parent`: the inode first, then the
+        entry (only if the parent is a directory, not being removed, without that name)."""
         raw = _check_name(name)
-        await self.lookup_parent_ok(parent)
         ino = await self._new_inode(attr)
         try:
             await self._insert(parent, raw, ino, attr["t"])
         except BaseException:
             await self._drop_inode(ino, None)
             raise
-        return ino
+        return ino, Attr(attr)
 
     async def lookup_parent_ok(self, parent):
         attr = await self.getattr(parent)
@@ -327,18 +355,26 @@ class Filesystem:
 
     async def mkdir(self, parent, name, mode=0o755, uid=None, gid=None):
         """A new directory in `parent`; its inode number (EEXIST, ENOENT, ENOTDIR)."""
+        return (await self.mkdir_attr(parent, name, mode, uid, gid))[0]
+
+    async def mkdir_attr(self, parent, name, mode=0o755, uid=None, gid=None):
+        """(ino, Attr) of a new directory."""
         return await self._make(parent, name, self._new_attr("d", mode, uid, gid, p=parent))
 
     async def create(self, parent, name, mode=0o644, uid=None, gid=None):
         """A new empty file in `parent` (EEXIST if the name is taken)."""
+        return (await self.create_attr(parent, name, mode, uid, gid))[0]
+
+    async def create_attr(self, parent, name, mode=0o644, uid=None, gid=None):
+        """(ino, Attr) of a new empty file."""
         return await self._make(parent, name, self._new_attr("f", mode, uid, gid))
 
     async def symlink(self, parent, name, target, uid=None, gid=None):
         raw = target.encode() if isinstance(target, str) else bytes(target)
         if not raw or len(raw) > SYMLINK_BYTES_MAX:
             raise fs_error(errno.ENAMETOOLONG if raw else errno.ENOENT, "symlink target")
-        return await self._make(parent, name, self._new_attr(
-            "l", 0o777, uid, gid, l=raw.decode(errors="surrogateescape"), s=len(raw)))
+        return (await self._make(parent, name, self._new_attr(
+            "l", 0o777, uid, gid, l=raw.decode(errors="surrogateescape"), s=len(raw))))[0]
 
     async def readlink(self, ino):
         attr = await self.getattr(ino)
@@ -641,11 +677,12 @@ class Filesystem:
 
     # -- files --------------------------------------------------------------------------------------
 
-    async def open_file(self, ino, writable=False, truncate=False):
-        """A FileHandle on file `ino` (EISDIR for a directory)."""
+    async def open_file(self, ino, writable=False, truncate=False, attr=None):
+        """A FileHandle on file `ino` (EISDIR for a directory); `attr`: its Attr if the caller
+        just made or read it."""
         handle = self._open.get(ino)
         if handle is None:
-            attr = await self.getattr(ino)
+            attr = attr if attr is not None else await self.getattr(ino)
             if attr.kind != "f":
                 raise fs_error(errno.EISDIR if attr.is_dir else errno.EINVAL, f"inode {ino:x}")
             handle = self._open[ino] = OpenInode(self, ino, attr.size)
@@ -705,16 +742,7 @@ class Filesystem:
 
     async def listdir(self, path="/"):
         """Every name in a directory, in order."""
-        ino, kind = await self.resolve(path)
-        if kind != "d":
-            raise fs_error(errno.ENOTDIR, path)
-        names, after = [], None
-        while True:
-            entries, more = await self.readdir(ino, after)
-            names.extend(name for name, _, _ in entries)
-            if not more:
-                return names
-            after = entries[-1][0]
+        return [name for name, _, _ in await self.scandir(path)]
 
     async def scandir(self, path="/"):
         """[(name, ino, kind)] of a directory."""
@@ -768,8 +796,8 @@ class Filesystem:
         if "w" in mode or "x" in mode or "a" in mode:
             parent, name = await self._parent_of(path)
             try:
-                ino = await self.create(parent, name)
-                return await self.open_file(ino, writable=True)
+                ino, attr = await self.create_attr(parent, name)
+                return await self.open_file(ino, writable=True, attr=attr)
             except FileExistsError:
                 if "x" in mode:
                     raise
@@ -801,7 +829,8 @@ async def _truncate_stripes(fs, ino, old_size, new_size):
 
 
 class OpenInode:
-    """A file open in this process: its size as written here and its dirty stripes."""
+    """A file open in this process: its size as written here, its dirty stripes, stripes being
+    written back, and clean stripes read (or read ahead)."""
 
     def __init__(self, fs, ino, size):
         self.fs = fs
@@ -809,45 +838,86 @@ class OpenInode:
         self.size = size
         self.users = 0
         self.dirty = {}                 # stripe index -> bytearray (whole stripe, or shorter)
-        self.cache = {}                 # stripe index -> bytes (clean), a few
+        self.pending = {}               # stripe index -> bytes being written back
+        self.cache = collections.OrderedDict()     # stripe index -> bytes (clean), LRU
+        self.fetching = {}              # stripe index -> task reading it
+        self.generation = 0             # moves on every write and truncate
         self.writing = set()            # tasks writing stripes back
         self.lock = asyncio.Lock()
         self.failure = None             # a write-back error, raised at the next flush
         self.changed = False            # size or data changed since the last flush
         self.flushed_at = time.monotonic()
+        self.next_offset = 0            # where a sequential reader goes next
 
-    async def _stripe(self, index):
-        """The stripe's bytes as this process sees them (dirty, cached, or from the pool)."""
+    def _known(self, index):
+        """The stripe's bytes if this process has them (dirty, being written, cached)."""
         if index in self.dirty:
             return self.dirty[index]
-        if index in self.cache:
-            return self.cache[index]
-        try:
-            data = await self.fs.data.get(stripe_object(self.ino, index))
-        except errors.ObjectNotFound:
-            data = b""
-        self.cache[index] = data
-        while len(self.cache) > READ_AHEAD * 2:
-            self.cache.pop(next(iter(self.cache)))
+        if index in self.pending:
+            return self.pending[index]
+        data = self.cache.get(index)
+        if data is not None:
+            self.cache.move_to_end(index)
         return data
 
+    async def _stripe(self, index):
+        data = self._known(index)
+        if data is not None:
+            return data
+        task = self.fetching.get(index) or self._fetch(index)
+        return await asyncio.shield(task)
+
+    def _fetch(self, index):
+        task = asyncio.ensure_future(self._get(index, self.generation))
+        self.fetching[index] = task
+        return task
+
+    async def _get(self, index, generation):
+        try:
+            data = await self.fs.data.get_view(stripe_object(self.ino, index))
+        except errors.ObjectNotFound:
+            data = b""
+        finally:
+            self.fetching.pop(index, None)
+        if generation == self.generation:       # no write since: safe to keep
+            self.cache[index] = data
+            while len(self.cache) > READ_AHEAD + 4:
+                self.cache.popitem(last=False)
+        return data
+
+    def _read_ahead(self, after):
+        """Start reading the READ_AHEAD stripes after stripe `after` (not awaited)."""
+        for index in range(after + 1, after + 1 + READ_AHEAD):
+            if index * STRIPE_BYTES >= self.size:
+                break
+            if self._known(index) is None and index not in self.fetching:
+                self._fetch(index)
+
     async def read(self, offset, size):
+        """The bytes of [offset, offset + size) (fewer at the end): a buffer, maybe a view."""
         end = min(offset + size, self.size)
         if offset >= end:
             return b""
         first, last = offset // STRIPE_BYTES, (end - 1) // STRIPE_BYTES
-        wanted = [i for i in range(first, last + 1 + READ_AHEAD)
-                  if i * STRIPE_BYTES < self.size and i not in self.dirty
-                  and i not in self.cache]
-        if wanted:
-            await asyncio.gather(*(self._stripe(i) for i in wanted[:last - first + 1 +
-                                                                   READ_AHEAD]))
+        for index in range(first, last + 1):
+            if self._known(index) is None and index not in self.fetching:
+                self._fetch(index)
+        if offset == self.next_offset or offset == 0:
+            self._read_ahead(last)
+        self.next_offset = end
+        if first == last:                       # the common case: no join
+            data = await self._stripe(first)
+            lo = offset - first * STRIPE_BYTES
+            piece = memoryview(data)[lo:lo + end - offset]
+            if len(piece) == end - offset:
+                return piece                    # no copy: a view of the stripe
+            return bytes(piece) + bytes(end - offset - len(piece))
         out = bytearray()
         for index in range(first, last + 1):
             data = await self._stripe(index)
             lo = max(offset, index * STRIPE_BYTES) - index * STRIPE_BYTES
             hi = min(end, (index + 1) * STRIPE_BYTES) - index * STRIPE_BYTES
-            piece = data[lo:hi]
+            piece = memoryview(data)[lo:hi]
             out += piece
             if len(piece) < hi - lo:
                 out += bytes(hi - lo - len(piece))        # a hole or a short stripe: zeros
@@ -857,6 +927,7 @@ class OpenInode:
         if self.failure is not None:
             raise self.failure
         view = memoryview(data).cast("B")
+        self.generation += 1
         position = 0
         while position < len(view):
             index = (offset + position) // STRIPE_BYTES
@@ -864,9 +935,7 @@ class OpenInode:
             take = min(len(view) - position, STRIPE_BYTES - within)
             stripe = self.dirty.get(index)
             if stripe is None:
-                if within == 0 and take == STRIPE_BYTES:
-                    stripe = bytearray()
-                elif index * STRIPE_BYTES >= self.size:
+                if (within == 0 and take == STRIPE_BYTES) or index * STRIPE_BYTES >= self.size:
                     stripe = bytearray()
                 else:
                     stripe = bytearray(await self._stripe(index))
@@ -893,6 +962,7 @@ class OpenInode:
 
     def _write_back(self, index):
         data = bytes(self.dirty.pop(index))
+        self.pending[index] = data              # reads see it until it is stored
         task = asyncio.ensure_future(self._put(index, data))
         self.writing.add(task)
         task.add_done_callback(self.writing.discard)
@@ -902,10 +972,14 @@ class OpenInode:
             await self.fs.data.put(stripe_object(self.ino, index), data)
         except Exception as exc:            # kept for the next write or flush to raise
             self.failure = self.failure or _as_oserror(exc)
+        finally:
+            if self.pending.get(index) is data:
+                del self.pending[index]
 
     async def truncate(self, size):
         async with self.lock:
             await self._drain()
+            self.generation += 1
             for index in [i for i in self.dirty if i * STRIPE_BYTES >= size]:
                 del self.dirty[index]
             cut = size % STRIPE_BYTES
@@ -933,12 +1007,13 @@ class OpenInode:
                 failure, self.failure = self.failure, None
                 raise failure
             if self.changed:
-                size = self.size
-
-                def change(attr):
-                    attr["s"] = size
-                    attr["mt"] = attr["ct"] = time.time_ns()
-                await self.fs._set_attr(self.ino, change)
+                try:
+                    await self.fs.meta.omap_update(
+                        inode_object(self.ino), {SIZE_KEY: msgpack.packb([self.size,
+                                                                          time.time_ns()])},
+                        present=[ATTR_KEY])
+                except (errors.PreconditionFailed, errors.ObjectNotFound):
+                    raise fs_error(errno.ENOENT, f"file {self.ino:x} was removed") from None
                 self.changed = False
             self.flushed_at = time.monotonic()
 
@@ -961,6 +1036,12 @@ class FileHandle:
         return self.inode.size
 
     async def read(self, size=-1, offset=None):
+        """Up to `size` bytes (all to the end: -1) from the position or `offset`."""
+        return bytes(await self.read_buffer(size, offset))
+
+    async def read_buffer(self, size=-1, offset=None):
+        """As read(), as a bytes-like buffer that may be a view of a cached stripe (no copy;
+        the FUSE layer hands it to the kernel as it is)."""
         start = self.position if offset is None else offset
         if size is None or size < 0:
             size = max(0, self.inode.size - start)

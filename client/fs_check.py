@@ -22,11 +22,9 @@ right now.
 import dataclasses
 import time
 
-import msgpack
-
 from cairn.client import errors
-from cairn.client.fs import (ATTR_KEY, DEAD_KEY, ENTRY_PREFIX, ROOT_INO, STRIPE_BYTES,
-                             _pack_entry, inode_object)
+from cairn.client.fs import (ATTR_KEY, DEAD_KEY, ENTRY_PREFIX, ROOT_INO, SIZE_KEY,
+                             STRIPE_BYTES, _pack_entry, decode_attr, inode_object)
 
 GRACE_S_DEFAULT = 60.0
 
@@ -153,10 +151,9 @@ async def _check_orphans(fs, report, seen, files, grace_s, repair):
         if ino in seen:
             continue
         try:
-            raw = (await fs.meta.omap_get(name, [ATTR_KEY])).get(ATTR_KEY)
+            attr = decode_attr(await fs.meta.omap_get(name, [ATTR_KEY, SIZE_KEY])) or {}
         except errors.ObjectNotFound:
             continue                            # removed meanwhile
-        attr = msgpack.unpackb(raw) if raw is not None else {}
         if attr.get("ct", 0) > old_enough:
             continue                            # maybe being created right now
         _error(report, "orphan_inode", None, ino, name)

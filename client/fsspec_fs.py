@@ -195,7 +195,7 @@ class CairnFile(io.RawIOBase):
         return True
 
     def readinto(self, buffer):
-        data = self.fs._call(self.handle.read(len(buffer)))
+        data = self.fs._call(self.handle.read_buffer(len(buffer)))
         buffer[:len(data)] = data
         return len(data)
 

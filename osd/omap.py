@@ -54,20 +54,20 @@ def _invalid(message):
     return RequestFailed("invalid", message)
 
 
-def _key(value, what):
+def _checked(check, value, what):
     try:
-        records.check_omap_key(value)
+        check(value)
     except InvalidArgument as exc:
         raise _invalid(f"{what}: {exc}") from None
     return bytes(value)
+
+
+def _key(value, what):
+    return _checked(records.check_omap_key, value, what)
 
 
 def _value(value, what):
-    try:
-        records.check_omap_value(value)
-    except InvalidArgument as exc:
-        raise _invalid(f"{what}: {exc}") from None
-    return bytes(value)
+    return _checked(records.check_omap_value, value, what)
 
 
 def _list(header, field, limit=OMAP_PAGE_ENTRIES_MAX):

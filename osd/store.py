@@ -438,12 +438,7 @@ class Store:
 
     def stat(self, collection, name):
         self._check_open()
-        records.check_collection_name(collection)
-        records.check_object_name(name)
-        record = self._record(collection, name)
-        if record is None:
-            self._require_collection(collection)
-            raise ObjectNotFound(collection, name)
+        record = self._existing(collection, name)
         return ObjectStat(name=name, size=record.size, version=record.version,
                           mtime_ns=record.mtime_ns, attrs=dict(record.attrs),
                           omap=record.omap_id != 0)
@@ -487,13 +482,17 @@ class Store:
         return entries, False
 
     def _omap_id(self, collection, name):
+        return self._existing(collection, name).omap_id
+
+    def _existing(self, collection, name):
+        """The committed record of an object that must exist (names checked)."""
         records.check_collection_name(collection)
         records.check_object_name(name)
         record = self._record(collection, name)
         if record is None:
             self._require_collection(collection)
             raise ObjectNotFound(collection, name)
-        return record.omap_id
+        return record
 
     def list_objects(self, collection, prefix="", start_after=None, limit=1000):
         """Names in `collection` starting with `prefix`, in name order, after `start_after`.
