@@ -138,8 +138,9 @@ class CairnFileSystem(AbstractFileSystem):
             self._call(namespace.unlink_path(inner))
 
     def rm_file(self, path):
-        namespace, inner = self._split(path)
-        self._call(namespace.unlink_path(inner))
+        """Remove a file, or an empty directory (fsspec's recursive rm removes a tree's paths
+        deepest first through this)."""
+        self._rm(path)
 
     def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
         """The namespace's atomic rename (a file or a whole directory), never copy-and-delete;
@@ -153,6 +154,11 @@ class CairnFileSystem(AbstractFileSystem):
     rename = mv
 
     def cp_file(self, path1, path2, **kwargs):
+        """Copy a file's bytes; a directory is made at the target (a recursive copy walks
+        the tree through this)."""
+        if self.isdir(path1):
+            self.makedirs(path2, exist_ok=True)
+            return
         with self.open(path1, "rb") as source, self.open(path2, "wb") as target:
             while chunk := source.read(8 << 20):
                 target.write(chunk)
@@ -171,6 +177,12 @@ class CairnFileSystem(AbstractFileSystem):
               **kwargs):
         namespace, inner = self._split(path)
         mode = mode.replace("t", "").replace("b", "") + "b"
+        if any(flag in mode for flag in "wxa"):
+            # As on object stores (and what fsspec's callers expect): writing a file makes
+            # its parent directories.
+            parent = "/".join(split_path(inner)[:-1])
+            if parent:
+                self._call(namespace.makedirs(parent))
         handle = self._call(namespace.open_path(inner, mode))
         return CairnFile(self, handle, mode, path)
 
