@@ -762,15 +762,21 @@ class Filesystem:
         return await self.mkdir(parent, name, mode)
 
     async def makedirs(self, path, exist_ok=True):
+        """Make `path` and its missing parents; the inode of `path`. Existing directories are
+        looked up (a read), not made again (three writes and a failed insert)."""
         ino = ROOT_INO
         for name in split_path(path):
             try:
-                ino = await self.mkdir(ino, name)
-            except FileExistsError:
                 found, kind = await self.lookup(ino, name)
-                if kind != "d":
-                    raise fs_error(errno.ENOTDIR, path) from None
-                ino = found
+            except FileNotFoundError:
+                try:
+                    ino = await self.mkdir(ino, name)
+                    continue
+                except FileExistsError:             # made meanwhile by another client
+                    found, kind = await self.lookup(ino, name)
+            if kind != "d":
+                raise fs_error(errno.ENOTDIR, path)
+            ino = found
         return ino
 
     async def rmdir_path(self, path):

@@ -326,6 +326,9 @@ def add_parsers(commands, common):
     mount.add_argument("--read-only", action="store_true", help="refuse writes (EROFS)")
     mount.add_argument("--foreground", action="store_true",
                        help="serve in this process until unmounted or interrupted")
+    mount.add_argument("--op-timeout", type=float, default=None, metavar="S",
+                       help="how long an op waits and retries while OSDs or monitors fail "
+                       "before it answers EIO (default: the client library's, 30 s)")
     mount.add_argument("--log", help="where a background mount logs (default: "
                        "/tmp/cairn-mount-<mountpoint>.log)")
     umount = commands.add_parser("umount", parents=[common],
@@ -371,6 +374,8 @@ def _background(args, mountpoint):
         command += ["--metadata-pool", args.metadata_pool]
     if args.read_only:
         command.append("--read-only")
+    if args.op_timeout is not None:
+        command += ["--op-timeout", str(args.op_timeout)]
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
                                  stderr=log_file, start_new_session=True)
@@ -410,7 +415,8 @@ def _serve(args, mountpoint):
     asyncio.set_event_loop(loop)
 
     async def run():
-        cluster = await Cluster.connect(args.cluster)
+        options = {"op_timeout_s": args.op_timeout} if args.op_timeout else {}
+        cluster = await Cluster.connect(args.cluster, **options)
         try:
             fs = await Filesystem.open(cluster, pool, metadata_pool=args.metadata_pool)
             root = ROOT_INO

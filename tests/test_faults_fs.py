@@ -3,6 +3,7 @@ and renames (within and across directories), and an OSD SIGKILLed under a mount 
 sequential write. Afterwards fsck is clean (after repairing what the kills left: orphans only)
 and every file closed before a kill reads back byte-identical, exactly once."""
 
+import errno
 import hashlib
 import os
 import random
@@ -17,6 +18,7 @@ import pytest
 from cairn.client.fs import Filesystem
 from cairn.client.fs_check import check
 from cairn.client.sync import connect
+from tests.test_faults_mons import leader_of, sigkill
 from tests.test_mount import Mounts
 
 pytestmark = pytest.mark.faults
@@ -165,4 +167,56 @@ def test_an_osd_killed_under_a_mount_during_a_large_write(local_cluster, tmp_pat
             report = client.call(check(fs, grace_s=0))
             assert report.clean and report.bytes == 512 << 20, report
     finally:
+        mounts.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="FUSE mounts need root here (CI runs as root)")
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine")
+def test_a_mount_rides_a_leader_change_and_answers_eio_past_its_deadline(local_cluster,
+                                                                         tmp_path):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST, mons=3)
+    cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
+    mounts = Mounts(cluster, tmp_path)
+    stopped = []
+    try:
+        m = mounts.mount("m", "--op-timeout", "6")
+        before = os.urandom(3 << 20)
+        with open(f"{m}/before", "wb") as handle:
+            handle.write(before)
+        leader, _ = leader_of(cluster)
+        sigkill(cluster, leader)
+        cluster.script("kill", "osd.2")         # a map change only the new leader can make
+        after = os.urandom(9 << 20)
+        with open(f"{m}/after", "wb") as handle:  # waits for the PGs to peer without osd.2
+            handle.write(after)
+        assert open(f"{m}/before", "rb").read() == before
+        assert open(f"{m}/after", "rb").read() == after
+        # Every OSD stopped: an op waits out the mount's deadline, then answers EIO.
+        for osd in ("osd.0", "osd.1"):
+            cluster.script("kill", osd, "--signal", "STOP")
+            stopped.append(osd)
+        began = time.monotonic()
+        with pytest.raises(OSError) as failure:
+            with open(f"{m}/during", "wb") as handle:
+                handle.write(b"x")
+        waited = time.monotonic() - began
+        assert failure.value.errno == errno.EIO, failure.value
+        assert 5 <= waited <= 30, waited
+        for osd in stopped:
+            cluster.script("kill", osd, "--signal", "CONT")
+        stopped.clear()
+        # Serving again once the OSDs are back in the map (marked down while stopped).
+        again_by = time.monotonic() + 60
+        while True:
+            try:
+                assert open(f"{m}/before", "rb").read() == before
+                break
+            except OSError as exc:
+                assert exc.errno == errno.EIO and time.monotonic() < again_by, exc
+                time.sleep(1)
+        print(f"EIO after {waited:.1f} s with every OSD stopped (deadline 6 s)")
+    finally:
+        for osd in stopped:
+            cluster.script("kill", osd, "--signal", "CONT")
         mounts.stop()

@@ -42,8 +42,7 @@ class CairnFixtures(abstract.AbstractFixtures):
     @pytest.fixture
     def fs(self, cairn_cluster):
         from cairn.client.fsspec_fs import CairnFileSystem
-        CairnFileSystem.clear_instance_cache()
-        return CairnFileSystem(cluster=cairn_cluster.dir)
+        return CairnFileSystem(cluster=cairn_cluster.dir)     # one cached instance: one client
 
     @pytest.fixture
     def fs_path(self):
