@@ -570,19 +570,24 @@ class Filesystem:
                 except errors.PreconditionFailed:
                     pass
                 return False
+        await self._settle_target(dst_parent, dst_key, from_mark, ino, kind)
+        return True
+
+    async def _settle_target(self, directory, key, from_mark, ino, kind):
+        """Step 4: clear the target entry's mark (if nobody did yet) and point a moved
+        directory at its new parent."""
         try:
-            await self.meta.omap_update(dst_obj, {dst_key: _pack_entry(ino, kind)},
-                                        equals={dst_key: from_mark})
+            await self.meta.omap_update(inode_object(directory), {key: _pack_entry(ino, kind)},
+                                        equals={key: from_mark})
         except errors.PreconditionFailed:
             pass                                # someone else cleared it
         if kind == "d":
             def move(attr):
-                attr["p"] = dst_parent
+                attr["p"] = directory
             try:
                 await self._set_attr(ino, move)
             except FileNotFoundError:
                 pass
-        return True
 
     async def _resolve(self, directory, key, raw):
         """Finish (or roll back) the rename whose intent marks entry `key` of `directory`."""
@@ -627,18 +632,7 @@ class Filesystem:
                 pass
             return
         # The source is gone: step 3 happened; clear the mark.
-        try:
-            await self.meta.omap_update(inode_object(directory), {key: _pack_entry(ino, kind)},
-                                        equals={key: raw})
-        except errors.PreconditionFailed:
-            pass
-        if kind == "d":
-            def move(attr):
-                attr["p"] = directory
-            try:
-                await self._set_attr(ino, move)
-            except FileNotFoundError:
-                pass
+        await self._settle_target(directory, key, raw, ino, kind)
 
     async def _omap_get_quiet(self, ino, keys):
         try:
