@@ -466,7 +466,7 @@ class ErasureBackend(PgBackend):
         if not delete:
             txn.put(pg.collection, name, payload, size=shard_bytes, attrs=object_attrs(
                 version, manifest, pgs.ec_attrs(shard_index, *geometry)))
-        self.registry.log_ops(pg, txn, version, name, delete, complete)
+        self.registry.log_ops(pg, txn, version, name, delete, complete, acked_to)
         await self.store.apply(txn)
         pg.stashed(entry)
         pg.applied(version, complete)

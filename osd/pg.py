@@ -48,6 +48,9 @@ from cairn.native.checksum import crc32c
 LOG_ENTRIES_KEPT = 1024
 LOG_TRIM_BATCH = 256
 COMPLETE_ATTR = "c"              # on a log entry: every acknowledged write up to it is here
+# On an erasure-coded member's log entry (and the tail): the primary's acked_to that came with
+# the write, so a member that restarts still knows which versions were acknowledged.
+ACKED_ATTR = "a"
 # Stash entries one write may delete (a member that missed acked_to for long catches up in
 # steps, as log trims do).
 STASH_TRIM_BATCH = 64
@@ -351,24 +354,28 @@ class PgCore:
 
     # -- the log window -----------------------------------------------------------------------------
 
-    def log_loaded(self, names, tail_attrs, newest_complete):
+    def log_loaded(self, names, tail_attrs, newest_complete, acked_seen=0):
         """The log as the store holds it: entry names oldest first (without the tail object),
-        the tail object's attributes (None: none), and the newest entry that carries the
-        complete flag (None: none)."""
+        the tail object's attributes (None: none), the newest entry that carries the
+        complete flag (None: none) and the highest acked_to its entries carry."""
         if self.log_names is not None:
             return
+        self.acked_seen = max(self.acked_seen, acked_seen)
         if tail_attrs is not None:
             self.log_tail = int(tail_attrs.get("t", b"0").decode(), 16)
             self.complete_to = max(self.complete_to, int(tail_attrs.get("c", b"0").decode(), 16))
+            self.acked_seen = max(self.acked_seen,
+                                  int(tail_attrs.get(ACKED_ATTR, b"0").decode(), 16))
         if newest_complete is not None:
             self.complete_to = max(self.complete_to, int(newest_complete, 16))
         self.log_names = collections.deque(names)
         self.last_update = max(self.last_update, self.log_tail,
                                int(names[-1], 16) if names else 0)
 
-    def log_ops(self, txn, version, name, delete, complete):
+    def log_ops(self, txn, version, name, delete, complete, acked_to=None):
         """Add this write's log entry (and a trim when due) to `txn`; `complete`: this OSD is
-        a complete member, so it holds every acknowledged write up to `version`. Only committed
+        a complete member, so it holds every acknowledged write up to `version`; `acked_to`:
+        the primary's, sent with an erasure-coded write (kept with the entry). Only committed
         entries are trimmed (`applied()` records them), so a trim never deletes an entry whose
         own transaction is still in flight."""
         assert self.log_names is not None
@@ -376,6 +383,9 @@ class PgCore:
         attrs = {"n": name.encode(), "o": b"d" if delete else b"p"}
         if complete:
             attrs[COMPLETE_ATTR] = b"1"
+        if acked_to:
+            attrs[ACKED_ATTR] = f"{acked_to:x}".encode()
+            self.acked_seen = max(self.acked_seen, acked_to)
         txn.put(self.log_collection, entry, b"", attrs=attrs)
         batch = self.log_trim_batch
         if len(self.log_names) > self.log_entries_kept + batch:
@@ -387,8 +397,10 @@ class PgCore:
             self._tail_ops(txn, self.log_tail, self.complete_to)
 
     def _tail_ops(self, txn, tail, complete_to):
-        txn.put(self.log_collection, TAIL_NAME, b"", attrs={"t": f"{tail:x}".encode(),
-                                                            "c": f"{complete_to:x}".encode()})
+        attrs = {"t": f"{tail:x}".encode(), "c": f"{complete_to:x}".encode()}
+        if self.acked_seen:             # trimmed entries may have carried the highest acked_to
+            attrs[ACKED_ATTR] = f"{self.acked_seen:x}".encode()
+        txn.put(self.log_collection, TAIL_NAME, b"", attrs=attrs)
 
     def applied(self, version, complete):
         """The transaction carrying log entry `version` committed."""

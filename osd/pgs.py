@@ -36,8 +36,8 @@ from cairn.common import pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonitorsUnavailable
 from cairn.osd import peering
-from cairn.osd.pg import (COMPLETE_ATTR, TAIL_NAME, PgCore, Role, backfill_names, delta_names,
-                          hash_order)
+from cairn.osd.pg import (ACKED_ATTR, COMPLETE_ATTR, TAIL_NAME, PgCore, Role, backfill_names,
+                          delta_names, hash_order)
 from cairn.osd.errors import CollectionExists, ObjectNotFound
 from cairn.osd.store import Transaction
 
@@ -661,9 +661,13 @@ class PgRegistry:
         if TAIL_NAME in names:
             names.remove(TAIL_NAME)
             tail_attrs = self.store.stat(pg.log_collection, TAIL_NAME).attrs
-        newest_complete = next((entry for entry in reversed(names) if COMPLETE_ATTR in
-                                self.store.stat(pg.log_collection, entry).attrs), None)
-        pg.log_loaded(names, tail_attrs, newest_complete)
+        entry_attrs = [self.store.stat(pg.log_collection, entry).attrs for entry in names]
+        newest_complete = next((entry for entry, attrs in zip(reversed(names),
+                                                              reversed(entry_attrs))
+                                if COMPLETE_ATTR in attrs), None)
+        acked_seen = max((int(attrs[ACKED_ATTR].decode(), 16) for attrs in entry_attrs
+                          if ACKED_ATTR in attrs), default=0)
+        pg.log_loaded(names, tail_attrs, newest_complete, acked_seen)
 
     def load_stash(self, pg):
         """Hand the PG's rollback stash entries to the core (once per PG)."""
@@ -682,9 +686,9 @@ class PgRegistry:
             if start_after is None:
                 return names
 
-    def log_ops(self, pg, txn, version, name, delete, complete):
+    def log_ops(self, pg, txn, version, name, delete, complete, acked_to=None):
         self.load_log(pg)
-        pg.log_ops(txn, version, name, delete, complete)
+        pg.log_ops(txn, version, name, delete, complete, acked_to)
 
     def mark_ops(self, pg, txn, version):
         self.load_log(pg)

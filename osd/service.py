@@ -588,6 +588,7 @@ class ObjectService:
         rollback stash entries (erasure-coded PGs), for a rollback decision."""
         pool, pg = await self._from_primary(header)
         name = self._name(header)
+        self.registry.load_log(pg)          # acked_seen survives restarts in the log
         held = []
         record = self.registry.local_record(pg, name)
         if record is not None:

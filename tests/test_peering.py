@@ -599,3 +599,50 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
         assert pg.log_tail == entries[0][0] - 1
         await store.close()
     run(main())
+
+
+def test_acked_to_survives_a_restart_of_an_erasure_member(tmp_path):
+    """The acked_to a primary sends with each erasure-coded write is what stops a later
+    recovery from rolling an acknowledged version back (ErasureBackend._roll_back). It is kept
+    with the member's log entries and, once trimmed, in the log's tail: a member that restarts
+    reports the highest one it was sent, not 0."""
+    from tests.helpers import run
+
+    def member(store):
+        daemon = types.SimpleNamespace(store=store, id=0, monc=None,
+                                       service=types.SimpleNamespace(collection_lock=asyncio.Lock()))
+        registry = PgRegistry(daemon)
+        return registry, registry.shell((1, 0))
+
+    async def write(store, registry, pg, sequence, acked_to):
+        version = 1 << 32 | sequence
+        txn = Transaction().put(pg.collection, f"o{sequence}", b"x")
+        registry.log_ops(pg, txn, version, f"o{sequence}", delete=False, complete=True,
+                         acked_to=acked_to)
+        await store.apply(txn)
+        pg.applied(version, complete=True)
+
+    async def main():
+        device = MemoryBlockDevice(16 << 20)
+        await mkfs(device, str(tmp_path / "meta"))
+        store = await Store.open(device, str(tmp_path / "meta"))
+        registry, pg = member(store)
+        await registry.ensure_collections(pg)
+        registry.load_log(pg)
+        await write(store, registry, pg, 1, None)
+        await write(store, registry, pg, 2, 1 << 32 | 1)
+        await write(store, registry, pg, 3, None)       # a write sent before the PG was clean
+        registry, pg = member(store)                    # the OSD restarts
+        registry.load_log(pg)
+        assert pg.acked_seen == 1 << 32 | 1
+        # Trims drop the entries that carried it: the tail keeps it.
+        pg.log_entries_kept, pg.log_trim_batch = 2, 2
+        await write(store, registry, pg, 4, 1 << 32 | 3)
+        for sequence in range(5, 12):
+            await write(store, registry, pg, sequence, None)
+        assert all(version > 1 << 32 | 4 for version, _ in registry.log_entries(pg))
+        registry, pg = member(store)
+        registry.load_log(pg)
+        assert pg.acked_seen == 1 << 32 | 3
+        await store.close()
+    run(main())
