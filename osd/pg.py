@@ -295,9 +295,12 @@ class PgCore:
 
     # -- the rollback stash (members of erasure-coded PGs) --------------------------------------
 
-    def stash_loaded(self, names):
+    def stash_loaded(self, names, acked_seen):
+        """The stash entries and the highest acked_to on the log's entries, as the store
+        holds them (the tail's is read with the log)."""
         if self.stash_names is None:
             self.stash_names = sorted(names)
+            self.acked_seen = max(self.acked_seen, acked_seen)
 
     def stash_ops(self, txn, version, name, present, acked_to):
         """Keep what write `version` replaces: this member's shard of `name` (renamed into the
@@ -354,13 +357,12 @@ class PgCore:
 
     # -- the log window -----------------------------------------------------------------------------
 
-    def log_loaded(self, names, tail_attrs, newest_complete, acked_seen=0):
+    def log_loaded(self, names, tail_attrs, newest_complete):
         """The log as the store holds it: entry names oldest first (without the tail object),
-        the tail object's attributes (None: none), the newest entry that carries the
-        complete flag (None: none) and the highest acked_to its entries carry."""
+        the tail object's attributes (None: none), and the newest entry that carries the
+        complete flag (None: none)."""
         if self.log_names is not None:
             return
-        self.acked_seen = max(self.acked_seen, acked_seen)
         if tail_attrs is not None:
             self.log_tail = int(tail_attrs.get("t", b"0").decode(), 16)
             self.complete_to = max(self.complete_to, int(tail_attrs.get("c", b"0").decode(), 16))

@@ -661,18 +661,28 @@ class PgRegistry:
         if TAIL_NAME in names:
             names.remove(TAIL_NAME)
             tail_attrs = self.store.stat(pg.log_collection, TAIL_NAME).attrs
-        entry_attrs = [self.store.stat(pg.log_collection, entry).attrs for entry in names]
-        newest_complete = next((entry for entry, attrs in zip(reversed(names),
-                                                              reversed(entry_attrs))
-                                if COMPLETE_ATTR in attrs), None)
-        acked_seen = max((int(attrs[ACKED_ATTR].decode(), 16) for attrs in entry_attrs
-                          if ACKED_ATTR in attrs), default=0)
-        pg.log_loaded(names, tail_attrs, newest_complete, acked_seen)
+        newest_complete = next((entry for entry in reversed(names) if COMPLETE_ATTR in
+                                self.store.stat(pg.log_collection, entry).attrs), None)
+        pg.log_loaded(names, tail_attrs, newest_complete)
 
     def load_stash(self, pg):
-        """Hand the PG's rollback stash entries to the core (once per PG)."""
+        """Hand the PG's rollback stash entries, and the highest acked_to its log entries
+        carry, to the core (once per PG; erasure-coded PGs only)."""
         if pg.stash_names is None:
-            pg.stash_loaded(self._all_names(pg.stash_collection))
+            pg.stash_loaded(self._all_names(pg.stash_collection), self._acked_in_log(pg))
+
+    def _acked_in_log(self, pg):
+        """The highest acked_to on the PG's log entries, newest first; an entry's acked_to is
+        below its own version, so the scan stops at the first entry no newer than the best."""
+        self.load_log(pg)
+        best = 0
+        for entry in reversed(pg.log_names):
+            if int(entry, 16) <= best:
+                break
+            attrs = self.store.stat(pg.log_collection, entry).attrs
+            if ACKED_ATTR in attrs:
+                best = max(best, int(attrs[ACKED_ATTR].decode(), 16))
+        return best
 
     def _all_names(self, collection):
         """Every object name in `collection` (none if it does not exist), page by page."""

@@ -588,13 +588,12 @@ class ObjectService:
         rollback stash entries (erasure-coded PGs), for a rollback decision."""
         pool, pg = await self._from_primary(header)
         name = self._name(header)
-        self.registry.load_log(pg)          # acked_seen survives restarts in the log
         held = []
         record = self.registry.local_record(pg, name)
         if record is not None:
             held.append(self._held(record.attrs))
-        if pool["kind"] == "erasure" and self.store.has_collection(pg.stash_collection):
-            self.registry.load_stash(pg)
+        if pool["kind"] == "erasure":
+            self.registry.load_stash(pg)    # with acked_seen, kept in the log over restarts
             for entry in pg.stash_of(name):
                 try:
                     attrs = self.store.stat(pg.stash_collection, entry).attrs

@@ -633,7 +633,7 @@ def test_acked_to_survives_a_restart_of_an_erasure_member(tmp_path):
         await write(store, registry, pg, 2, 1 << 32 | 1)
         await write(store, registry, pg, 3, None)       # a write sent before the PG was clean
         registry, pg = member(store)                    # the OSD restarts
-        registry.load_log(pg)
+        registry.load_stash(pg)
         assert pg.acked_seen == 1 << 32 | 1
         # Trims drop the entries that carried it: the tail keeps it.
         pg.log_entries_kept, pg.log_trim_batch = 2, 2
@@ -642,7 +642,7 @@ def test_acked_to_survives_a_restart_of_an_erasure_member(tmp_path):
             await write(store, registry, pg, sequence, None)
         assert all(version > 1 << 32 | 4 for version, _ in registry.log_entries(pg))
         registry, pg = member(store)
-        registry.load_log(pg)
+        registry.load_stash(pg)
         assert pg.acked_seen == 1 << 32 | 3
         await store.close()
     run(main())
