@@ -14,18 +14,20 @@ Every message between cairn processes (monitor, OSD, client) is one frame over T
     28      4     crc32c of bytes 0..27 and the msgpack header
 
 Rules:
-1. The decoder trusts nothing: a bad magic, an unknown version or kind, a length over its limit,
-   a header that is not a msgpack map, or a checksum mismatch raises `RemoteProtocolError`, and
-   the decoder is then poisoned (every later `feed()` raises), as h11's connection is after an
-   error. The shell answers with one ERROR frame and drops the connection.
-2. Lengths are checked against `HEADER_BYTES_MAX` / `PAYLOAD_BYTES_MAX` before any byte of the
-   body is buffered, so a peer cannot make us hold more than one frame's limit.
-3. The header checksum covers the fixed fields, so a flipped length is caught before we wait for
-   a body that never comes; the payload has its own checksum so that a later zero-copy receive
-   can check it where the bytes land.
+1. The receiver trusts nothing: a bad magic, an unknown version or kind, a length over its
+   limit, a header that is not a msgpack map, or a checksum mismatch raises
+   `RemoteProtocolError`, and the receiver then reads nothing more, as h11's connection is after
+   an error. The shell answers with one ERROR frame and drops the connection.
+2. Lengths are checked against `HEADER_BYTES_MAX` / `PAYLOAD_BYTES_MAX` (or a connection's
+   lower limits) before any byte of the body is buffered.
+3. The header checksum covers the fixed fields, so a flipped or lying length is caught as soon
+   as the header is in, before any payload is buffered; the payload has its own checksum, checked
+   where the bytes land (zero-copy receive).
 
 `encode()` returns the pieces to write (header bytes, then the payload untouched: no copy of the
-payload is made here); `FrameDecoder.feed()` takes bytes and returns complete frames.
+payload is made here); `decode_prefix`, `decode_header` and `decode_payload` check a received
+frame in three steps. The one parser that runs them over a byte stream is
+`common/wire.FrameReceiver`.
 """
 
 import dataclasses
@@ -76,6 +78,8 @@ class Frame:
     request_id: int
     header: dict
     payload: bytes = b""
+    # Bytes of the receiver's budgets this frame holds until it is answered (common/wire.py).
+    reserved: int = dataclasses.field(default=0, compare=False)
 
 
 def encode(kind, request_id, header, payload=b""):
@@ -151,55 +155,23 @@ def decode_prefix(fixed):
                   bytes(fixed[:_FIXED.size]))
 
 
-def decode_body(prefix, header_raw, payload):
-    """The Frame for a checked prefix and its body; RemoteProtocolError if it does not check."""
+def decode_header(prefix, header_raw):
+    """The header (a dict) of a checked prefix, once its bytes are in: its checksum covers the
+    prefix too, so a lying length is caught here, before any payload is buffered."""
     if crc32c(prefix.fixed + bytes(header_raw)) != prefix.header_crc:
         raise RemoteProtocolError("frame header checksum mismatch (corrupted in flight?)")
-    if prefix.payload_bytes and crc32c(payload) != prefix.payload_crc:
-        raise RemoteProtocolError(f"frame payload checksum mismatch ({prefix.payload_bytes} "
-                                  "bytes)")
     try:
         header = msgpack.unpackb(header_raw, raw=False, strict_map_key=False)
     except Exception as exc:        # msgpack raises several unrelated types on garbage
         raise RemoteProtocolError(f"frame header is not msgpack: {exc}") from None
     if not isinstance(header, dict):
         raise RemoteProtocolError(f"frame header is a {type(header).__name__}, not a map")
-    return Frame(prefix.kind, prefix.request_id, header, payload)
+    return header
 
 
-class FrameDecoder:
-    """Bytes in, frames out. `feed(data)` returns every frame completed by `data`."""
-
-    def __init__(self):
-        self._buffer = bytearray()
-        self._prefix = None
-        self._poisoned = None
-
-    def feed(self, data):
-        if self._poisoned is not None:
-            raise RemoteProtocolError(f"decoder stopped after an earlier error: {self._poisoned}")
-        self._buffer += data
-        frames = []
-        try:
-            while True:
-                if self._prefix is None:
-                    if len(self._buffer) < FIXED_BYTES:
-                        break
-                    self._prefix = decode_prefix(bytes(self._buffer[:FIXED_BYTES]))
-                    del self._buffer[:FIXED_BYTES]
-                body_bytes = self._prefix.header_bytes + self._prefix.payload_bytes
-                if len(self._buffer) < body_bytes:
-                    break
-                header_raw = bytes(self._buffer[:self._prefix.header_bytes])
-                payload = bytes(self._buffer[self._prefix.header_bytes:body_bytes])
-                del self._buffer[:body_bytes]
-                frames.append(decode_body(self._prefix, header_raw, payload))
-                self._prefix = None
-        except RemoteProtocolError as exc:
-            self._poisoned = exc
-            raise
-        return frames
-
-    @property
-    def buffered_bytes(self):
-        return len(self._buffer)
+def decode_payload(prefix, header, payload, reserved=0):
+    """The Frame, once its payload is in; RemoteProtocolError if the payload does not check."""
+    if prefix.payload_bytes and crc32c(payload) != prefix.payload_crc:
+        raise RemoteProtocolError(f"frame payload checksum mismatch ({prefix.payload_bytes} "
+                                  "bytes)")
+    return Frame(prefix.kind, prefix.request_id, header, payload, reserved)

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 
 from cairn.common import frame, wire
 from cairn.common.frame import Kind, RemoteProtocolError
@@ -26,6 +27,24 @@ log = logging.getLogger("cairn.messenger")
 # Requests a server runs at once for one connection; more wait in the socket (TCP backpressure).
 # 64 covers a client's 16-64 ops in flight, as Ceph's ms_dispatch_throttle bounds bytes.
 SERVER_REQUESTS_PER_CONNECTION_MAX = 64
+# Bytes of request payloads a server holds received and not yet answered, all connections
+# together (as Ceph's osd_client_message_size_cap, 500 MiB) and one connection alone (two
+# largest frames: a peer cannot take the whole server's share). Over either, reading from the
+# peer that wants more stops until bytes are given back (common/wire.py).
+SERVER_REQUEST_BYTES_MAX = 512 << 20
+CONNECTION_REQUEST_BYTES_MAX = 2 * frame.PAYLOAD_BYTES_MAX
+assert SERVER_REQUEST_BYTES_MAX >= CONNECTION_REQUEST_BYTES_MAX
+# Connections one server keeps at once; more are answered `busy` and closed. A cluster of a
+# few hundred OSDs, each with a connection or two per peer, plus clients, fits.
+SERVER_CONNECTIONS_MAX = 4096
+# A peer holding part of a frame that completes no frame for this long is dropped (slowloris):
+# a 64 MiB frame arrives within it at 2.3 MB/s.
+# A peer that leaves its replies unread this long (our write buffer stays over its high-water
+# mark) is dropped, freeing what they hold. While replies wait, no new request is read from it.
+# (Both can be shortened through the environment, for the tests of these very drops.)
+FRAME_DEADLINE_S = float(os.environ.get("CAIRN_FRAME_DEADLINE_S", 30.0))
+REPLY_STALL_S = float(os.environ.get("CAIRN_REPLY_STALL_S", 60.0))
+SWEEP_INTERVAL_S = 1.0
 # Default deadline of one request. Control messages answer in milliseconds; 10 s leaves room for
 # a monitor's fsync under load.
 REQUEST_TIMEOUT_S_DEFAULT = 10.0
@@ -65,23 +84,23 @@ def parse_addr(addr):
 
 
 async def read_frame(reader):
-    """The next frame from `reader`; None at a clean end of stream; RemoteProtocolError."""
-    try:
-        fixed = await reader.readexactly(frame.FIXED_BYTES)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise RemoteProtocolError(f"connection closed inside a frame header "
-                                      f"({len(exc.partial)} of {frame.FIXED_BYTES} bytes)")
-        return None
-    prefix = frame.decode_prefix(fixed)
-    body_bytes = prefix.header_bytes + prefix.payload_bytes
-    try:
-        body = await reader.readexactly(body_bytes) if body_bytes else b""
-    except asyncio.IncompleteReadError as exc:
-        raise RemoteProtocolError(f"connection closed inside a frame body ({len(exc.partial)} "
-                                  f"of {body_bytes} bytes)") from None
-    view = memoryview(body)
-    return frame.decode_body(prefix, view[:prefix.header_bytes], view[prefix.header_bytes:])
+    """The next frame from an asyncio StreamReader (tests read raw sockets with it); None at a
+    clean end of stream; RemoteProtocolError. Bytes after the frame are not read."""
+    frames, errors = [], []
+    receiver = wire.FrameReceiver(frames.append, errors.append)
+    got = 0
+    while not frames and not errors:
+        wanted = frame.FIXED_BYTES - got if got < frame.FIXED_BYTES else 1
+        chunk = await reader.read(wanted)
+        if not chunk:
+            if got:
+                raise RemoteProtocolError(f"connection closed inside a frame ({got} bytes in)")
+            return None
+        got += len(chunk)
+        receiver.feed(chunk)
+    if errors:
+        raise errors[0]
+    return frames[0]
 
 
 # asyncio's own socket transports (Python 3.11) inherit WriteTransport.writelines, which joins
@@ -271,28 +290,50 @@ class Peer:
             self.closed = True
             self._transport.close()
 
+    def abort(self):
+        """Drop the connection now, with whatever is still queued for the peer."""
+        self.closed = True
+        self._transport.abort()
+
 
 class _ServerConnection:
     """Frames in, handler tasks out, for one accepted connection. Reading pauses while
-    SERVER_REQUESTS_PER_CONNECTION_MAX requests are being answered (TCP backpressure)."""
+    SERVER_REQUESTS_PER_CONNECTION_MAX requests are being answered, while the requests' bytes
+    are over a budget, and while the peer leaves our replies unread (TCP backpressure)."""
 
-    def __init__(self, handler, on_close):
+    def __init__(self, server, handler, on_close):
+        self._server = server
         self._handler = handler
         self._on_close = on_close
-        self.protocol = wire.FrameProtocol(self._on_frame, self._on_error, self._on_lost)
+        self.budget = wire.ByteBudget(CONNECTION_REQUEST_BYTES_MAX)
+        self.protocol = wire.FrameProtocol(
+            self._on_frame, self._on_error, self._on_lost,
+            wire.Limits(budgets=(self.budget, server.budget)), self._writing)
         self.protocol.connection_made = self._connection_made
         self.peer = None
         self._tasks = set()
-        self._paused = False
+        self.partial_since = None           # monotonic time: a frame is held unfinished since
+        self.stalled_since = None           # monotonic time: our replies wait unread since
 
     def _connection_made(self, transport):
         self.protocol.transport = transport
         self.peer = Peer(transport)
+        if len(self._server.connections) >= SERVER_CONNECTIONS_MAX:
+            log.warning("refusing %s: %d connections already", self.peer.addr,
+                        len(self._server.connections))
+            self.peer.send(Kind.ERROR, 0, {"error": "busy", "message": "the daemon has "
+                                           f"{SERVER_CONNECTIONS_MAX} connections; retry later"})
+            self.peer.close()
+            return
+        self._server.connections.add(self)
 
     def _on_frame(self, received):
+        self.partial_since = None
         if self.peer.closed:
+            self.protocol.receiver.release(received)
             return
         if received.kind != Kind.REQUEST:
+            self.protocol.receiver.release(received)
             self.peer.send(Kind.ERROR, received.request_id,
                            {"error": "protocol",
                             "message": f"a server expects requests, not {received.kind.name}"})
@@ -301,17 +342,41 @@ class _ServerConnection:
         task = asyncio.get_running_loop().create_task(
             _answer(self.peer, self._handler, received))
         self._tasks.add(task)
-        task.add_done_callback(self._done)
-        if len(self._tasks) >= SERVER_REQUESTS_PER_CONNECTION_MAX and not self._paused:
-            self._paused = True
-            self.protocol.transport.pause_reading()
+        task.add_done_callback(lambda done: self._done(done, received))
+        if len(self._tasks) >= SERVER_REQUESTS_PER_CONNECTION_MAX:
+            self.protocol.pause_reading("requests")
 
-    def _done(self, task):
+    def _done(self, task, received):
         self._tasks.discard(task)
-        if self._paused and len(self._tasks) < SERVER_REQUESTS_PER_CONNECTION_MAX // 2 \
-                and not self.peer.closed:
-            self._paused = False
-            self.protocol.transport.resume_reading()
+        self.protocol.receiver.release(received)
+        if len(self._tasks) < SERVER_REQUESTS_PER_CONNECTION_MAX // 2 and not self.peer.closed:
+            self.protocol.resume_reading("requests")
+
+    def _writing(self, paused):
+        if paused:
+            self.stalled_since = time.monotonic()
+            self.protocol.pause_reading("replies")
+        else:
+            self.stalled_since = None
+            if not self.peer.closed:
+                self.protocol.resume_reading("replies")
+
+    def sweep(self, now):
+        """Drop the peer if it holds an unfinished frame or leaves replies unread too long."""
+        receiver = self.protocol.receiver
+        if receiver.frame_started and (not receiver.held or receiver.waiting_for_budget):
+            if self.partial_since is None:
+                self.partial_since = now
+        else:
+            self.partial_since = None
+        reason = None
+        if self.partial_since is not None and now - self.partial_since > FRAME_DEADLINE_S:
+            reason = f"no frame completed in {FRAME_DEADLINE_S:g} s"
+        elif self.stalled_since is not None and now - self.stalled_since > REPLY_STALL_S:
+            reason = f"our replies left unread for {REPLY_STALL_S:g} s"
+        if reason is not None:
+            log.warning("dropping %s: %s", self.peer.addr, reason)
+            self.peer.abort()
 
     def _on_error(self, exc):
         log.warning("bad frame from %s: %s; dropping the connection", self.peer.addr, exc)
@@ -319,6 +384,8 @@ class _ServerConnection:
         self.peer.close()
 
     def _on_lost(self, exc):
+        self._server.connections.discard(self)
+        self.protocol.receiver.close()
         for task in list(self._tasks):
             task.cancel()
         if self.peer is not None:
@@ -327,17 +394,41 @@ class _ServerConnection:
                 self._on_close(self.peer)
 
 
+class _Server:
+    """What one listening socket's connections share: the request-bytes budget, the
+    connection count, and a sweeper that drops stalled peers."""
+
+    def __init__(self, handler, on_close):
+        self.handler = handler
+        self.on_close = on_close
+        self.budget = wire.ByteBudget(SERVER_REQUEST_BYTES_MAX)
+        self.connections = set()
+        self.sweeper = None
+        self.server = None
+
+    def make_protocol(self):
+        if self.sweeper is None:
+            self.sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        return _ServerConnection(self, self.handler, self.on_close).protocol
+
+    async def _sweep(self):
+        while self.server is None or self.server.is_serving() or self.connections:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            now = time.monotonic()
+            for connection in list(self.connections):
+                connection.sweep(now)
+
+
 async def serve(addr, handler, on_close=None):
     """Start serving 'host:port' (port 0 picks one); the asyncio Server.
 
     `handler(peer, frame)` -> (header, payload); `on_close(peer)` runs when a connection ends."""
     host, port = parse_addr(addr)
-
-    def make_protocol():
-        return _ServerConnection(handler, on_close).protocol
-
-    return await asyncio.get_running_loop().create_server(make_protocol, host, port,
-                                                          reuse_address=True)
+    shared = _Server(handler, on_close)
+    server = await asyncio.get_running_loop().create_server(shared.make_protocol, host, port,
+                                                            reuse_address=True)
+    shared.server = server
+    return server
 
 
 async def _answer(peer, handler, received):

@@ -35,8 +35,13 @@ ALIGN_BYTES = 4096
 POOL_BUFFERS_PER_CLASS_MAX = 64
 
 # Size classes from SLAB_CLASS_MIN_BYTES up come from slabs of at least SLAB_BYTES_MIN (and at
-# least SLAB_BUFFERS_MIN buffers), aligned to HUGE_PAGE_BYTES.
+# least SLAB_BUFFERS_MIN buffers), aligned to HUGE_PAGE_BYTES. Classes above SLAB_CLASS_MAX_BYTES
+# (objects over 16 MiB: rare) get a mapping each, not touched in advance, and at most
+# HUGE_BUFFERS_PER_CLASS_MAX are kept: a frame that claims 64 MiB and sends nothing then costs
+# address space, not memory (a slab of four 128 MiB buffers, touched, cost 512 MiB of RSS).
 SLAB_CLASS_MIN_BYTES = 1 << 20
+SLAB_CLASS_MAX_BYTES = 16 << 20
+HUGE_BUFFERS_PER_CLASS_MAX = 2
 SLAB_BYTES_MIN = 16 << 20
 SLAB_BUFFERS_MIN = 4
 HUGE_PAGE_BYTES = 2 << 20
@@ -77,7 +82,7 @@ class BufferPool:
             raise ValueError(f"buffer length must be positive (was {length})")
         rounded = -(-length // ALIGN_BYTES) * ALIGN_BYTES
         size = self.class_size(rounded)
-        if size >= SLAB_CLASS_MIN_BYTES:
+        if SLAB_CLASS_MIN_BYTES <= size <= SLAB_CLASS_MAX_BYTES:
             return self._get_large(size, rounded)
         free = self._free.get(size)
         if free:
@@ -96,7 +101,9 @@ class BufferPool:
             free = self._free.get(size)
             if free is None:
                 free = self._free[size] = []
-            if len(free) < self._buffers_per_class_max:
+            kept = self._buffers_per_class_max if size <= SLAB_CLASS_MAX_BYTES else \
+                HUGE_BUFFERS_PER_CLASS_MAX
+            if len(free) < kept:
                 free.append(backing)
             return
         if isinstance(backing, np.ndarray):

@@ -1,18 +1,22 @@
-"""The wire frame codec: round trips, split delivery, and garbage in -> only RemoteProtocolError.
+"""The wire frame and the one parser the daemons run (common/wire.FrameReceiver): round trips,
+split delivery, and garbage in -> only RemoteProtocolError, never a wrong frame.
 
-Method: encode frames, feed the bytes to a decoder in random pieces, and compare; then damage
-frames (flip any byte, truncate, inflate lengths) and feed random bytes, checking that the decoder
-raises RemoteProtocolError and nothing else, and stays poisoned after (h11's fuzzing invariant).
+Method: encode frames, feed the bytes to a FrameReceiver in random pieces through the calls the
+event loop makes (get_buffer, then buffer_updated), and compare; then damage frames (flip any
+byte, truncate, inflate lengths) and feed random bytes, checking that the receiver reports
+RemoteProtocolError and nothing else, and reads nothing after (h11's fuzzing invariant).
+Payloads of 64 KiB and more take the zero-copy path (their own buffer), so some are that big.
 """
 
 import struct
 
+import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cairn.common import frame
-from cairn.common.frame import (FrameDecoder, Kind, LocalProtocolError, RemoteProtocolError,
-                                encode_bytes)
+from cairn.common import frame, wire
+from cairn.common.frame import Kind, LocalProtocolError, RemoteProtocolError, encode_bytes
+from cairn.native.checksum import crc32c
 
 pytestmark = pytest.mark.unit
 
@@ -20,54 +24,148 @@ headers = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-2**63, 2**
                                                          st.text(max_size=20), st.none(),
                                                          st.booleans(), st.binary(max_size=20)),
                           max_size=5)
+payloads = st.one_of(st.binary(max_size=3000),
+                     st.builds(lambda n, b: bytes([b]) * n,
+                               st.integers(wire.PAYLOAD_DIRECT_BYTES_MIN - 2,
+                                           wire.PAYLOAD_DIRECT_BYTES_MIN + 70_000),
+                               st.integers(0, 255)))
+
+
+class Fed:
+    """A FrameReceiver and what it reported."""
+
+    def __init__(self, limits=None):
+        self.frames, self.errors, self.pauses = [], [], 0
+        self.receiver = wire.FrameReceiver(self.frames.append, self.errors.append, limits,
+                                           on_pause=self._paused)
+
+    def _paused(self):
+        self.pauses += 1
+
+    def feed(self, data, cuts=()):
+        """As the event loop does: each read fills at most what get_buffer offers."""
+        position = 0
+        for cut in list(cuts) + [len(data)]:
+            while position < len(data) and cut > 0 and not self.receiver.failed:
+                buffer = self.receiver.get_buffer(-1)
+                count = min(len(buffer), cut, len(data) - position)
+                buffer[:count] = data[position:position + count]
+                self.receiver.buffer_updated(count)
+                position += count
+                cut -= count
+        return self
+
+
+def as_tuples(frames):
+    return [(f.kind, f.request_id, f.header, bytes(f.payload)) for f in frames]
 
 
 @given(st.lists(st.tuples(st.sampled_from(list(Kind)), st.integers(0, 2**64 - 1), headers,
-                          st.binary(max_size=3000)), min_size=1, max_size=5),
-       st.lists(st.integers(1, 500), max_size=40))
-@settings(max_examples=150, deadline=None)
+                          payloads), min_size=1, max_size=4),
+       st.lists(st.integers(1, 70_000), max_size=40))
+@settings(max_examples=120, deadline=None)
 def test_frames_round_trip_through_any_split(messages, cuts):
-    wire = b"".join(encode_bytes(kind, rid, header, payload)
+    data = b"".join(encode_bytes(kind, rid, header, payload)
                     for kind, rid, header, payload in messages)
-    decoder = FrameDecoder()
-    received = []
-    position = 0
-    for cut in cuts:
-        received += decoder.feed(wire[position:position + cut])
-        position += cut
-    received += decoder.feed(wire[position:])
-    assert [(f.kind, f.request_id, f.header, bytes(f.payload)) for f in received] == \
-        [(kind, rid, header, payload) for kind, rid, header, payload in messages]
-    assert decoder.buffered_bytes == 0
+    fed = Fed().feed(data, cuts)
+    assert fed.errors == []
+    assert as_tuples(fed.frames) == list(messages)
+    assert not fed.receiver.frame_started
 
 
-@given(st.integers(0, 10_000), st.integers(0, 7))
-@settings(max_examples=200, deadline=None)
-def test_any_flipped_bit_is_a_remote_protocol_error(position_seed, bit):
-    wire = encode_bytes(Kind.REQUEST, 7, {"op": "osd_boot", "id": 3}, b"payload bytes" * 10)
-    position = position_seed % len(wire)
-    damaged = bytearray(wire)
+@given(st.lists(st.tuples(headers, payloads), min_size=1, max_size=3), st.integers(0, 10**9),
+       st.lists(st.integers(1, 5000), max_size=10))
+@settings(max_examples=100, deadline=None)
+def test_a_truncated_stream_gives_a_prefix_of_the_frames(messages, cut_seed, cuts):
+    encoded = [encode_bytes(Kind.REQUEST, i, header, payload)
+               for i, (header, payload) in enumerate(messages)]
+    data = b"".join(encoded)
+    cut = cut_seed % (len(data) + 1)
+    fed = Fed().feed(data[:cut], cuts)
+    assert fed.errors == []
+    whole = 0
+    for piece in encoded:
+        if sum(len(p) for p in encoded[:whole + 1]) <= cut:
+            whole += 1
+    assert as_tuples(fed.frames) == [(Kind.REQUEST, i, header, payload)
+                                     for i, (header, payload) in enumerate(messages[:whole])]
+    assert fed.receiver.frame_started == (cut > sum(len(p) for p in encoded[:whole]))
+
+
+@given(st.integers(0, 10**9), st.integers(0, 7), st.booleans(),
+       st.lists(st.integers(1, 40_000), max_size=8))
+@settings(max_examples=250, deadline=None)
+def test_any_flipped_bit_is_a_remote_protocol_error(position_seed, bit, large, cuts):
+    payload = b"payload bytes" * (6000 if large else 10)
+    data = encode_bytes(Kind.REQUEST, 7, {"op": "osd_boot", "id": 3}, payload)
+    position = position_seed % len(data)
+    damaged = bytearray(data)
     damaged[position] ^= 1 << bit
-    decoder = FrameDecoder()
-    try:
-        frames = decoder.feed(bytes(damaged))
-    except RemoteProtocolError:
-        with pytest.raises(RemoteProtocolError, match="earlier error"):
-            decoder.feed(b"x")
+    fed = Fed().feed(bytes(damaged) + data, cuts)
+    if fed.errors:
+        assert all(isinstance(e, RemoteProtocolError) for e in fed.errors)
+        assert len(fed.errors) == 1 and fed.receiver.failed and fed.frames == []
         return
-    # A flip in a length field can make the decoder wait for more bytes; never a wrong frame.
-    assert frames == []
+    # A flip in a length field can make the receiver wait for more bytes; never a frame.
+    assert fed.frames == [] and fed.receiver.frame_started
 
 
-@given(st.binary(min_size=0, max_size=2000))
-@settings(max_examples=300, deadline=None)
-def test_random_bytes_never_raise_anything_else(data):
-    decoder = FrameDecoder()
-    try:
-        frames = decoder.feed(data)
-    except RemoteProtocolError:
-        return
-    assert frames == []          # random bytes that happen to pass still form no frame
+@given(st.binary(min_size=0, max_size=5000), st.lists(st.integers(1, 700), max_size=10))
+@settings(max_examples=400, deadline=None)
+def test_random_bytes_never_raise_anything_else(data, cuts):
+    fed = Fed().feed(data, cuts)
+    assert all(isinstance(e, RemoteProtocolError) for e in fed.errors)
+    assert fed.frames == []          # random bytes that happen to pass still form no frame
+    fed.feed(b"more")                # after an error nothing more is read or reported
+    assert len(fed.errors) <= 1
+
+
+def lying_prefix(header_bytes, payload_bytes, kind=Kind.REQUEST):
+    """32 bytes that pass the prefix checks: the header checksum cannot be checked yet."""
+    return struct.pack("<4sBBHQIII", frame.MAGIC, frame.VERSION, kind, 0, 1, header_bytes,
+                       payload_bytes, 0) + b"\0\0\0\0"
+
+
+def test_a_lying_length_holds_nothing_before_its_header_checks():
+    """The prefix's lengths are believed only once the header (whose checksum covers the
+    prefix) is in: claiming a 64 MiB payload reserves nothing, and a wrong header checksum is
+    an error before any payload buffer exists."""
+    budget = wire.ByteBudget(1 << 20)
+    fed = Fed(wire.Limits(budgets=(budget,)))
+    fed.feed(lying_prefix(100, frame.PAYLOAD_BYTES_MAX))
+    assert fed.errors == [] and budget.used == 0 and fed.receiver.frame_started
+    fed.feed(b"\x81" + bytes(99))          # 100 header bytes whose checksum is wrong
+    assert [type(e) for e in fed.errors] == [RemoteProtocolError]
+    assert "header checksum" in str(fed.errors[0]) and budget.used == 0
+
+
+def test_a_payload_waits_for_its_budget_with_reading_paused():
+    budget = wire.ByteBudget(200_000)
+    resumed = []
+    frames, errors = [], []
+    receiver = wire.FrameReceiver(frames.append, errors.append,
+                                  wire.Limits(budgets=(budget,)),
+                                  on_pause=lambda: resumed.append("pause"),
+                                  on_resume=lambda: resumed.append("resume"))
+    budget.force(150_000)                           # held by requests being answered
+    big = bytes(range(256)) * 400                   # 102,400 bytes: a direct payload
+    receiver.feed(encode_bytes(Kind.REQUEST, 1, {"op": "put"}, big)[:500])
+    assert resumed == ["pause"] and budget.used == 150_000 and frames == []
+    budget.give(150_000)                            # answered: the payload may come in
+    assert resumed == ["pause", "resume"] and budget.used == len(big)
+    receiver.feed(encode_bytes(Kind.REQUEST, 1, {"op": "put"}, big)[500:])
+    assert [bytes(f.payload) for f in frames] == [big] and frames[0].reserved == len(big)
+    receiver.release(frames[0])
+    assert budget.used == 0 and errors == []
+
+
+def test_a_connection_limit_below_the_frame_limit_is_enforced():
+    fed = Fed(wire.Limits(header_bytes_max=64, payload_bytes_max=1000))
+    fed.feed(encode_bytes(Kind.REQUEST, 1, {"op": "x" * 80}))
+    assert "over this connection's limit" in str(fed.errors[0])
+    fed = Fed(wire.Limits(header_bytes_max=64, payload_bytes_max=1000))
+    fed.feed(encode_bytes(Kind.REQUEST, 1, {"op": "put"}, bytes(1001)))
+    assert "over this connection's limit" in str(fed.errors[0])
 
 
 def test_errors_name_the_problem():
@@ -76,27 +174,24 @@ def test_errors_name_the_problem():
         (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(8), "not a cairn frame"),
         (good[:4] + b"\x09" + good[5:], "version 9"),
         (good[:5] + b"\x09" + good[6:], "unknown frame kind 9"),
-        (good[:16] + struct.pack("<I", frame.HEADER_BYTES_MAX + 1) + good[20:], "over the limit"),
-        (good[:20] + struct.pack("<I", frame.PAYLOAD_BYTES_MAX + 1) + good[24:],
-         "over the limit"),
+        (good[:16] + struct.pack("<I", frame.HEADER_BYTES_MAX + 1) + good[20:], "over the"),
+        (good[:20] + struct.pack("<I", frame.PAYLOAD_BYTES_MAX + 1) + good[24:], "over the"),
         (good[:-1] + bytes([good[-1] ^ 1]), "payload checksum"),
         (good[:33] + bytes([good[33] ^ 1]) + good[34:], "header checksum"),
     ]
-    for wire, message in cases:
-        with pytest.raises(RemoteProtocolError, match=message):
-            FrameDecoder().feed(wire)
+    for data, message in cases:
+        fed = Fed().feed(data)
+        assert len(fed.errors) == 1 and message in str(fed.errors[0]), (message, fed.errors)
 
 
 def test_a_header_that_is_not_a_map_is_refused():
     # Build a frame whose header is a msgpack list with correct checksums.
-    import msgpack
-    from cairn.native.checksum import crc32c
     packed = msgpack.packb([1, 2])
     fixed = struct.pack("<4sBBHQIII", frame.MAGIC, frame.VERSION, Kind.REQUEST, 0, 1,
                         len(packed), 0, 0)
-    wire = fixed + struct.pack("<I", crc32c(fixed + packed)) + packed
-    with pytest.raises(RemoteProtocolError, match="not a map"):
-        FrameDecoder().feed(wire)
+    data = fixed + struct.pack("<I", crc32c(fixed + packed)) + packed
+    fed = Fed().feed(data)
+    assert "not a map" in str(fed.errors[0])
 
 
 def test_local_errors_for_what_cannot_be_sent():
@@ -127,5 +222,5 @@ def test_a_payload_in_pieces_is_one_payload_on_the_wire(pieces, request_id):
     joined = b"".join(pieces)
     assert encode_bytes(Kind.REPLY, request_id, {"op": "get"}, views) == \
         encode_bytes(Kind.REPLY, request_id, {"op": "get"}, joined)
-    (received,) = FrameDecoder().feed(encode_bytes(Kind.REPLY, request_id, {"op": "get"}, views))
+    (received,) = Fed().feed(encode_bytes(Kind.REPLY, request_id, {"op": "get"}, views)).frames
     assert bytes(received.payload) == joined

@@ -1,0 +1,163 @@
+"""Attacks on real daemons: lying frame lengths from 200 connections, a client that sends GETs
+and never reads, a slowloris, and thousands of random byte streams. After each the cluster
+still serves and nothing is lost; every daemon's peak RSS (VmHWM) stays bounded.
+
+The drops are shortened through the environment (CAIRN_FRAME_DEADLINE_S 3 s, CAIRN_REPLY_STALL_S
+5 s; 30 s and 60 s by default) so the test sees them happen.
+"""
+
+import asyncio
+import os
+import random
+import struct
+
+import msgpack
+import pytest
+
+from cairn.client.cluster import Cluster
+from cairn.common import frame, messenger
+from cairn.common.frame import Kind
+from cairn.common.placement import stable_pg
+from cairn.native.checksum import crc32c
+from tests.helpers import run
+
+pytestmark = pytest.mark.faults
+
+# A daemon of this test's cluster stays well below this (an idle OSD is ~150 MiB).
+RSS_BOUND_BYTES = 900 << 20
+
+
+def lying_frame(payload_bytes):
+    """A prefix and a header with correct checksums that claim `payload_bytes`, none sent."""
+    header = msgpack.packb({"op": "put", "name": "x"})
+    fixed = struct.pack("<4sBBHQIII", frame.MAGIC, frame.VERSION, Kind.REQUEST, 0, 1,
+                        len(header), payload_bytes, 0)
+    return fixed + struct.pack("<I", crc32c(fixed + header)) + header
+
+
+def memory(pid):
+    """(VmRSS, VmHWM) in bytes."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
+    return tuple(int(fields[key].split()[0]) * 1024 for key in ("VmRSS", "VmHWM"))
+
+
+async def closed_within(reader, timeout_s):
+    """True if the peer closes the connection within `timeout_s` (whatever it sends first)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while await reader.read(1 << 20):
+                pass
+        return True
+    except ConnectionError:
+        return True                     # reset: dropped with our unread replies still queued
+    except TimeoutError:
+        return False
+
+
+def test_daemons_survive_lying_lengths_unread_replies_slowloris_and_garbage(
+        local_cluster, monkeypatch):
+    monkeypatch.setenv("CAIRN_FRAME_DEADLINE_S", "3")
+    monkeypatch.setenv("CAIRN_REPLY_STALL_S", "5")
+    cluster = local_cluster(hosts=3, device_size="512M")
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
+    description = cluster.description
+    daemons = {f"mon.{i}": (m["pid"], m["addr"]) for i, m in enumerate(description["mons"])}
+    daemons.update({f"osd.{o['id']}": (o["pid"], o["addr"]) for o in description["osds"]})
+    payload = os.urandom(4 << 20)
+    report = {}
+
+    async def attack():
+        async with await Cluster.connect(cluster.dir, op_timeout_s=30) as client:
+            pool = client.pool("data")
+            await pool.put("victim", payload)
+            cmap = client.map
+            pool_id = cmap.pools["data"]["id"]
+            pg = stable_pg("victim", cmap.pools["data"]["pg_num"])
+
+            async def opened(addr):
+                return await asyncio.open_connection(*messenger.parse_addr(addr))
+
+            # 1. 200 connections claiming the largest payload, then silent: nothing is
+            # reserved for them and each is dropped once the frame deadline passes.
+            addrs = [addr for _, addr in daemons.values()]
+            lying = []
+            for i in range(200):
+                reader, writer = await opened(addrs[i % len(addrs)])
+                writer.write(lying_frame(frame.PAYLOAD_BYTES_MAX))
+                lying.append((reader, writer))
+            await asyncio.gather(*(w.drain() for _, w in lying))
+            dropped = await asyncio.gather(*(closed_within(r, 10) for r, _ in lying))
+            report["lying dropped"] = sum(dropped)
+            assert all(dropped), f"{dropped.count(False)} lying connections were kept"
+            for _, writer in lying:
+                writer.close()
+
+            # 2. GETs of a 4 MiB object sent to its primary, replies never read: reading (and
+            # cutting frames out of what was read) stops while replies wait, and the connection
+            # is dropped once they have waited too long.
+            header = {"op": "get", "offset": 0, "name": "victim", "pool": pool_id, "pg": pg,
+                      "epoch": cmap.epoch}
+            primary = client._acting("data", pg).primary
+            floods = []
+            for _ in range(2):
+                reader, writer = await opened(daemons[f"osd.{primary}"][1])
+                for request_id in range(1, 2001):
+                    writer.write(frame.encode_bytes(Kind.REQUEST, request_id, header))
+                floods.append((reader, writer))
+            await asyncio.sleep(2)
+            report["rss during unread GETs"] = {
+                name: memory(pid)[0] >> 20 for name, (pid, _) in daemons.items()}
+            for name, (pid, _) in daemons.items():
+                assert memory(pid)[0] < RSS_BOUND_BYTES, (name, memory(pid))
+            # Reading nothing for REPLY_STALL_S, then the OSD lets go: what it sent is still
+            # queued in our socket, after which the connection ends.
+            await asyncio.sleep(7)
+            dropped = await asyncio.gather(*(closed_within(r, 10) for r, _ in floods))
+            for _, writer in floods:
+                writer.close()
+            assert all(dropped), dropped
+
+            # 3. A slowloris: a byte a second of a frame that never ends.
+            slow = [await opened(addrs[i % len(addrs)]) for i in range(20)]
+            one_frame = frame.encode_bytes(Kind.REQUEST, 1, {"op": "status"})
+            for second in range(6):
+                for _, writer in slow:
+                    if not writer.is_closing():
+                        writer.write(one_frame[second:second + 1])
+                await asyncio.sleep(1)
+            dropped = await asyncio.gather(*(closed_within(r, 3) for r, _ in slow))
+            assert all(dropped), dropped
+            for _, writer in slow:
+                writer.close()
+
+            # 4. Random byte streams, 100 at a time.
+            rng = random.Random(16)
+
+            async def garbage(addr):
+                try:
+                    reader, writer = await opened(addr)
+                    writer.write(rng.randbytes(rng.choice([1, 31, 32, 33, 100, 4096, 70_000])))
+                    await writer.drain()
+                    writer.close()
+                except ConnectionError:
+                    pass
+            streams = 3000
+            for start in range(0, streams, 100):
+                await asyncio.gather(*(garbage(addrs[(start + i) % len(addrs)])
+                                       for i in range(100)))
+            report["random streams"] = streams
+
+            # Everyone alive and serving, nothing lost.
+            for name, (pid, _) in daemons.items():
+                assert os.path.exists(f"/proc/{pid}"), f"{name} died"
+            assert bytes(await pool.get("victim")) == payload
+            await pool.put("after", b"still writing")
+            assert bytes(await pool.get("after")) == b"still writing"
+        report["peak rss MiB"] = {name: memory(pid)[1] >> 20
+                                  for name, (pid, _) in daemons.items()}
+    run(attack())
+    print(report)
+    for name, (pid, _) in daemons.items():
+        assert memory(pid)[1] < RSS_BOUND_BYTES, (name, memory(pid))
+    _, status = cluster.cairn("status")
+    assert status["osds"]["up"] == 3
