@@ -6,7 +6,7 @@ Every message between cairn processes (monitor, OSD, client) is one frame over T
     0       4     magic b"CRN\\x01"
     4       1     format version (1)
     5       1     kind: REQUEST, REPLY, ERROR or PUSH
-    6       2     flags (0; reserved)
+    6       2     flags (FLAG_MAC: a MAC ends the header; others reserved, refused)
     8       8     request id (a reply carries its request's id; pushes carry 0)
     16      4     header length in bytes (msgpack map)
     20      4     payload length in bytes
@@ -32,6 +32,7 @@ frame in three steps. The one parser that runs them over a byte stream is
 
 import dataclasses
 import enum
+import hmac
 import struct
 
 import msgpack
@@ -51,6 +52,11 @@ HEADER_BYTES_MAX = 1 << 20
 # One object plus slack for a batch of metadata; a larger frame is a protocol error, as in Ceph
 # (osd_max_write_size 90 MiB) and gRPC (4 MiB default receive limit, configurable).
 PAYLOAD_BYTES_MAX = OBJECT_SIZE_BYTES_MAX + (4 << 20)
+
+
+# Flags: the frame carries a MAC (common/auth.py) in the last MAC_BYTES of its header.
+FLAG_MAC = 0x1
+MAC_BYTES = 16
 
 
 class Kind(enum.IntEnum):
@@ -82,11 +88,13 @@ class Frame:
     reserved: int = dataclasses.field(default=0, compare=False)
 
 
-def encode(kind, request_id, header, payload=b""):
+def encode(kind, request_id, header, payload=b"", mac=None):
     """[fixed + msgpack header, payload...]: the buffers to write, in order (payload not copied).
 
     `payload` is one bytes-like object or a tuple of them, sent one after another as one payload
-    (a read gathered from several shards goes out without being joined first)."""
+    (a read gathered from several shards goes out without being joined first). `mac`: the
+    session's sending `auth.FrameMac`; the frame then carries FLAG_MAC and its MAC after the
+    msgpack header (counted in the header length, covered by the header checksum)."""
     if not isinstance(header, dict):
         raise LocalProtocolError(f"a frame header is a dict (got {type(header).__name__})")
     try:
@@ -106,15 +114,22 @@ def encode(kind, request_id, header, payload=b""):
     payload_crc = 0
     for piece in pieces:
         payload_crc = crc32c(piece, payload_crc)
-    fixed = _FIXED.pack(MAGIC, VERSION, int(Kind(kind)), 0, request_id, len(packed),
-                        payload_bytes, payload_crc)
-    head = fixed + packed
-    return [head[:_FIXED.size] + struct.pack("<I", crc32c(head)) + packed, *pieces]
+    flags = FLAG_MAC if mac is not None else 0
+    tag = b""
+    if mac is not None:
+        fixed = _FIXED.pack(MAGIC, VERSION, int(Kind(kind)), flags, request_id,
+                            len(packed) + MAC_BYTES, payload_bytes, payload_crc)
+        tag = mac.next(fixed, packed)
+    else:
+        fixed = _FIXED.pack(MAGIC, VERSION, int(Kind(kind)), flags, request_id, len(packed),
+                            payload_bytes, payload_crc)
+    head = fixed + packed + tag
+    return [fixed + struct.pack("<I", crc32c(head)) + packed + tag, *pieces]
 
 
-def encode_bytes(kind, request_id, header, payload=b""):
+def encode_bytes(kind, request_id, header, payload=b"", mac=None):
     """The whole frame as one bytes object (tests and small messages)."""
-    return b"".join(bytes(piece) for piece in encode(kind, request_id, header, payload))
+    return b"".join(bytes(piece) for piece in encode(kind, request_id, header, payload, mac))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,12 +142,13 @@ class Prefix:
     payload_crc: int
     header_crc: int
     fixed: bytes
+    flags: int = 0
 
 
 def decode_prefix(fixed):
     """Check the 32 fixed bytes; RemoteProtocolError names what is wrong."""
     assert len(fixed) == FIXED_BYTES
-    magic, version, kind, _flags, request_id, header_bytes, payload_bytes, payload_crc = \
+    magic, version, kind, flags, request_id, header_bytes, payload_bytes, payload_crc = \
         _FIXED.unpack_from(fixed)
     (header_crc,) = struct.unpack_from("<I", fixed, _FIXED.size)
     if magic != MAGIC:
@@ -145,6 +161,10 @@ def decode_prefix(fixed):
         kind = Kind(kind)
     except ValueError:
         raise RemoteProtocolError(f"unknown frame kind {kind}") from None
+    if flags & ~FLAG_MAC:
+        raise RemoteProtocolError(f"unknown frame flags {flags:#x}")
+    if flags & FLAG_MAC and header_bytes < MAC_BYTES:
+        raise RemoteProtocolError("a frame flagged as MACed is too short to hold its MAC")
     if header_bytes > HEADER_BYTES_MAX:
         raise RemoteProtocolError(f"frame header of {header_bytes} bytes is over the limit "
                                   f"({HEADER_BYTES_MAX})")
@@ -152,14 +172,25 @@ def decode_prefix(fixed):
         raise RemoteProtocolError(f"frame payload of {payload_bytes} bytes is over the limit "
                                   f"({PAYLOAD_BYTES_MAX})")
     return Prefix(kind, request_id, header_bytes, payload_bytes, payload_crc, header_crc,
-                  bytes(fixed[:_FIXED.size]))
+                  bytes(fixed[:_FIXED.size]), flags)
 
 
-def decode_header(prefix, header_raw):
+def decode_header(prefix, header_raw, mac=None):
     """The header (a dict) of a checked prefix, once its bytes are in: its checksum covers the
-    prefix too, so a lying length is caught here, before any payload is buffered."""
-    if crc32c(prefix.fixed + bytes(header_raw)) != prefix.header_crc:
+    prefix too, so a lying length is caught here, before any payload is buffered. `mac`: the
+    session's receiving `auth.FrameMac`: the frame must carry a MAC, and the right one."""
+    header_raw = bytes(header_raw)
+    if crc32c(prefix.fixed + header_raw) != prefix.header_crc:
         raise RemoteProtocolError("frame header checksum mismatch (corrupted in flight?)")
+    if mac is not None:
+        if not prefix.flags & FLAG_MAC:
+            raise RemoteProtocolError("frame without a MAC on an authenticated connection")
+        header_raw, tag = header_raw[:-MAC_BYTES], header_raw[-MAC_BYTES:]
+        if not hmac.compare_digest(mac.next(prefix.fixed, header_raw), tag):
+            raise RemoteProtocolError("frame MAC does not check (forged, replayed or from "
+                                      "another session)")
+    elif prefix.flags & FLAG_MAC:
+        raise RemoteProtocolError("frame with a MAC on a connection that has no session")
     try:
         header = msgpack.unpackb(header_raw, raw=False, strict_map_key=False)
     except Exception as exc:        # msgpack raises several unrelated types on garbage

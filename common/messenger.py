@@ -19,7 +19,7 @@ import logging
 import os
 import time
 
-from cairn.common import frame, wire
+from cairn.common import auth, frame, wire
 from cairn.common.frame import Kind, RemoteProtocolError
 
 log = logging.getLogger("cairn.messenger")
@@ -45,6 +45,10 @@ SERVER_CONNECTIONS_MAX = 4096
 FRAME_DEADLINE_S = float(os.environ.get("CAIRN_FRAME_DEADLINE_S", 30.0))
 REPLY_STALL_S = float(os.environ.get("CAIRN_REPLY_STALL_S", 60.0))
 SWEEP_INTERVAL_S = 1.0
+# Before its handshake a connection may send only small frames (a handshake is a few hundred
+# bytes) and must finish it within HANDSHAKE_S.
+PREAUTH_HEADER_BYTES_MAX = 16 * 1024
+HANDSHAKE_S = float(os.environ.get("CAIRN_HANDSHAKE_S", 10.0))
 # Default deadline of one request. Control messages answer in milliseconds; 10 s leaves room for
 # a monitor's fsync under load.
 REQUEST_TIMEOUT_S_DEFAULT = 10.0
@@ -135,6 +139,8 @@ class Connection:
         self._closed = None                 # the reason, once closed
         self._protocol = None
         self._transport = None
+        self._send_mac = None               # auth.FrameMac once the session is authenticated
+        self.session = None                 # what the handshake learned (common/sessions.py)
 
     def _make_protocol(self):
         self._protocol = wire.FrameProtocol(self._on_frame, self._on_error, self._on_lost)
@@ -156,7 +162,8 @@ class Connection:
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         try:
-            write_frame(self._transport, frame.encode(Kind.REQUEST, request_id, header, payload))
+            write_frame(self._transport, frame.encode(Kind.REQUEST, request_id, header, payload,
+                                                      self._send_mac))
             async with asyncio.timeout(timeout_s):
                 await self._protocol.drain()
                 reply = await future
@@ -175,6 +182,11 @@ class Connection:
             raise RequestFailed(str(reply.header.get("error", "error")),
                                 str(reply.header.get("message", "")))
         return reply
+
+    def secure(self, send_key, receive_key):
+        """From the next frame on, every frame each way carries a MAC under these keys."""
+        self._send_mac = auth.FrameMac(send_key)
+        self._protocol.receiver.mac = auth.FrameMac(receive_key)
 
     def _on_frame(self, received):
         if received.kind == Kind.PUSH:
@@ -206,8 +218,11 @@ class Connection:
         self._close("closed")
 
 
-async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT):
-    """A Connection to 'host:port'; ConnectionClosed if it cannot be opened in time."""
+async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT,
+                  authenticate=None):
+    """A Connection to 'host:port'; ConnectionClosed if it cannot be opened in time.
+    `authenticate(connection)`: the handshake to run before the connection is handed out (its
+    errors close the connection and pass through)."""
     host, port = parse_addr(addr)
     connection = Connection(addr, on_push)
     try:
@@ -220,6 +235,12 @@ async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT):
     except OSError as exc:
         raise ConnectionClosed(f"cannot connect to {addr}: {exc.strerror or exc}") from None
     connection._transport = transport
+    if authenticate is not None:
+        try:
+            await authenticate(connection)
+        except BaseException:
+            await connection.close()
+            raise
     return connection
 
 
@@ -227,8 +248,9 @@ class ConnectionPool:
     """One Connection per peer key (an OSD id), opened on first use and reopened when closed
     or when the peer's address changed. Concurrent callers share one connection attempt."""
 
-    def __init__(self, connect_timeout_s=CONNECT_TIMEOUT_S_DEFAULT):
+    def __init__(self, connect_timeout_s=CONNECT_TIMEOUT_S_DEFAULT, authenticate=None):
         self.connect_timeout_s = connect_timeout_s
+        self.authenticate = authenticate
         self._connections = {}
         self._locks = {}
 
@@ -243,7 +265,8 @@ class ConnectionPool:
                 return connection
             if connection is not None:
                 await connection.close()
-            connection = await connect(addr, timeout_s=self.connect_timeout_s)
+            connection = await connect(addr, timeout_s=self.connect_timeout_s,
+                                       authenticate=self.authenticate)
             self._connections[key] = connection
             return connection
 
@@ -267,8 +290,16 @@ class Peer:
         self._transport = transport
         peername = transport.get_extra_info("peername")
         self.addr = f"{peername[0]}:{peername[1]}" if peername else "?"
+        self.ip = peername[0] if peername else None
         self.closed = False
         self.state = {}                     # handlers keep per-connection facts here
+        # Who is at the other end, once a handshake said so (common/sessions.py): the entity
+        # name, its auth.Caps, when its ticket expires (time.time(); None: no end). Without a
+        # guard (auth none) all three stay None and handlers check nothing.
+        self.entity = None
+        self.caps = None
+        self.expires = None
+        self.send_mac = None
 
     def push(self, header, payload=b""):
         """Queue a PUSH frame (no wait; a peer that stops reading is dropped by the server's
@@ -283,7 +314,8 @@ class Peer:
         if self.closed or self._transport.is_closing():
             self.closed = True
             return
-        write_frame(self._transport, frame.encode(kind, request_id, header, payload))
+        write_frame(self._transport, frame.encode(kind, request_id, header, payload,
+                                                  self.send_mac))
 
     def close(self):
         if not self.closed:
@@ -306,9 +338,14 @@ class _ServerConnection:
         self._handler = handler
         self._on_close = on_close
         self.budget = wire.ByteBudget(CONNECTION_REQUEST_BYTES_MAX)
+        self._limits = wire.Limits(budgets=(self.budget, server.budget))
+        guarded = server.guard is not None and server.guard.required
         self.protocol = wire.FrameProtocol(
             self._on_frame, self._on_error, self._on_lost,
-            wire.Limits(budgets=(self.budget, server.budget)), self._writing)
+            wire.Limits(PREAUTH_HEADER_BYTES_MAX, 0, self._limits.budgets) if guarded
+            else self._limits, self._writing)
+        self.opened = time.monotonic()
+        self.authenticated = not guarded
         self.protocol.connection_made = self._connection_made
         self.peer = None
         self._tasks = set()
@@ -332,6 +369,21 @@ class _ServerConnection:
         if self.peer.closed:
             self.protocol.receiver.release(received)
             return
+        guard = self._server.guard
+        if guard is not None and received.header.get("op") in guard.ops:
+            self.protocol.receiver.release(received)
+            self._handshake(guard, received)
+            return
+        if not self.authenticated:
+            self.protocol.receiver.release(received)
+            self._refuse(received, "permission_denied", "permission denied: authenticate "
+                         f"first ({received.header.get('op')!r} before a handshake)")
+            return
+        if self.peer.expires is not None and time.time() > self.peer.expires:
+            self.protocol.receiver.release(received)
+            self._refuse(received, "auth_expired", f"{self.peer.entity}'s ticket expired; "
+                         "reconnect with a new one")
+            return
         if received.kind != Kind.REQUEST:
             self.protocol.receiver.release(received)
             self.peer.send(Kind.ERROR, received.request_id,
@@ -345,6 +397,32 @@ class _ServerConnection:
         task.add_done_callback(lambda done: self._done(done, received))
         if len(self._tasks) >= SERVER_REQUESTS_PER_CONNECTION_MAX:
             self.protocol.pause_reading("requests")
+
+    def _refuse(self, received, code, message):
+        self.peer.send(Kind.ERROR, received.request_id, {"error": code, "message": message})
+        self.peer.close()
+
+    def _handshake(self, guard, received):
+        """Answer a handshake op (in order: the next frame may already be MACed)."""
+        if not guard.required:
+            self.peer.send(Kind.REPLY, received.request_id, {"auth": "none"})
+            return
+        if self.authenticated or received.kind != Kind.REQUEST:
+            self._refuse(received, "protocol", "one handshake per connection")
+            return
+        try:
+            reply, send_key, receive_key, entity, caps, expires = \
+                guard.handshake(self.peer, received.header)
+        except RequestFailed as exc:
+            log.info("refused %s: %s", self.peer.addr, exc.message)
+            self._refuse(received, exc.code, exc.message)
+            return
+        self.peer.send(Kind.REPLY, received.request_id, reply)
+        self.peer.send_mac = auth.FrameMac(send_key)
+        self.protocol.receiver.mac = auth.FrameMac(receive_key)
+        self.protocol.receiver.limits = self._limits
+        self.peer.entity, self.peer.caps, self.peer.expires = entity, caps, expires
+        self.authenticated = True
 
     def _done(self, task, received):
         self._tasks.discard(task)
@@ -370,7 +448,9 @@ class _ServerConnection:
         else:
             self.partial_since = None
         reason = None
-        if self.partial_since is not None and now - self.partial_since > FRAME_DEADLINE_S:
+        if not self.authenticated and now - self.opened > HANDSHAKE_S:
+            reason = f"no handshake in {HANDSHAKE_S:g} s"
+        elif self.partial_since is not None and now - self.partial_since > FRAME_DEADLINE_S:
             reason = f"no frame completed in {FRAME_DEADLINE_S:g} s"
         elif self.stalled_since is not None and now - self.stalled_since > REPLY_STALL_S:
             reason = f"our replies left unread for {REPLY_STALL_S:g} s"
@@ -398,9 +478,10 @@ class _Server:
     """What one listening socket's connections share: the request-bytes budget, the
     connection count, and a sweeper that drops stalled peers."""
 
-    def __init__(self, handler, on_close):
+    def __init__(self, handler, on_close, guard):
         self.handler = handler
         self.on_close = on_close
+        self.guard = guard
         self.budget = wire.ByteBudget(SERVER_REQUEST_BYTES_MAX)
         self.connections = set()
         self.sweeper = None
@@ -419,12 +500,14 @@ class _Server:
                 connection.sweep(now)
 
 
-async def serve(addr, handler, on_close=None):
+async def serve(addr, handler, on_close=None, guard=None):
     """Start serving 'host:port' (port 0 picks one); the asyncio Server.
 
-    `handler(peer, frame)` -> (header, payload); `on_close(peer)` runs when a connection ends."""
+    `handler(peer, frame)` -> (header, payload); `on_close(peer)` runs when a connection ends.
+    `guard` (common/sessions.py) answers the handshake ops it names; while `guard.required`,
+    a connection may send nothing else (and only small frames) until its handshake is done."""
     host, port = parse_addr(addr)
-    shared = _Server(handler, on_close)
+    shared = _Server(handler, on_close, guard)
     server = await asyncio.get_running_loop().create_server(shared.make_protocol, host, port,
                                                             reuse_address=True)
     shared.server = server

@@ -114,6 +114,7 @@ class FrameReceiver:
         self.failed = False
         self.frame_started = False      # bytes of an unfinished frame are held
         self.held = False               # the owner paused reading: cut no more frames either
+        self.mac = None                 # the session's receiving auth.FrameMac, once there is one
 
     # -- the event loop's calls --------------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class FrameReceiver:
                 self._needed = frame.FIXED_BYTES + prefix.header_bytes
                 break
             header = frame.decode_header(prefix, scratch[body_start:body_start +
-                                                         prefix.header_bytes])
+                                                         prefix.header_bytes], self.mac)
             payload_start = body_start + prefix.header_bytes
             if prefix.payload_bytes >= PAYLOAD_DIRECT_BYTES_MIN:
                 self._start = payload_start

@@ -224,3 +224,26 @@ def test_a_payload_in_pieces_is_one_payload_on_the_wire(pieces, request_id):
         encode_bytes(Kind.REPLY, request_id, {"op": "get"}, joined)
     (received,) = Fed().feed(encode_bytes(Kind.REPLY, request_id, {"op": "get"}, views)).frames
     assert bytes(received.payload) == joined
+
+
+def test_a_session_accepts_only_its_own_macs_in_order():
+    from cairn.common import auth
+    key = auth.new_secret()
+    sender = auth.FrameMac(key)
+    frames = [encode_bytes(Kind.REQUEST, i, {"op": "get", "i": i}, b"x" * (i * 40_000),
+                           mac=sender) for i in range(3)]
+    fed = Fed()
+    fed.receiver.mac = auth.FrameMac(key)
+    fed.feed(b"".join(frames), [7, 70_000])
+    assert [f.header["i"] for f in fed.frames] == [0, 1, 2] and fed.errors == []
+    for stream, message in ((frames[1], "MAC does not check"),              # out of order
+                            (encode_bytes(Kind.REQUEST, 1, {"op": "get"}), "without a MAC"),
+                            (encode_bytes(Kind.REQUEST, 1, {"op": "get"},
+                                          mac=auth.FrameMac(auth.new_secret())),
+                             "MAC does not check")):                      # another session
+        fed = Fed()
+        fed.receiver.mac = auth.FrameMac(key)
+        fed.feed(stream)
+        assert len(fed.errors) == 1 and message in str(fed.errors[0]), fed.errors
+    fed = Fed().feed(frames[0])                 # a MAC where no session exists
+    assert "has no session" in str(fed.errors[0])
