@@ -10,10 +10,11 @@ cluster.
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
-from cairn.common import messenger
+from cairn.common import auth, messenger, sessions
 from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
 from cairn.common.placement import PlacementError
 from cairn.common.units import format_size, parse_size
@@ -119,8 +120,36 @@ def add_parsers(commands, common):
                                       "stops once the change is committed)")
     remover.add_argument("name")
 
+    keys = commands.add_parser(
+        "auth", help="entities, keys and caps: add, ls, get, get-key, caps, rm",
+        description="Every client, OSD and monitor authenticates with a key (cairn-cluster up "
+        "makes client.admin's, in DIR/client.admin.keyring). Caps say what a key may do, one "
+        "--caps each: mon=r (read the map and health), mon=rw (also change pools, config, "
+        "OSDs), osd=r or osd=rw [pool=P] [prefix=PATH] (objects of pool P, or of every pool, "
+        "whose names start with PATH), admin (everything, keys included).")
+    key_commands = keys.add_subparsers(dest="auth_command", required=True, metavar="SUBCOMMAND")
+    add = key_commands.add_parser("add", parents=[common], help="add an entity with a new key")
+    add.add_argument("entity", help="client.NAME")
+    add.add_argument("--caps", action="append", default=[], metavar="CAP", help='one cap, e.g. '
+                     '"mon=r" or "osd=rw pool=ckpt prefix=team-a/"; repeat for more')
+    add.add_argument("--keyring-out", metavar="FILE", help="write the new key here (mode 0600)")
+    key_commands.add_parser("ls", parents=[common], help="every entity and its caps (no keys)")
+    get = key_commands.add_parser("get", parents=[common], help="an entity's caps")
+    get.add_argument("entity")
+    get_key = key_commands.add_parser("get-key", parents=[common], help="an entity's key, as a "
+                                      "keyring file (mode 0600) or printed")
+    get_key.add_argument("entity")
+    get_key.add_argument("--keyring-out", metavar="FILE", help="write it here (default: print "
+                         "the keyring)")
+    caps = key_commands.add_parser("caps", parents=[common], help="replace an entity's caps")
+    caps.add_argument("entity")
+    caps.add_argument("--caps", action="append", default=[], metavar="CAP", help="as for add")
+    rm = key_commands.add_parser("rm", parents=[common], help="remove an entity (its sessions "
+                                 "and tickets end within auth.ticket_ttl_s)")
+    rm.add_argument("entity")
 
-COMMANDS = ("status", "health", "df", "osd", "pool", "map", "config", "mon")
+
+COMMANDS = ("status", "health", "df", "osd", "pool", "map", "config", "mon", "auth")
 
 
 def _osd_id(text):
@@ -220,17 +249,65 @@ def _pool_create_request(args):
 
 async def run(args):
     mons = load_cluster(args.cluster)
-    monc = MonClient(mons, deadline_s=ADMIN_DEADLINE_S, name="cairn")
+    try:
+        entity, secret = sessions.find_credentials(args.cluster)
+    except auth.AuthError as exc:
+        raise messenger.RequestFailed("permission_denied", str(exc)) from None
+    monc = MonClient(mons, deadline_s=ADMIN_DEADLINE_S, name="cairn",
+                     authenticate=None if secret is None else
+                     sessions.monitor_handshake(entity, secret))
     try:
         if args.command == "map":
             cmap = await monc.get_map()
             return _map_object(cmap, args.pool, args.object), _format_map
+        if args.command == "auth":
+            return await _auth(monc, args)
         header, formatter = _request_for(args)
         assert header is not None, args
         reply = await monc.request(header)
         return reply.header, formatter
     finally:
         await monc.close()
+
+
+async def _auth(monc, args):
+    """(result, formatter) of a `cairn auth` command."""
+    command = args.auth_command
+    if command == "ls":
+        reply = await monc.request({"op": "auth_ls"})
+        return reply.header, lambda r: "\n".join(
+            f"{e['entity']}: {'; '.join(e['caps']) or 'no caps'}" for e in r["entities"])
+    if command in ("add", "caps"):
+        try:
+            auth.Caps.parse(args.caps)                  # a clear error before asking
+        except auth.AuthError as exc:
+            raise ValueError(str(exc)) from None
+    op = {"add": "auth_add", "get": "auth_get", "get-key": "auth_get", "caps": "auth_caps",
+          "rm": "auth_rm"}[command]
+    header = {"op": op, "entity": args.entity}
+    if command in ("add", "caps"):
+        header["caps"] = args.caps
+    reply, connection = await monc.request_with_session(header)
+    result = {key: value for key, value in reply.header.items() if key not in ("key", "nonce")}
+    if command in ("add", "get-key"):
+        secret = sessions.unwrap_reply(connection, reply.header)
+        if args.keyring_out:
+            auth.write_keyring(args.keyring_out, {args.entity: (secret, reply.header["caps"])})
+            result["keyring"] = os.path.abspath(args.keyring_out)
+        elif command == "get-key":
+            result["key"] = auth.encode_secret(secret)
+    caps = "; ".join(result.get("caps", [])) or "no caps"
+    if command == "add":
+        where = f"; keyring written to {result['keyring']}" if "keyring" in result else \
+            " (no --keyring-out: get it later with 'cairn auth get-key')"
+        return result, lambda r: f"added {args.entity} ({caps}){where}"
+    if command == "get-key":
+        if "keyring" in result:
+            return result, lambda r: f"wrote {args.entity}'s keyring to {r['keyring']}"
+        return result, lambda r: f"[{args.entity}]\n\tkey = {r['key']}\n\tcaps = {caps}"
+    if command == "rm":
+        return result, lambda r: f"removed {args.entity}"
+    return result, lambda r: f"{args.entity}: {caps}"
 
 
 def _map_object(cmap, pool_name, object_name):
@@ -437,4 +514,8 @@ def common_options(top_level):
     parent.add_argument("--json", action="store_true",
                         default=False if top_level else argparse.SUPPRESS,
                         help="print one JSON object")
+    parent.add_argument("--name", dest="entity_name", default=default, help="the entity to act as, client.NAME "
+                        "(default: $CAIRN_NAME, else client.admin)")
+    parent.add_argument("--keyring", default=default, help="its keyring file (default: "
+                        "$CAIRN_KEYRING, else NAME.keyring in the --cluster directory)")
     return parent

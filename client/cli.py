@@ -6,6 +6,8 @@
   (client/objects_cli.py); `cairn bench cluster ...`: throughput like `rados bench`.
 - `cairn mount POOL[/PATH] MOUNTPOINT`, `cairn umount MOUNTPOINT`: the file namespace with
   FUSE (client/mount.py); `cairn fsck POOL`: check and repair it (client/fs_check.py).
+- `cairn auth add|ls|get|get-key|caps|rm`: entities, keys and caps (client/admin.py);
+  `cairn audit`: the audit log (client/audit_cli.py).
 - `cairn placement test --map FILE --pool NAME [--compare FILE]`: offline placement report.
 - `cairn bench device|store ...`: the local benchmarks. Those drive an OSD's store engine
   directly, and the client never imports the OSD (DESIGN.md, "Layout"), so they run in the
@@ -16,8 +18,8 @@ import argparse
 import os
 import sys
 
-from cairn.client import (admin, bench_cluster, bench_mount, fs_cli, mount, objects_cli,
-                          placement_tool)
+from cairn.client import (admin, audit_cli, bench_cluster, bench_mount, fs_cli, mount,
+                          objects_cli, placement_tool)
 
 
 def build_parser():
@@ -30,6 +32,7 @@ def build_parser():
     objects_cli.add_parsers(commands, admin.common_options(top_level=False))
     mount.add_parsers(commands, admin.common_options(top_level=False))
     fs_cli.add_parsers(commands, admin.common_options(top_level=False))
+    audit_cli.add_parsers(commands, admin.common_options(top_level=False))
     bench = commands.add_parser("bench", help="benchmarks: 'cairn bench cluster|device|store "
                                 "--help'")
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
@@ -48,6 +51,12 @@ def main(argv=None):
         os.execv(sys.executable, [sys.executable, "-m", "cairn.osd.cli", "bench", *argv[1:]])
     parser = build_parser()
     args = parser.parse_args(argv)
+    # --name and --keyring reach every command (and what it starts: a mount's server) the way
+    # $CAIRN_NAME and $CAIRN_KEYRING do (common/sessions.find_credentials).
+    for option, variable in (("entity_name", "CAIRN_NAME"), ("keyring", "CAIRN_KEYRING")):
+        if getattr(args, option, None):
+            os.environ[variable] = os.path.abspath(getattr(args, option)) \
+                if option == "keyring" else getattr(args, option)
     if args.command == "placement":
         return placement_tool.main(args)
     if args.command in admin.COMMANDS:
@@ -58,6 +67,8 @@ def main(argv=None):
         return mount.main(args)
     if args.command in fs_cli.COMMANDS:
         return fs_cli.main(args)
+    if args.command in audit_cli.COMMANDS:
+        return audit_cli.main(args)
     if args.command == "bench" and args.kind == "mount":
         return bench_mount.main(args)
     if args.command == "bench":

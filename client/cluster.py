@@ -19,10 +19,10 @@ import dataclasses
 import secrets
 
 from cairn.client import striping
-from cairn.client.errors import (DataUnavailable, ObjectNotFound, NoSpace, PoolNotFound,
-                                 PoolUnavailable, PreconditionFailed, ProtocolError,
+from cairn.client.errors import (DataUnavailable, NoSpace, ObjectNotFound, PermissionDenied,
+                                 PoolNotFound, PoolUnavailable, PreconditionFailed, ProtocolError,
                                  QuotaExceeded, Timeout, Unsupported)
-from cairn.common import messenger, pg as pgs
+from cairn.common import auth, messenger, pg as pgs, sessions
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable, load_cluster
 from cairn.common.placement import stable_pg
@@ -58,19 +58,35 @@ class Cluster:
     def __init__(self, monc, op_timeout_s):
         self.monc = monc
         self.op_timeout_s = op_timeout_s
-        self._connections = messenger.ConnectionPool()      # osd id -> Connection
+        self.tickets = sessions.Tickets(monc.ticket)
+        self._connections = messenger.ConnectionPool(      # osd id -> Connection
+            authenticate=self.tickets.authenticate)
         self._acting_cache = {}
 
     @classmethod
-    async def connect(cls, where=None, *, op_timeout_s=OP_TIMEOUT_S_DEFAULT):
-        """Connect to the cluster described by `where` (or $CAIRN_CLUSTER)."""
+    async def connect(cls, where=None, *, op_timeout_s=OP_TIMEOUT_S_DEFAULT, name=None,
+                      keyring=None):
+        """Connect to the cluster described by `where` (or $CAIRN_CLUSTER) as entity `name`
+        ($CAIRN_NAME, default client.admin) with the key in `keyring` ($CAIRN_KEYRING, default
+        the cluster directory's NAME.keyring)."""
         addrs = where if isinstance(where, (list, tuple)) else load_cluster(where)
-        monc = MonClient(addrs, name="client")
+        try:
+            entity, secret = sessions.find_credentials(
+                None if isinstance(where, (list, tuple)) else where, name, keyring)
+        except auth.AuthError as exc:
+            raise PermissionDenied(str(exc)) from None
+        monc = MonClient(addrs, name="client", authenticate=None if secret is None else
+                         sessions.monitor_handshake(entity, secret))
         try:
             await monc.subscribe()
         except MonitorsUnavailable as exc:
             await monc.close()
             raise Timeout(str(exc)) from None
+        except RequestFailed as exc:
+            await monc.close()
+            if exc.code == "permission_denied":
+                raise PermissionDenied(exc.message) from None
+            raise
         return cls(monc, op_timeout_s)
 
     async def close(self):
@@ -140,6 +156,8 @@ class Cluster:
                 except RequestFailed as exc:
                     if exc.code == "not_found" and maybe_applied and header["op"] == "delete":
                         return None
+                    if exc.code == "auth_expired" and loop.time() < deadline:
+                        continue                # the OSD closed it: reconnect with a new ticket
                     self._raise_typed(exc, maybe_applied)
                     last_error = f"osd.{acting.primary}: {exc.message}"
                     # `again` can follow a partial apply (a replica failed); wrong_primary and
@@ -181,6 +199,8 @@ class Cluster:
             raise PreconditionFailed(exc.message, maybe_applied=maybe_applied) from None
         if exc.code == "unsupported":
             raise Unsupported(exc.message) from None
+        if exc.code == "permission_denied":
+            raise PermissionDenied(exc.message) from None
         if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error"):
             raise ProtocolError(f"{exc.code}: {exc.message}") from None
         # wrong_primary, again: retry after the map moves

@@ -13,6 +13,8 @@
   holds another value; the object is at another version); nothing was changed by this attempt
   (`maybe_applied`: an earlier attempt that got no answer may have been).
 - Unsupported: the pool cannot do this (omaps need a replicated pool).
+- PermissionDenied: the key's caps do not allow this (the message names the entity, the op and
+  the cap it lacks), or the key is wrong, unknown or missing where the cluster requires one.
 - Timeout: no answer within the op's deadline (OSDs or monitors unreachable).
 - ProtocolError: a daemon sent something we do not understand, or refused the request as
   malformed.
@@ -56,6 +58,10 @@ class PreconditionFailed(ClientError):
 
 
 class Unsupported(ClientError):
+    pass
+
+
+class PermissionDenied(ClientError):
     pass
 
 

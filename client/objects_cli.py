@@ -139,6 +139,8 @@ def main(args):
         result = _run_loop(run(args))
     except (errors.ObjectNotFound, errors.PoolNotFound) as exc:
         return fail(args, "not_found", str(exc), 1)
+    except errors.PermissionDenied as exc:
+        return fail(args, "permission_denied", str(exc), 1)
     except (errors.NoSpace, errors.QuotaExceeded, errors.PoolUnavailable,
             errors.ProtocolError, errors.DataUnavailable) as exc:
         return fail(args, type(exc).__name__, str(exc), 1)

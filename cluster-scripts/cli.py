@@ -31,6 +31,7 @@ import time
 import uuid
 
 from cairn.cluster import demo, isolated
+from cairn.common import auth, sessions
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
 
@@ -220,10 +221,15 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def wait_quorum(addrs, timeout_s):
-    """Wait until the monitors at `addrs` have a leader; its name. ClusterError otherwise."""
+def wait_quorum(addrs, timeout_s, directory=None):
+    """Wait until the monitors at `addrs` have a leader; its name. ClusterError otherwise.
+    (As client.admin when `directory` holds its keyring.)"""
     async def ask():
-        monc = MonClient(addrs, deadline_s=timeout_s, name="cairn-cluster")
+        entity, secret = sessions.find_credentials(directory, "client.admin") \
+            if directory else ("client.admin", None)
+        monc = MonClient(addrs, deadline_s=timeout_s, name="cairn-cluster",
+                         authenticate=None if secret is None else
+                         sessions.monitor_handshake(entity, secret))
         try:
             deadline = time.monotonic() + timeout_s
             while True:
@@ -306,12 +312,18 @@ def up(args):
     members = {name: f"{mon_ips[name]}:{MONITOR_PORT if args.isolated else free_port()}"
                for name in mon_names}
     fsid = str(uuid.uuid4())
+    mkfs_auth = ["--auth", "none"]
+    if args.auth == "hmac":
+        bootstrap = _make_keys(directory, [osd_id for *_, ids in shape for osd_id in ids])
+        mkfs_auth = ["--keyring", bootstrap]
+        say(f"keys: {directory}/client.admin.keyring (client.admin), {directory}/keys/")
     processes = []
     for name in mon_names:
         mon_dir = os.path.join(directory, name)
         subprocess.run(python_argv("cairn.mon.cli", "mkfs", "--dir", mon_dir, "--fsid", fsid,
                                    "--name", name, "--members",
-                                   ",".join(f"{n}={a}" for n, a in members.items())),
+                                   ",".join(f"{n}={a}" for n, a in members.items()),
+                                   *mkfs_auth),
                        check=True, stdout=subprocess.DEVNULL)
         mon = {"name": name, "host": mon_hosts[name] if args.isolated else None,
                "ip": mon_ips[name], "dir": mon_dir,
@@ -345,13 +357,34 @@ def up(args):
     return 0
 
 
+def _keyring_path(directory, entity):
+    if entity == "client.admin":
+        return os.path.join(directory, "client.admin.keyring")
+    return os.path.join(directory, "keys", f"{entity.rstrip('.')}.keyring")
+
+
+def _make_keys(directory, osd_ids):
+    """New keys for a new cluster: the monitors' (mon.), the administrator's (client.admin,
+    admin caps) and one per OSD, each in its own keyring (mode 0600), and the bootstrap keyring
+    that holds them all for the monitors' mkfs; its path."""
+    os.makedirs(os.path.join(directory, "keys"), mode=0o700, exist_ok=True)
+    entities = {"mon.": (auth.new_secret(), []), "client.admin": (auth.new_secret(), ["admin"])}
+    for osd_id in osd_ids:
+        entities[f"osd.{osd_id}"] = (auth.new_secret(), ["mon=rw", "osd=rw"])
+    for entity, entry in entities.items():
+        auth.write_keyring(_keyring_path(directory, entity), {entity: entry})
+    bootstrap = os.path.join(directory, "keys", "bootstrap.keyring")
+    auth.write_keyring(bootstrap, entities)
+    return bootstrap
+
+
 def _start_daemons(args, directory, description, shape, mon_processes, say):
     mons = description["mons"]
     wait_ready(mon_processes, mons, DAEMON_READY_S_MAX)
     save(directory, description)
     for mon in mons:
         say(f"{mon['name']} up at {mon['addr']} (pid {mon['pid']})")
-    leader = wait_quorum([mon["addr"] for mon in mons], DAEMON_READY_S_MAX)
+    leader = wait_quorum([mon["addr"] for mon in mons], DAEMON_READY_S_MAX, directory)
     if len(mons) > 1:
         say(f"monitors in quorum: leader {leader}")
     if args.config:
@@ -377,7 +410,8 @@ def _start_daemons(args, directory, description, shape, mon_processes, say):
                 "cairn.osd.cli", "run", "--device", entry["device"], "--meta", entry["meta"],
                 "--mkfs", "--cluster", directory, "--bind", f"{ip}:0", "--host", host,
                 "--id", str(osd_id), "--ready-file", entry["ready_file"],
-                "--metrics-port", "0", *(["--rack", rack] if rack else []))
+                "--metrics-port", "0", *(["--rack", rack] if rack else []),
+                *(["--keyring", _keyring_path(directory, name)] if args.auth == "hmac" else []))
             description["osds"].append(entry)
     save(directory, description)
     for entry in description["osds"]:
@@ -566,6 +600,10 @@ def build_parser():
                        "loop devices (root)")
     start.add_argument("--config", action="append", metavar="KEY=VALUE",
                        help="cluster config to set before the OSDs start (repeatable)")
+    start.add_argument("--auth", choices=("hmac", "none"), default="hmac", help="hmac "
+                       "(default): every daemon and client authenticates with a key (the "
+                       "admin's: DIR/client.admin.keyring); none: no authentication, for "
+                       "benchmarks only")
     start.add_argument("--json", action="store_true", help="print one JSON object at the end")
     finish = commands.add_parser("down", help="stop every daemon the cluster started")
     finish.add_argument("--dir", required=True)

@@ -28,7 +28,6 @@ HMAC is Python's `hmac.digest` (OpenSSL): about a microsecond for a frame header
 import base64
 import configparser
 import dataclasses
-import hashlib
 import hmac
 import ipaddress
 import os
@@ -45,6 +44,11 @@ CHALLENGE_BYTES = 16
 # rotation stays valid for its whole lifetime (tickets live at most TICKET_TTL_S_MAX).
 SERVICE_KEY_ROTATE_S = 3600
 SERVICE_KEYS_KEPT = 3
+# A new service key seals tickets only once it is this old: OSDs fetch the keys every
+# SERVICE_KEYS_REFRESH_S, so by then every OSD holds it.
+SERVICE_KEY_GRACE_S = 60.0
+SERVICE_KEYS_REFRESH_S = 20.0
+assert SERVICE_KEYS_REFRESH_S * 2 < SERVICE_KEY_GRACE_S
 TICKET_TTL_S_DEFAULT = 600
 TICKET_TTL_S_MAX = SERVICE_KEY_ROTATE_S
 assert TICKET_TTL_S_MAX <= SERVICE_KEY_ROTATE_S * (SERVICE_KEYS_KEPT - 1)
@@ -90,8 +94,8 @@ def write_keyring(path, entries):
     for entity, (secret, caps) in entries.items():
         lines.append(f"[{check_entity(entity)}]")
         lines.append(f"\tkey = {encode_secret(secret)}")
-        for cap in caps:
-            lines.append(f"\tcaps = {cap}")
+        if caps:
+            lines.append(f"\tcaps = {'; '.join(caps)}")
     temporary = f"{path}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -100,8 +104,9 @@ def write_keyring(path, entries):
     os.replace(temporary, path)
 
 
-def read_keyring(path):
-    """{entity: secret} from a keyring file; AuthError names what is wrong."""
+def read_keyring(path, with_caps=False):
+    """{entity: secret} from a keyring file ({entity: (secret, [caps])} `with_caps`);
+    AuthError names what is wrong."""
     try:
         with open(path) as handle:
             text = handle.read(1 << 20)
@@ -117,7 +122,14 @@ def read_keyring(path):
         entity = check_entity(section)
         if not parser.has_option(section, "key"):
             raise AuthError(f"{path}: [{section}] has no key")
-        found[entity] = decode_secret(parser.get(section, "key").strip())
+        secret = decode_secret(parser.get(section, "key").strip())
+        if with_caps:
+            caps = [part.strip() for part in parser.get(section, "caps", fallback="").split(";")
+                    if part.strip()]
+            Caps.parse(caps)
+            found[entity] = (secret, caps)
+        else:
+            found[entity] = secret
     if not found:
         raise AuthError(f"{path} holds no keys")
     return found
@@ -145,7 +157,8 @@ class Grant:
 
 def parse_cap(text):
     """One `KIND=PERMS [pool=P] [prefix=PATH]` (or `admin`) -> Grant; AuthError says why not."""
-    if not isinstance(text, str) or not text.strip() or len(text) > CAPS_BYTES_MAX:
+    if not isinstance(text, str) or not text.strip() or len(text) > CAPS_BYTES_MAX or \
+            ";" in text:
         raise AuthError(f"a cap is text: KIND=PERMS [pool=P] [prefix=PATH] (was {text!r})")
     words = text.split()
     head, sep, perms = words[0].partition("=")

@@ -73,6 +73,9 @@ OPTIONS = {option.name: option for option in [
            "and deletes go on)"),
     Option("pool.near_quota_ratio", float, 0.8, 0.1, 1.0,
            "POOL_NEAR_QUOTA: a pool's objects or bytes reach this fraction of its quota"),
+    Option("auth.ticket_ttl_s", float, 600.0, 2.0, 3600.0,
+           "how long a ticket (and a monitor session) lasts: a removed or changed key is "
+           "refused within this"),
     Option("alert.webhooks", str, [], None, None,
            "URLs (comma-separated) that every raise, change and clear of a health check is "
            "POSTed to as JSON; empty: none", convert=lambda text: _webhooks(text)),

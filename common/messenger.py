@@ -376,8 +376,9 @@ class _ServerConnection:
             return
         if not self.authenticated:
             self.protocol.receiver.release(received)
-            self._refuse(received, "permission_denied", "permission denied: authenticate "
-                         f"first ({received.header.get('op')!r} before a handshake)")
+            self._refuse(received, "permission_denied", "permission denied: this daemon "
+                         "requires authentication and the connection has none (give a key: "
+                         "cairn --name client.NAME --keyring FILE, or $CAIRN_KEYRING)")
             return
         if self.peer.expires is not None and time.time() > self.peer.expires:
             self.protocol.receiver.release(received)

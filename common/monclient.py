@@ -88,7 +88,8 @@ def load_cluster(where):
 
 
 class MonClient:
-    def __init__(self, addrs, deadline_s=MON_DEADLINE_S_DEFAULT, name="client"):
+    def __init__(self, addrs, deadline_s=MON_DEADLINE_S_DEFAULT, name="client",
+                 authenticate=None):
         if not addrs:
             raise ValueError("MonClient needs at least one monitor address")
         self.addrs = list(addrs)
@@ -106,6 +107,7 @@ class MonClient:
         self._callbacks = []
         self._closing = False
         self._pushes = asyncio.Queue(maxsize=PUSHES_QUEUED_MAX)
+        self.authenticate = authenticate    # the handshake on each new connection
 
     # -- connections --------------------------------------------------------------------------
 
@@ -124,7 +126,8 @@ class MonClient:
                     timeout = max(0.1, min(messenger.CONNECT_TIMEOUT_S_DEFAULT,
                                            deadline - loop.time()))
                     connection = await messenger.connect(addr, on_push=self._on_push,
-                                                         timeout_s=timeout)
+                                                         timeout_s=timeout,
+                                                         authenticate=self.authenticate)
                     self._connection = connection
                     if self._subscribed:
                         await self._resubscribe(connection)
@@ -139,9 +142,25 @@ class MonClient:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RECONNECT_DELAY_S_MAX)
 
+    async def request_with_session(self, header):
+        """(reply, the connection it came on): for replies holding secrets wrapped under that
+        connection's session key (common/sessions.py)."""
+        return await self._request(header)
+
+    async def ticket(self):
+        """The monitors' answer to auth_get_ticket, and its connection; None without auth."""
+        reply, connection = await self.request_with_session({"op": "auth_get_ticket"})
+        if reply.header.get("auth") == "none":
+            return None
+        return reply, connection
+
     async def request(self, header, payload=b"", timeout_s=messenger.REQUEST_TIMEOUT_S_DEFAULT):
         """The monitor's reply frame; RequestFailed is the monitor's answer, MonitorsUnavailable
         means none answered in time."""
+        reply, _ = await self._request(header, payload, timeout_s)
+        return reply
+
+    async def _request(self, header, payload=b"", timeout_s=messenger.REQUEST_TIMEOUT_S_DEFAULT):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline_s
         if "rid" not in header:
@@ -156,9 +175,10 @@ class MonClient:
                     raise refused from None
                 raise
             try:
-                return await connection.request(header, payload,
-                                                timeout_s=min(timeout_s, max(0.1, deadline -
-                                                                             loop.time())))
+                reply = await connection.request(header, payload,
+                                                 timeout_s=min(timeout_s, max(0.1, deadline -
+                                                                              loop.time())))
+                return reply, connection
             except (ConnectionClosed, RequestTimeout) as exc:
                 await connection.close()
                 if loop.time() >= deadline:

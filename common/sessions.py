@@ -112,6 +112,30 @@ def monitor_handshake(entity, secret):
     return authenticate
 
 
+def find_credentials(where=None, name=None, keyring=None):
+    """(entity, secret or None) for a client: the entity from `name`, $CAIRN_NAME or
+    client.admin; its key from `keyring`, $CAIRN_KEYRING, or the cluster directory's
+    ENTITY.keyring (cairn-cluster up writes client.admin.keyring there). No keyring found: no
+    key (enough for a cluster with auth none). AuthError names a bad one."""
+    entity = auth.check_entity(name or os.environ.get("CAIRN_NAME") or "client.admin")
+    path = keyring or os.environ.get("CAIRN_KEYRING")
+    if path is None:
+        where = where if where is not None else os.environ.get("CAIRN_CLUSTER")
+        if isinstance(where, str) and where:
+            directory = where if os.path.isdir(where) else \
+                os.path.dirname(os.path.abspath(where)) if where.endswith(".json") else None
+            candidate = os.path.join(directory, f"{entity}.keyring") if directory else None
+            if candidate and os.path.exists(candidate):
+                path = candidate
+    if path is None:
+        return entity, None
+    keys = auth.read_keyring(path)
+    if entity not in keys:
+        raise auth.AuthError(f"{path} holds no key for {entity} (it has "
+                             f"{', '.join(sorted(keys))}); give --name")
+    return entity, keys[entity]
+
+
 def unwrap_reply(connection, header, field="key"):
     """A secret the monitor sent wrapped under this session's key (header[field], "nonce")."""
     session = connection.session or {}

@@ -27,3 +27,17 @@ def format_size(count):
         if count >= unit and count % unit == 0:
             return f"{count // unit}{suffix}"
     return str(count)
+
+
+def parse_duration(text):
+    """'90s', '15m', '2h', '1d' (or plain seconds) -> seconds; ValueError names a bad one."""
+    text = str(text).strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(text[-1:], None)
+    number = text[:-1] if scale else text
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise ValueError(f"a duration is a number with s, m, h or d (was {text!r})") from None
+    if value < 0:
+        raise ValueError(f"a duration is not negative (was {text!r})")
+    return value

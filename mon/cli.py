@@ -1,7 +1,8 @@
 """`cairn-mon`: make and run a monitor.
 
-    cairn-mon mkfs --dir DIR [--fsid UUID] [--name mon.0] [--members NAME=HOST:PORT,...]
-    cairn-mon mkfs --dir DIR --fsid UUID --join
+    cairn-mon mkfs --dir DIR --keyring FILE [--fsid UUID] [--name mon.0] [--members NAME=HOST:PORT,...]
+    cairn-mon mkfs --dir DIR --keyring FILE --fsid UUID --join
+    cairn-mon mkfs --dir DIR --auth none ...     (no authentication: benchmarks only)
     cairn-mon run  --dir DIR --bind HOST:PORT [--name mon.0] [--ready-file PATH]
 
 A new cluster's monitors are each made with the same fsid and the same --members (one monitor:
@@ -21,7 +22,7 @@ import logging
 import os
 import sys
 
-from cairn.common import daemon, metrics
+from cairn.common import auth, daemon, metrics
 from cairn.common.messenger import parse_addr
 from cairn.mon import metrics as mon_metrics, store
 from cairn.mon.monitor import Monitor
@@ -59,6 +60,12 @@ def build_parser():
                       "NAME=HOST:PORT,... (default: this one alone)")
     mkfs.add_argument("--join", action="store_true", help="a monitor that will be added to a "
                       "running cluster with 'cairn mon add' (needs --fsid)")
+    mkfs.add_argument("--keyring", help="the cluster's bootstrap keyring: the mon. key and the "
+                      "first entities with their caps (cairn-cluster up writes it); a joining "
+                      "monitor needs the mon. key only")
+    mkfs.add_argument("--auth", choices=("hmac", "none"), default="hmac", help="hmac (default): "
+                      "every entity authenticates, every frame carries a MAC; none: no "
+                      "authentication at all (benchmarks only)")
     run = commands.add_parser("run", help="serve the cluster map until SIGTERM")
     run.add_argument("--dir", required=True, help="the monitor's data directory")
     run.add_argument("--bind", required=True, type=_addr, help="HOST:PORT to listen on (port 0: "
@@ -84,8 +91,19 @@ def main(argv=None):
                   file=sys.stderr)
             return 2
         members = {} if args.join else args.members or {args.name: None}
+        entities = None
+        if args.auth == "hmac":
+            if not args.keyring:
+                print("cairn-mon: mkfs needs --keyring (the bootstrap keyring, holding the mon. "
+                      "key) or --auth none", file=sys.stderr)
+                return 2
+            try:
+                entities = auth.read_keyring(args.keyring, with_caps=True)
+            except auth.AuthError as exc:
+                print(f"cairn-mon: {exc}", file=sys.stderr)
+                return 2
         try:
-            fsid = store.mkfs(args.dir, args.fsid, members)
+            fsid = store.mkfs(args.dir, args.fsid, members, entities)
         except store.MonStoreError as exc:
             print(f"cairn-mon: {exc}", file=sys.stderr)
             return 2

@@ -64,12 +64,13 @@ import time
 
 import msgpack
 
-from cairn.common import config, throttle
+from cairn.common import audit, config, sessions, throttle
 from cairn.common import messenger
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.daemon import crash_on_error
+from cairn.common.frame import Frame, Kind
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.mon import alerts, capacity, health, netloss, raft, slowdisk
+from cairn.mon import alerts, authority, capacity, health, netloss, raft, slowdisk
 from cairn.mon.failure import FailureDetector
 from cairn.mon.raft import ChangeRefused, NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
@@ -124,7 +125,8 @@ assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
-              "mon_remove", "status", "health", "health_history", "df", "pool_set_quota"}
+              "mon_remove", "status", "health", "health_history", "df", "pool_set_quota",
+              "auth_change"}
 
 
 def no_quorum(message):
@@ -181,6 +183,8 @@ class Monitor:
         self._seen = {}                     # monitor name -> monotonic time last heard
         self._peers = messenger.ConnectionPool(connect_timeout_s=RAFT_CONNECT_TIMEOUT_S)
         self._was_member = False
+        self._audit_queue = collections.deque()     # audit events not yet committed
+        self.audit_dropped_total = 0
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -193,8 +197,14 @@ class Monitor:
         self._was_member = self.name in self.raft.members
         self._detector = FailureDetector(time.monotonic_ns())
         self._detector.observe(self.map, time.monotonic_ns())
+        authenticating = self.store.auth_mode != "none"
+        if authenticating:
+            self._peers.authenticate = sessions.monitor_handshake(
+                "mon.", self.store.auth["mon."][0])
+        guard = sessions.MonGuard(self._auth_lookup, authenticating,
+                                  lambda: authority.ticket_ttl_s(self.map))
         self._server = await messenger.serve(self.bind_addr, self.handle,
-                                             on_close=self._subscribers.discard)
+                                             on_close=self._subscribers.discard, guard=guard)
         host, port = self._server.sockets[0].getsockname()[:2]
         self.addr = f"{host}:{port}"
         if set(self.raft.members) == {self.name}:
@@ -202,7 +212,8 @@ class Monitor:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._raft_loop(), name="raft loop"),
                        loop.create_task(self._tick_loop(), name="failure detector"),
-                       loop.create_task(self._alert_loop(), name="alerts")]
+                       loop.create_task(self._alert_loop(), name="alerts"),
+                       loop.create_task(self._audit_loop(), name="audit")]
         for task in self._tasks:
             task.add_done_callback(crash_on_error)
         log.info("%s serving %s: fsid %s, epoch %d, %d OSDs, %d pools; raft term %d, log %d, "
@@ -259,6 +270,10 @@ class Monitor:
             await asyncio.sleep(TICK_S)
             if not self.is_leader or self._applied < self.raft.commit:
                 continue
+            try:
+                await authority.rotate_service_keys(self)
+            except RequestFailed as exc:
+                log.error("service key rotation failed: %s", exc)
             ops = self._detector.tick(self.map, time.monotonic_ns())
             if ops:
                 try:
@@ -276,6 +291,9 @@ class Monitor:
                         await self.propose(ops, why="capacity")
                     except RequestFailed as exc:
                         log.error("capacity change %s refused: %s", ops, exc)
+
+    def _auth_lookup(self, entity):
+        return self.store.auth.get(entity)
 
     async def _alert_loop(self):
         # Runs until the monitor stops: the leader records health changes in the history and
@@ -405,6 +423,14 @@ class Monitor:
                 result = self._apply_pg_active(entry.index, command)
             elif kind == "hist":
                 self.store.apply_history(entry.index, command["events"])
+            elif kind == "audit":
+                self.store.apply_audit(entry.index, command["events"])
+            elif kind == "auth":
+                rid = command.get("rid")
+                if rid is not None and rid in self.store.requests:
+                    self.store.apply_nothing(entry.index)
+                else:
+                    self.store.apply_auth(entry.index, command, rid)
             else:
                 log.error("entry %d: unknown command %r; skipped", entry.index, kind)
                 self.store.apply_nothing(entry.index)
@@ -674,11 +700,53 @@ class Monitor:
     async def handle(self, peer, received):
         op = received.header.get("op")
         if op == "raft":
+            authority.check(peer, op, received.header)
             return self._on_raft(received)
         handler = _REQUESTS.get(op)
         if handler is None:
             raise RequestFailed("unknown_op", f"unknown request {op!r} (known: "
                                 f"{', '.join(sorted(_REQUESTS))})")
+        audited = op in authority.AUDITED_OPS and peer is not None and peer.entity != "mon."
+        try:
+            authority.check(peer, op, received.header)
+            result = await self._handle(peer, received, op, handler)
+        except RequestFailed as exc:
+            if audited or exc.code == "permission_denied":
+                self._audit(peer, op, received.header, exc.code)
+            raise
+        if audited:
+            self._audit(peer, op, received.header, "ok")
+        return result
+
+    def _audit(self, peer, op, header, result):
+        """Queue an audit event for Raft (mon/authority.py); the audit loop commits it."""
+        if len(self._audit_queue) >= authority.AUDIT_QUEUED_MAX:
+            self._audit_queue.popleft()
+            self.audit_dropped_total += 1
+        self._audit_queue.append(audit.event(peer.entity if peer else None,
+                                             peer.addr if peer else None, op,
+                                             authority.target_of(header), result))
+
+    async def _audit_loop(self):
+        # Runs until the monitor stops: queued audit events go into the replicated log.
+        while True:
+            await asyncio.sleep(audit.FLUSH_INTERVAL_S)
+            if not self._audit_queue:
+                continue
+            events = list(self._audit_queue)
+            header = {"op": "audit_append", "events": events}
+            try:
+                if self.is_leader:
+                    await self._replicate({"t": "audit", "events": events})
+                else:
+                    await self._forward(Frame(Kind.REQUEST, 0, header, b""))
+            except (RequestFailed, ConnectionClosed, RequestTimeout) as exc:
+                log.warning("audit: %d events not committed yet: %s", len(events), exc)
+                continue
+            for _ in events:
+                self._audit_queue.popleft()
+
+    async def _handle(self, peer, received, op, handler):
         rid = received.header.get("rid")
         if rid is not None and not (isinstance(rid, str) and 0 < len(rid) <= RID_BYTES_MAX):
             raise RequestFailed("invalid", f"rid (request id) must be a string of 1 to "
@@ -1177,6 +1245,7 @@ _REQUESTS = {
     "pool_set_quota": Monitor._pool_set_quota, "osd_tree": Monitor._osd_tree,
     "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
     "mon_add": Monitor._mon_add, "mon_remove": Monitor._mon_remove,
+    **authority.REQUESTS,
 }
 assert LEADER_OPS <= set(_REQUESTS)
 

@@ -36,6 +36,15 @@ Keys (epochs and indexes as 8-byte big-endian, so key order is numeric order):
     raft/offset          msgpack [index, term]: the entry before the first one kept
     raft/snap            msgpack [index, term, members]; raft/snapdata: its state (bytes)
     raft/applied         msgpack index: the state machine includes entries up to here
+    audit/<index><n>     msgpack of audit event n of entry <index> (common/audit.py): the last
+                         AUDIT_KEPT mutations and refusals the monitors saw
+    meta/authmode        b"hmac" (entities must authenticate) or b"none" (benchmarks only)
+    auth/<entity>        msgpack [secret, [caps]]: an entity's key and caps (common/auth.py)
+    svc/<generation>     msgpack [secret, created]: a service key tickets are sealed with
+
+Secrets travel between monitors (Raft entries, snapshots) sealed under a key derived from the
+`mon.` secret, which every monitor holds from its bootstrap keyring; on disk they are plain,
+as in a keyring file beside the store.
 """
 
 import collections
@@ -46,6 +55,7 @@ import uuid as uuid_module
 import msgpack
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from cairn.common import audit, auth
 from cairn.common.clustermap import ClusterMap, Incremental
 from cairn.mon.raft import Entry, HardState, Restored, Snapshot
 
@@ -73,6 +83,10 @@ KEY_OFFSET = b"raft/offset"
 KEY_SNAPSHOT = b"raft/snap"
 KEY_SNAPSHOT_DATA = b"raft/snapdata"
 KEY_APPLIED = b"raft/applied"
+KEY_AUTH_MODE = b"meta/authmode"
+PREFIX_AUDIT = b"audit/"
+PREFIX_AUTH = b"auth/"
+PREFIX_SERVICE = b"svc/"
 
 
 class MonStoreError(Exception):
@@ -106,13 +120,17 @@ def _open(path, create):
         raise MonStoreError(f"cannot open monitor store {path}: {text}") from None
 
 
-def mkfs(directory, fsid=None, members=None):
+def mkfs(directory, fsid=None, members=None, entities=None):
     """Make a new monitor store in `directory` holding epoch 1 (an empty map); the fsid.
 
     `members` ({name: address}) are the monitors the Raft log starts with (default: mon.0
     alone, its address learned when it runs); every founding monitor is made with the same
     fsid and members. A monitor that joins later is made with the cluster's fsid and no members
-    ({}): it learns them from the leader."""
+    ({}): it learns them from the leader.
+
+    `entities` ({entity: (secret, [caps])}, holding `mon.`: the bootstrap keyring, the same
+    for every founding monitor) turns authentication on; without them the cluster runs with
+    `auth none`. A joining monitor gets the `mon.` secret alone and the rest from the leader."""
     path = os.path.join(directory, "store.db")
     if os.path.exists(path):
         raise MonStoreError(f"{path} exists; a monitor store is already there")
@@ -129,6 +147,14 @@ def mkfs(directory, fsid=None, members=None):
         members = {"mon.0": None} if members is None else dict(members)
         batch.put(KEY_SNAPSHOT, msgpack.packb([0, 0, members]))
         batch.put(KEY_APPLIED, msgpack.packb(0))
+        if entities is not None:
+            if "mon." not in entities:
+                raise MonStoreError("the bootstrap keyring must hold the mon. key")
+            batch.put(KEY_AUTH_MODE, b"hmac")
+            for entity, (secret, caps) in entities.items():
+                batch.put(PREFIX_AUTH + entity.encode(), msgpack.packb([secret, list(caps)]))
+        else:
+            batch.put(KEY_AUTH_MODE, b"none")
         db.write(batch, _sync())
     finally:
         db.close()
@@ -153,6 +179,11 @@ class MonStore:
         self._load_requests()
         self.history = collections.deque()  # (key, event) of health events, oldest first
         self._load_history()
+        self.audit = collections.deque(
+            (key, msgpack.unpackb(value)) for key, value in self._items(PREFIX_AUDIT))
+        self.auth = {}                      # entity -> (secret, [caps])
+        self.service = {}                   # generation -> (secret, created wall time)
+        self._load_auth()
 
     @classmethod
     def open(cls, directory):
@@ -195,6 +226,51 @@ class MonStore:
     def _load_history(self):
         self.history = collections.deque(
             (key, msgpack.unpackb(value)) for key, value in self._items(PREFIX_HISTORY))
+
+    def _load_auth(self):
+        mode = self._db.get(KEY_AUTH_MODE)
+        self.auth_mode = mode.decode() if mode is not None else "none"
+        self.auth = {key[len(PREFIX_AUTH):].decode(): tuple(msgpack.unpackb(value))
+                     for key, value in self._items(PREFIX_AUTH)}
+        self.service = {_epoch_of(key, PREFIX_SERVICE): tuple(msgpack.unpackb(value))
+                        for key, value in self._items(PREFIX_SERVICE)}
+
+    def _seal_key(self):
+        found = self.auth.get("mon.")
+        if found is None:
+            raise MonStoreError("this monitor holds no mon. key: secrets cannot travel")
+        return auth.proof(found[0], "raft-seal")
+
+    def seal(self, secret):
+        """[sealed, nonce]: a secret as it may travel between monitors."""
+        nonce = os.urandom(auth.CHALLENGE_BYTES)
+        return [auth.wrap(self._seal_key(), secret, nonce), nonce]
+
+    def unseal(self, sealed):
+        return auth.unwrap(self._seal_key(), sealed[0], sealed[1])
+
+    def apply_auth(self, index, change, rid=None):
+        """Entry `index` changed the keys: {"set": {entity: [sealed, caps]}, "rm": [entity],
+        "svc": [generation, sealed, created]} (any of them)."""
+        batch = WriteBatch(raw_mode=True)
+        for entity, (sealed, caps) in change.get("set", {}).items():
+            entry = (self.unseal(sealed), list(caps))
+            batch.put(PREFIX_AUTH + entity.encode(), msgpack.packb(list(entry)))
+            self.auth[entity] = entry
+        for entity in change.get("rm", []):
+            batch.delete(PREFIX_AUTH + entity.encode())
+            self.auth.pop(entity, None)
+        if "svc" in change:
+            generation, sealed, created = change["svc"]
+            self.service[generation] = (self.unseal(sealed), created)
+            batch.put(_key(PREFIX_SERVICE, generation),
+                      msgpack.packb(list(self.service[generation])))
+            for old in sorted(self.service)[:-auth.SERVICE_KEYS_KEPT]:
+                del self.service[old]
+                batch.delete(_key(PREFIX_SERVICE, old))
+        self._request_batch(batch, index, None if rid is None else (rid, {"auth": True}))
+        batch.put(KEY_APPLIED, msgpack.packb(index))
+        self._db.write(batch)
 
     def _request_batch(self, batch, index, request):
         """Remember `request` = (rid, outcome) as done by entry `index`, forgetting the oldest
@@ -274,6 +350,18 @@ class MonStore:
         batch.put(KEY_APPLIED, msgpack.packb(index))
         self._db.write(batch)
 
+    def apply_audit(self, index, events):
+        """Entry `index` recorded audit `events`; the oldest beyond AUDIT_KEPT go."""
+        batch = WriteBatch(raw_mode=True)
+        for position, found in enumerate(events):
+            key = PREFIX_AUDIT + struct.pack(">QI", index, position)
+            batch.put(key, msgpack.packb(found))
+            self.audit.append((key, found))
+        while len(self.audit) > audit.AUDIT_KEPT:
+            batch.delete(self.audit.popleft()[0])
+        batch.put(KEY_APPLIED, msgpack.packb(index))
+        self._db.write(batch)
+
     def events(self):
         """The health events kept, oldest first."""
         return [event for _, event in self.history]
@@ -295,8 +383,15 @@ class MonStore:
                    for key, value in self._items(PREFIX_PG_ACTIVE)]
         requests = [[index, rid, outcome] for rid, (index, outcome) in self.requests.items()]
         history = [[key[len(PREFIX_HISTORY):], event] for key, event in self.history]
-        return msgpack.packb({"map": cmap.to_dict(), "pgact": records, "requests": requests,
-                              "history": history})
+        state = {"map": cmap.to_dict(), "pgact": records, "requests": requests,
+                 "history": history, "authmode": self.auth_mode,
+                 "audit": [[key[len(PREFIX_AUDIT):], found] for key, found in self.audit]}
+        if self.auth_mode != "none":
+            state["auth"] = {entity: [self.seal(secret), caps]
+                             for entity, (secret, caps) in self.auth.items() if entity != "mon."}
+            state["svc"] = [[generation, self.seal(secret), created]
+                            for generation, (secret, created) in self.service.items()]
+        return msgpack.packb(state)
 
     # -- the Raft log ---------------------------------------------------------------------------
 
@@ -350,7 +445,7 @@ class MonStore:
         state = msgpack.unpackb(snapshot.data, strict_map_key=False)
         cmap = ClusterMap.from_dict(state["map"])
         for prefix in (PREFIX_FULL, PREFIX_LOG, PREFIX_PG_ACTIVE, PREFIX_REQUEST,
-                       PREFIX_HISTORY):
+                       PREFIX_HISTORY, PREFIX_AUDIT):
             for key, _ in self._items(prefix):
                 batch.delete(key)
         batch.put(_key(PREFIX_FULL, cmap.epoch), msgpack.packb(cmap.to_dict()))
@@ -365,9 +460,36 @@ class MonStore:
         for suffix, event in state.get("history", []):
             batch.put(PREFIX_HISTORY + suffix, msgpack.packb(event))
             self.history.append((PREFIX_HISTORY + suffix, event))
+        self.audit = collections.deque()
+        for suffix, found in state.get("audit", []):
+            batch.put(PREFIX_AUDIT + suffix, msgpack.packb(found))
+            self.audit.append((PREFIX_AUDIT + suffix, found))
+        self._install_auth(batch, state)
         batch.put(KEY_APPLIED, msgpack.packb(snapshot.index))
         self.first_log_epoch = None
         return cmap
+
+    def _install_auth(self, batch, state):
+        mode = state.get("authmode", "none")
+        batch.put(KEY_AUTH_MODE, mode.encode())
+        self.auth_mode = mode
+        if mode == "none":
+            return
+        keep = {"mon.": self.auth["mon."]} if "mon." in self.auth else {}
+        entries = {entity: (self.unseal(sealed), list(caps))
+                   for entity, (sealed, caps) in state.get("auth", {}).items()}
+        service = {generation: (self.unseal(sealed), created)
+                   for generation, sealed, created in state.get("svc", [])}
+        for prefix in (PREFIX_AUTH, PREFIX_SERVICE):
+            for key, _ in self._items(prefix):
+                if key != PREFIX_AUTH + b"mon.":
+                    batch.delete(key)
+        self.auth = {**entries, **keep}
+        for entity, entry in entries.items():
+            batch.put(PREFIX_AUTH + entity.encode(), msgpack.packb(list(entry)))
+        self.service = service
+        for generation, entry in service.items():
+            batch.put(_key(PREFIX_SERVICE, generation), msgpack.packb(list(entry)))
 
     def incrementals(self, after_epoch, through_epoch):
         """Incremental dicts for epochs after_epoch+1..through_epoch, or None if trimmed."""

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from cairn.common import auth
 from cairn.common.units import format_size, parse_size
 from cairn.native import DeviceError, implementation, open_device
 from cairn.native.erasure import tune_malloc
@@ -90,6 +91,9 @@ def build_parser(prog="cairn-osd"):
     run.add_argument("--id", type=int, help="the OSD id (default: the monitor assigns one "
                      "from the store's uuid and keeps it)")
     run.add_argument("--weight", type=float, default=1.0, help="placement weight (default 1)")
+    run.add_argument("--keyring", help="this OSD's keyring (osd.N's key, written by "
+                     "cairn-cluster up or 'cairn auth get-key osd.N'); needs --id N; without "
+                     "it the OSD works only in a cluster with auth none")
     run.add_argument("--mkfs", action="store_true", help="make a store first if the device "
                      "holds none (never overwrites one)")
     run.add_argument("--ready-file", help="write {name, id, addr, pid, uuid, metrics} as JSON "
@@ -329,6 +333,19 @@ def run_daemon(args, prog):
         return 2
     location = {kind: value for kind, value in (("host", args.host), ("rack", args.rack),
                                                  ("room", args.room)) if value}
+    secret = None
+    if args.keyring:
+        try:
+            keys = auth.read_keyring(args.keyring)
+        except auth.AuthError as exc:
+            print(f"{prog} run: error: {exc}", file=sys.stderr)
+            return 2
+        secret = keys.get(f"osd.{args.id}") if args.id is not None else None
+        if secret is None:
+            print(f"{prog} run: error: {args.keyring} holds no key for osd.{args.id} (it has "
+                  f"{', '.join(sorted(keys))}); --id and the keyring must agree",
+                  file=sys.stderr)
+            return 2
 
     async def serve(stop):
         # pyeclib allocates fresh buffers on every call: without this, erasure coding runs 5x
@@ -345,7 +362,8 @@ def run_daemon(args, prog):
             finally:
                 await device.aclose()
         osd = OsdDaemon(args.device, mons, args.bind, location, meta_dir=args.meta,
-                        weight=args.weight, osd_id=args.id, metrics_port=args.metrics_port)
+                        weight=args.weight, osd_id=args.id, metrics_port=args.metrics_port,
+                        secret=secret)
         try:
             await osd.start()
         except (StoreError, DeviceError, MonitorsUnavailable, RequestFailed, OSError) as exc:

@@ -15,11 +15,12 @@ import asyncio
 import logging
 import time
 
-from cairn.common import config, messenger, metrics
+from cairn.common import audit, auth, config, messenger, metrics, sessions
+from cairn.common.pg import pool_by_id
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.native import latency, open_device
-from cairn.osd import metrics as osd_metrics
+from cairn.osd import access, metrics as osd_metrics
 from cairn.osd.heartbeat import PeerWatch, choose_peers
 from cairn.osd.netprobe import NetProber, probe_targets
 from cairn.common.daemon import crash_on_error
@@ -38,7 +39,7 @@ STOP_NOTICE_S_MAX = 3.0
 
 class OsdDaemon:
     def __init__(self, device_path, mon_addrs, bind_addr, location, *, meta_dir=None,
-                 weight=1.0, osd_id=None, metrics_port=None):
+                 weight=1.0, osd_id=None, metrics_port=None, secret=None):
         self.device_path = device_path
         self.meta_dir = meta_dir
         self.bind_addr = bind_addr
@@ -46,14 +47,22 @@ class OsdDaemon:
         self.weight = weight
         self.id = osd_id
         self.addr = None
-        self.monc = MonClient(mon_addrs, name="osd")
+        # With a key (osd.N's, from its keyring) the OSD authenticates to the monitors, holds
+        # the service keys that open clients' tickets, and shows tickets to its peers.
+        self.monc = MonClient(mon_addrs, name="osd", authenticate=None if secret is None else
+                              sessions.monitor_handshake(f"osd.{osd_id}", secret))
+        self.tickets = sessions.Tickets(self.monc.ticket)
+        self.service_keys = {}              # generation -> secret (common/auth.py tickets)
+        self.authenticating = secret is not None
         self.device = None
         self.store = None
         self._server = None
         self._tasks = []
         self._watch = PeerWatch()
-        self._peer_connections = messenger.ConnectionPool()   # peer id -> Connection
+        self._peer_connections = messenger.ConnectionPool(   # peer id -> Connection
+            authenticate=self.tickets.authenticate)
         self._stopping = False
+        self.audit = None                   # common/audit.AuditFile, once the store is open
         self.boots_total = 0
         self.service = ObjectService(self)
         self.pgs = PgRegistry(self)
@@ -71,8 +80,12 @@ class OsdDaemon:
         self.device = open_device(self.device_path)
         self.store = await Store.open(self.device, self.meta_dir)
         self._device_reported = self.device.latency_snapshot()    # heartbeats report deltas
+        self.audit = audit.AuditFile(f"{self.store.meta_dir}.audit.log")
         self.pgs.load_local()
-        self._server = await messenger.serve(self.bind_addr, self.handle)
+        if self.authenticating:
+            await self._fetch_service_keys()
+        self._server = await messenger.serve(self.bind_addr, self.handle, guard=sessions.TicketGuard(
+            lambda: self.service_keys, self.authenticating))
         host, port = self._server.sockets[0].getsockname()[:2]
         self.addr = f"{host}:{port}"
         await self._boot()
@@ -89,12 +102,43 @@ class OsdDaemon:
                        loop.create_task(self._peer_ping_loop()),
                        loop.create_task(self.pgs.tidy_strays_forever()),
                        loop.create_task(self.prober.run_forever()),
-                       loop.create_task(self.scrubber.run_forever())]
-        self._tasks[-1].add_done_callback(crash_on_error)
-        self._tasks[-2].add_done_callback(crash_on_error)
+                       loop.create_task(self.scrubber.run_forever()),
+                       loop.create_task(self._audit_flush_loop()),
+                       loop.create_task(self._service_keys_loop())]
+        for task in self._tasks[-4:]:
+            task.add_done_callback(crash_on_error)
         log.info("%s up at %s: device %s (uuid %s), location %s, epoch %d", self.name,
                  self.addr, self.device_path, self.store.superblock.uuid, self.location,
                  self.monc.map.epoch)
+
+    def _audit(self, peer, header, result):
+        pool = pool_by_id(self.monc.map, header.get("pool")) if self.monc.map else None
+        target = f"{pool['name'] if pool else header.get('pool')}/{header.get('name', '')}"
+        self.audit.append(audit.event(peer.entity if peer else None, peer.addr if peer else None,
+                                      header.get("op"), target, result))
+
+    async def _audit_flush_loop(self):
+        while True:
+            await asyncio.sleep(audit.FLUSH_INTERVAL_S)
+            self.audit.flush()
+
+    async def _fetch_service_keys(self):
+        reply, connection = await self.monc.request_with_session({"op": "auth_service_keys"})
+        keys = {}
+        for generation, wrapped, nonce in reply.header.get("keys", []):
+            keys[generation] = sessions.unwrap_reply(connection, {"key": wrapped,
+                                                                  "nonce": nonce})
+        if keys:
+            self.service_keys = keys
+
+    async def _service_keys_loop(self):
+        # Runs until the OSD stops: new service keys reach us well before tickets use them.
+        while self.authenticating:
+            await asyncio.sleep(auth.SERVICE_KEYS_REFRESH_S)
+            try:
+                await self._fetch_service_keys()
+            except (MonitorsUnavailable, RequestFailed) as exc:
+                log.warning("%s: service keys not refreshed: %s", self.name, exc)
 
     async def _boot(self):
         header = {"op": "osd_boot", "uuid": self.store.superblock.uuid,
@@ -119,6 +163,8 @@ class OsdDaemon:
                 log.info("%s: the monitor marked us down", self.name)
             except (TimeoutError, MonitorsUnavailable, RequestFailed) as exc:
                 log.warning("%s: could not tell the monitor we stop (%s)", self.name, exc)
+        if self.audit is not None:
+            self.audit.flush()
         await self._peer_connections.close()
         if self.prober is not None:
             self.prober.close()
@@ -138,6 +184,8 @@ class OsdDaemon:
 
     async def handle(self, peer, received):
         op = received.header.get("op")
+        if op not in ObjectService.OPS:
+            access.check(peer, self.monc.map, received.header)   # OSDs and admins only
         if op == "ping":
             return {"id": self.id, "epoch": self.monc.map.epoch if self.monc.map else 0}, b""
         if op == "status":
@@ -162,7 +210,24 @@ class OsdDaemon:
                     "store": self.store.statistics(),
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:
-            return await self.service.handle(received.header, received.payload)
+            audited = op in access.WRITE_OPS
+            try:
+                prefixes = access.check(peer, self.monc.map, received.header)
+                header, payload = await self.service.handle(received.header, received.payload)
+            except RequestFailed as exc:
+                if audited or exc.code == "permission_denied":
+                    self._audit(peer, received.header, exc.code)
+                raise
+            if audited:
+                self._audit(peer, received.header, "ok")
+            if prefixes is not None and op == "list":
+                header = {**header, "names": access.visible(header["names"], prefixes)}
+            return header, payload
+        if op == "audit_read":
+            since, entity = received.header.get("since"), received.header.get("entity")
+            return {"events": self.audit.read(
+                since if isinstance(since, (int, float)) else None,
+                entity if isinstance(entity, str) else None)}, b""
         raise RequestFailed("unknown_op", f"an OSD does not serve {op!r}")
 
     # -- the map ----------------------------------------------------------------------------------

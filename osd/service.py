@@ -70,7 +70,8 @@ class ObjectService:
         self.daemon = daemon
         self._object_locks = {}             # (collection, name) -> [lock, users]
         self.collection_lock = asyncio.Lock()
-        self.connections = messenger.ConnectionPool()     # osd id -> Connection
+        self.connections = messenger.ConnectionPool(      # osd id -> Connection
+            authenticate=daemon.tickets.authenticate)
         self.backends = {"replicated": ReplicatedBackend(self),      # by pool kind
                          "erasure": ErasureBackend(self)}
         self.ops_total = 0

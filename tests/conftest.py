@@ -97,9 +97,11 @@ def local_cluster(disk_dir):
             argv += ["--config", pair]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=180)
         assert result.returncode == 0, f"cairn-cluster up failed:\n{result.stdout}{result.stderr}"
+        os.environ["CAIRN_TEST_CLUSTER"] = directory      # tests.helpers.connect_as_admin
         return LocalCluster(directory)
 
     yield up
+    os.environ.pop("CAIRN_TEST_CLUSTER", None)
     for directory in made:
         subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "down", "--dir", directory],
                        capture_output=True, timeout=120)

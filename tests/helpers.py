@@ -167,8 +167,10 @@ def isolated_up(directory, *up_args):
                             capture_output=True, text=True, timeout=120)
     try:
         assert result.returncode == 0, result.stdout + result.stderr
+        os.environ["CAIRN_TEST_CLUSTER"] = directory      # connect_as_admin
         yield directory
     finally:
+        os.environ.pop("CAIRN_TEST_CLUSTER", None)
         subprocess.run(argv + ["down", "--dir", directory], capture_output=True, timeout=120)
         from cairn.cluster.cli import undo_isolation
         description = kill_leftovers(directory)
@@ -185,3 +187,30 @@ def isolated_marks():
                                "namespaces, loop devices, cgroups); CI runs as root"),
             pytest.mark.skipif(shutil.which("nft") is None, reason="nftables is not installed "
                                "(cluster-scripts/setup.sh installs it)")]
+
+
+async def connect_as_admin(addr, directory=None, timeout_s=3.0):
+    """A connection to the monitor or OSD at `addr`, authenticated as client.admin with the
+    keyring of cluster `directory` (default: the cluster the test brought up last,
+    $CAIRN_TEST_CLUSTER); a plain connection when that cluster runs without auth."""
+    import json
+    from cairn.common import messenger, sessions
+    from cairn.common.monclient import MonClient, load_cluster
+    directory = directory or os.environ.get("CAIRN_TEST_CLUSTER")
+    entity, secret = sessions.find_credentials(directory, "client.admin") if directory \
+        else ("client.admin", None)
+    if secret is None:
+        return await messenger.connect(addr, timeout_s=timeout_s)
+    handshake = sessions.monitor_handshake(entity, secret)
+    with open(os.path.join(directory, "cluster.json")) as handle:
+        mons = [mon["addr"] for mon in json.load(handle)["mons"]]
+    if addr in mons:
+        return await messenger.connect(addr, timeout_s=timeout_s, authenticate=handshake)
+    monc = MonClient(load_cluster(directory), deadline_s=timeout_s + 5, authenticate=handshake)
+    try:
+        tickets = sessions.Tickets(monc.ticket)
+        await tickets.current()
+        return await messenger.connect(addr, timeout_s=timeout_s,
+                                       authenticate=tickets.authenticate)
+    finally:
+        await monc.close()

@@ -180,7 +180,7 @@ def test_monitor_and_ticket_handshakes_over_loopback():
                 await messenger.connect(mon_addr, authenticate=sessions.monitor_handshake(
                     "client.bob", alice))
             bare = await messenger.connect(mon_addr)
-            with pytest.raises(RequestFailed, match="authenticate first") as caught:
+            with pytest.raises(RequestFailed, match="requires authentication") as caught:
                 await bare.request({"op": "whoami"})
             assert caught.value.code == "permission_denied"
             forged, _ = auth.seal_ticket({1: auth.new_secret()}, 1, "client.admin", ["admin"],

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cairn.common import frame, messenger
+from cairn.common import frame, messenger, sessions
 from cairn.common.frame import Kind
 from tests.helpers import run
 
@@ -88,6 +88,11 @@ def test_bad_requests_get_clear_errors_and_the_monitor_lives_on(local_cluster):
             assert answer.kind == Kind.ERROR and answer.header["error"] == "protocol", answer
             writer.close()
         connection = await messenger.connect(mon_addr)
+        with pytest.raises(messenger.RequestFailed, match="requires authentication"):
+            await connection.request({"op": "status"})
+        entity, secret = sessions.find_credentials(cluster.dir)
+        connection = await messenger.connect(
+            mon_addr, authenticate=sessions.monitor_handshake(entity, secret))
         with pytest.raises(messenger.RequestFailed, match="unknown request"):
             await connection.request({"op": "drop_all_tables"})
         await connection.close()

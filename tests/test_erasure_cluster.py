@@ -18,8 +18,8 @@ import pytest
 
 from cairn.client import errors
 from cairn.client.cluster import Cluster
-from cairn.common.messenger import RequestFailed, connect
-from tests.helpers import run
+from cairn.common.messenger import RequestFailed
+from tests.helpers import connect_as_admin, run
 
 pytestmark = pytest.mark.cluster
 
@@ -157,7 +157,7 @@ def test_bitrot_is_read_around_found_by_deep_scrub_and_repaired(local_cluster):
                   "name": "forged", "version": 1, "epoch": where["epoch"],
                   "from": where["primary"], "shard": where["osds"].index(shard_osd),
                   "ec": [300_000, 1 << 20]}
-        connection = await connect(addr)
+        connection = await connect_as_admin(addr)
         try:
             for wrong in (b"x" * 1000, bytes(75_000 + 80 + 4096)):
                 with pytest.raises(RequestFailed, match=r"shard of an object of 300000 bytes"):

@@ -10,8 +10,7 @@ import datetime
 
 import pytest
 
-from cairn.common import messenger
-from tests.helpers import run
+from tests.helpers import connect_as_admin, run
 
 pytestmark = pytest.mark.faults
 
@@ -85,7 +84,7 @@ def test_monitor_sigkill_keeps_the_map_and_osds_reconnect(local_cluster):
     async def epochs():
         seen = {}
         for entry in osds:
-            connection = await messenger.connect(entry["addr"])
+            connection = await connect_as_admin(entry["addr"])
             try:
                 seen[entry["id"]] = (await connection.request({"op": "status"})).header["epoch"]
             finally:

@@ -18,9 +18,9 @@ import time
 import pytest
 
 from cairn.cluster.cli import is_ours
-from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout, connect
+from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable
-from tests.helpers import isolated_up, run
+from tests.helpers import connect_as_admin, isolated_up, run
 
 pytestmark = pytest.mark.faults
 
@@ -36,7 +36,7 @@ def mons(cluster_or_description):
 
 async def ask(addr, header, timeout_s=10.0):
     """One request to one monitor (no fail-over): the reply header."""
-    connection = await connect(addr)
+    connection = await connect_as_admin(addr)
     try:
         reply = await connection.request(header, timeout_s=timeout_s)
         return dict(reply.header)
@@ -297,7 +297,9 @@ def test_monitors_are_removed_and_added_one_at_a_time(local_cluster):
     # A new monitor: made empty with --join, started, then added; it catches up.
     new_dir = os.path.join(cluster.dir, "mon.3")
     subprocess.run([sys.executable, "-m", "cairn.mon.cli", "mkfs", "--dir", new_dir, "--fsid",
-                    fsid, "--join", "--name", "mon.3"], check=True, capture_output=True)
+                    fsid, "--join", "--name", "mon.3", "--keyring",
+                    os.path.join(cluster.dir, "keys", "mon.keyring")],
+                   check=True, capture_output=True)
     addr = entry["addr"]                                              # mon.2's port is free
     ready = os.path.join(cluster.dir, "run", "mon.3.ready")
     with open(os.path.join(cluster.dir, "logs", "mon.3.log"), "ab") as log:

@@ -18,7 +18,7 @@ from cairn.client.cluster import Cluster
 from cairn.common import messenger
 from cairn.common import pg as pgs
 from cairn.common.placement import stable_pg
-from tests.helpers import run
+from tests.helpers import connect_as_admin, run
 
 pytestmark = pytest.mark.faults
 
@@ -33,7 +33,7 @@ def osd_status(cluster):
         replies = {}
         for entry in cluster.description["osds"]:
             try:
-                connection = await messenger.connect(entry["addr"], timeout_s=1)
+                connection = await connect_as_admin(entry["addr"], timeout_s=1)
                 try:
                     replies[entry["id"]] = (await connection.request({"op": "status"},
                                                                      timeout_s=2)).header

@@ -1,5 +1,6 @@
-"""Attacks on real daemons: lying frame lengths from 200 connections, a client that sends GETs
-and never reads, a slowloris, and thousands of random byte streams. After each the cluster
+"""Attacks on real daemons (authentication on, as by default): lying frame lengths from 200
+connections, a keyed client that sends GETs and never reads, a slowloris, forged Raft messages,
+an OSD booting as another, and thousands of random byte streams. After each the cluster
 still serves and nothing is lost; every daemon's peak RSS (VmHWM) stays bounded.
 
 The drops are shortened through the environment (CAIRN_FRAME_DEADLINE_S 3 s, CAIRN_REPLY_STALL_S
@@ -15,7 +16,7 @@ import msgpack
 import pytest
 
 from cairn.client.cluster import Cluster
-from cairn.common import frame, messenger
+from cairn.common import auth, frame, messenger, sessions
 from cairn.common.frame import Kind
 from cairn.common.placement import stable_pg
 from cairn.native.checksum import crc32c
@@ -100,9 +101,18 @@ def test_daemons_survive_lying_lengths_unread_replies_slowloris_and_garbage(
             primary = client._acting("data", pg).primary
             floods = []
             for _ in range(2):
+                # Authenticated as the admin (a ticket, then MACed frames), so the GETs are
+                # served: the attack comes from a keyed but misbehaving client.
                 reader, writer = await opened(daemons[f"osd.{primary}"][1])
-                for request_id in range(1, 2001):
-                    writer.write(frame.encode_bytes(Kind.REQUEST, request_id, header))
+                blob, key, *_ = await client.tickets.current()
+                challenge = os.urandom(auth.CHALLENGE_BYTES)
+                writer.write(frame.encode_bytes(Kind.REQUEST, 1, {
+                    "op": "auth_ticket", "cc": challenge, "ticket": blob}))
+                answer = await messenger.read_frame(reader)
+                to_server, _ = auth.session_keys(key, challenge, answer.header["sc"])
+                mac = auth.FrameMac(to_server)
+                for request_id in range(2, 2002):
+                    writer.write(frame.encode_bytes(Kind.REQUEST, request_id, header, mac=mac))
                 floods.append((reader, writer))
             await asyncio.sleep(2)
             report["rss during unread GETs"] = {
@@ -130,7 +140,33 @@ def test_daemons_survive_lying_lengths_unread_replies_slowloris_and_garbage(
             for _, writer in slow:
                 writer.close()
 
-            # 4. Random byte streams, 100 at a time.
+            # 4. Forged Raft messages at the monitor, and an OSD booting as another: refused
+            # (no mon. key; osd.0's key is not osd.1's).
+            mon_addr = daemons["mon.0"][1]
+            forged = msgpack.packb([{"k": kind, "s": "mon.9", "t": "mon.0", "T": 10**6}
+                                    for kind in (1, 3, 5)])
+            reader, writer = await opened(mon_addr)
+            writer.write(frame.encode_bytes(Kind.REQUEST, 1, {
+                "op": "raft", "from": "mon.9", "addr": "127.0.0.1:1", "fsid": cmap.fsid},
+                forged))
+            answer = await messenger.read_frame(reader)       # before a handshake: no payload
+            assert answer.kind == Kind.ERROR and "over this connection's limit" in \
+                answer.header["message"], answer.header
+            writer.close()
+            osd0 = auth.read_keyring(os.path.join(cluster.dir, "keys", "osd.0.keyring"))
+            impostor = await messenger.connect(mon_addr, authenticate=sessions.monitor_handshake(
+                "osd.0", osd0["osd.0"]))
+            victim = cmap.osds[1]
+            with pytest.raises(messenger.RequestFailed, match="may not osd_boot as osd.1"):
+                await impostor.request({"op": "osd_boot", "id": 1, "uuid": victim["uuid"],
+                                        "addr": "127.0.0.1:9", "location": {"host": "h9"}})
+            with pytest.raises(messenger.RequestFailed, match="may not raft"):
+                await impostor.request({"op": "raft", "from": "mon.9", "fsid": cmap.fsid},
+                                       forged)
+            await impostor.close()
+            assert client.map.osds[1]["addr"] == victim["addr"]
+
+            # 5. Random byte streams, 100 at a time.
             rng = random.Random(16)
 
             async def garbage(addr):
