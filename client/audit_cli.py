@@ -7,9 +7,9 @@ time (common/audit.py). Needs an admin key. An OSD that is down is skipped, and 
 
 import asyncio
 import json
-import sys
 import time
 
+from cairn.client.admin import fail
 from cairn.client.cluster import Cluster, run_loop
 from cairn.client.errors import ClientError
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
@@ -87,15 +87,8 @@ def main(args):
     except (ClientError, RequestFailed) as exc:
         code = getattr(exc, "code", None) or ("permission_denied" if "permission" in str(exc)
                                               else "error")
-        return _fail(args, code, str(getattr(exc, "message", exc)), 1)
+        return fail(args, code, str(getattr(exc, "message", exc)), 1)
     except (ClusterNotFound, MonitorsUnavailable, ValueError) as exc:
-        return _fail(args, "unavailable", str(exc), 2)
+        return fail(args, "unavailable", str(exc), 2)
     print(json.dumps(result) if args.json else _format(result))
     return 0
-
-
-def _fail(args, code, message, status):
-    if args.json:
-        print(json.dumps({"error": code, "message": message}))
-    print(f"cairn audit: error: {message}", file=sys.stderr)
-    return status

@@ -340,25 +340,20 @@ class MonStore:
 
     def apply_history(self, index, events):
         """Entry `index` recorded health `events`; the oldest beyond HISTORY_KEPT go."""
-        batch = WriteBatch(raw_mode=True)
-        for position, event in enumerate(events):
-            key = PREFIX_HISTORY + struct.pack(">QI", index, position)
-            batch.put(key, msgpack.packb(event))
-            self.history.append((key, event))
-        while len(self.history) > HISTORY_KEPT:
-            batch.delete(self.history.popleft()[0])
-        batch.put(KEY_APPLIED, msgpack.packb(index))
-        self._db.write(batch)
+        self._append_kept(index, events, PREFIX_HISTORY, self.history, HISTORY_KEPT)
 
     def apply_audit(self, index, events):
         """Entry `index` recorded audit `events`; the oldest beyond AUDIT_KEPT go."""
+        self._append_kept(index, events, PREFIX_AUDIT, self.audit, audit.AUDIT_KEPT)
+
+    def _append_kept(self, index, events, prefix, kept, limit):
         batch = WriteBatch(raw_mode=True)
         for position, found in enumerate(events):
-            key = PREFIX_AUDIT + struct.pack(">QI", index, position)
+            key = prefix + struct.pack(">QI", index, position)
             batch.put(key, msgpack.packb(found))
-            self.audit.append((key, found))
-        while len(self.audit) > audit.AUDIT_KEPT:
-            batch.delete(self.audit.popleft()[0])
+            kept.append((key, found))
+        while len(kept) > limit:
+            batch.delete(kept.popleft()[0])
         batch.put(KEY_APPLIED, msgpack.packb(index))
         self._db.write(batch)
 
