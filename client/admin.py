@@ -113,7 +113,7 @@ def add_parsers(commands, common):
                                            metavar="SUBCOMMAND")
     adder = mon_commands.add_parser(
         "add", parents=[common], help="add a monitor: make it first with 'cairn-mon mkfs --join "
-        "--fsid FSID --keyring MON_KEYRING', start it on HOST:PORT, then add it here; it catches up from the leader")
+        "--fsid FSID --keyring BOOTSTRAP_KEYRING', start it on HOST:PORT, then add it here; it catches up from the leader")
     adder.add_argument("name", help="the new monitor's name, like mon.3")
     adder.add_argument("addr", help="HOST:PORT it listens on")
     remover = mon_commands.add_parser("remove", parents=[common], help="remove a monitor (it "

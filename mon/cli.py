@@ -62,7 +62,7 @@ def build_parser():
                       "running cluster with 'cairn mon add' (needs --fsid)")
     mkfs.add_argument("--keyring", help="the cluster's bootstrap keyring: the mon. key and the "
                       "first entities with their caps (cairn-cluster up writes it); a joining "
-                      "monitor needs the mon. key only")
+                      "monitor is made with the same one")
     mkfs.add_argument("--auth", choices=("hmac", "none"), default="hmac", help="hmac (default): "
                       "every entity authenticates, every frame carries a MAC; none: no "
                       "authentication at all (benchmarks only)")

@@ -130,7 +130,8 @@ def mkfs(directory, fsid=None, members=None, entities=None):
 
     `entities` ({entity: (secret, [caps])}, holding `mon.`: the bootstrap keyring, the same
     for every founding monitor) turns authentication on; without them the cluster runs with
-    `auth none`. A joining monitor gets the `mon.` secret alone and the rest from the leader."""
+    `auth none`. A joining monitor is made with the same bootstrap keyring: replaying the
+    leader's log from the start applies every later change to it (a snapshot replaces it)."""
     path = os.path.join(directory, "store.db")
     if os.path.exists(path):
         raise MonStoreError(f"{path} exists; a monitor store is already there")

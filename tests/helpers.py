@@ -214,3 +214,13 @@ async def connect_as_admin(addr, directory=None, timeout_s=3.0):
                                        authenticate=tickets.authenticate)
     finally:
         await monc.close()
+
+
+def admin_auth(directory=None):
+    """The `authenticate` of a MonClient acting as client.admin in cluster `directory` (default
+    $CAIRN_TEST_CLUSTER); None when that cluster runs without auth."""
+    from cairn.common import sessions
+    directory = directory or os.environ.get("CAIRN_TEST_CLUSTER")
+    entity, secret = sessions.find_credentials(directory, "client.admin") if directory \
+        else ("client.admin", None)
+    return None if secret is None else sessions.monitor_handshake(entity, secret)
