@@ -115,6 +115,7 @@ class FrameReceiver:
         self.frame_started = False      # bytes of an unfinished frame are held
         self.held = False               # the owner paused reading: cut no more frames either
         self.mac = None                 # the session's receiving auth.FrameMac, once there is one
+        self._header = None             # the header of the frame at _start, once checked
 
     # -- the event loop's calls --------------------------------------------------------------------
 
@@ -227,11 +228,15 @@ class FrameReceiver:
             if self._end - body_start < prefix.header_bytes:
                 self._needed = frame.FIXED_BYTES + prefix.header_bytes
                 break
-            header = frame.decode_header(prefix, scratch[body_start:body_start +
-                                                         prefix.header_bytes], self.mac)
+            if self._header is None:
+                # Decoded once per frame: a MAC check advances the session's frame counter.
+                self._header = frame.decode_header(
+                    prefix, scratch[body_start:body_start + prefix.header_bytes], self.mac)
+            header = self._header
             payload_start = body_start + prefix.header_bytes
             if prefix.payload_bytes >= PAYLOAD_DIRECT_BYTES_MIN:
                 self._start = payload_start
+                self._header = None
                 self._reserve(prefix, header)
                 continue
             if self._end - payload_start < prefix.payload_bytes:
@@ -239,6 +244,7 @@ class FrameReceiver:
                 break
             payload = bytes(scratch[payload_start:payload_start + prefix.payload_bytes])
             self._start = payload_start + prefix.payload_bytes
+            self._header = None
             for budget in self.limits.budgets:
                 budget.force(prefix.payload_bytes)
             self._deliver(prefix, header, payload)
