@@ -250,12 +250,10 @@ def _pool_create_request(args):
 async def run(args):
     mons = load_cluster(args.cluster)
     try:
-        entity, secret = sessions.find_credentials(args.cluster)
+        authenticate = sessions.client_handshake(args.cluster)
     except auth.AuthError as exc:
         raise messenger.RequestFailed("permission_denied", str(exc)) from None
-    monc = MonClient(mons, deadline_s=ADMIN_DEADLINE_S, name="cairn",
-                     authenticate=None if secret is None else
-                     sessions.monitor_handshake(entity, secret))
+    monc = MonClient(mons, deadline_s=ADMIN_DEADLINE_S, name="cairn", authenticate=authenticate)
     try:
         if args.command == "map":
             cmap = await monc.get_map()

@@ -71,12 +71,11 @@ class Cluster:
         the cluster directory's NAME.keyring)."""
         addrs = where if isinstance(where, (list, tuple)) else load_cluster(where)
         try:
-            entity, secret = sessions.find_credentials(
+            authenticate = sessions.client_handshake(
                 None if isinstance(where, (list, tuple)) else where, name, keyring)
         except auth.AuthError as exc:
             raise PermissionDenied(str(exc)) from None
-        monc = MonClient(addrs, name="client", authenticate=None if secret is None else
-                         sessions.monitor_handshake(entity, secret))
+        monc = MonClient(addrs, name="client", authenticate=authenticate)
         try:
             await monc.subscribe()
         except MonitorsUnavailable as exc:

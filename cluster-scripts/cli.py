@@ -225,11 +225,9 @@ def wait_quorum(addrs, timeout_s, directory=None):
     """Wait until the monitors at `addrs` have a leader; its name. ClusterError otherwise.
     (As client.admin when `directory` holds its keyring.)"""
     async def ask():
-        entity, secret = sessions.find_credentials(directory, "client.admin") \
-            if directory else ("client.admin", None)
         monc = MonClient(addrs, deadline_s=timeout_s, name="cairn-cluster",
-                         authenticate=None if secret is None else
-                         sessions.monitor_handshake(entity, secret))
+                         authenticate=sessions.client_handshake(directory, "client.admin")
+                         if directory else None)
         try:
             deadline = time.monotonic() + timeout_s
             while True:

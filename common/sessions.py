@@ -136,6 +136,13 @@ def find_credentials(where=None, name=None, keyring=None):
     return entity, keys[entity]
 
 
+def client_handshake(where=None, name=None, keyring=None):
+    """`authenticate` for a MonClient acting as the entity `find_credentials` finds (None: no
+    key found, enough for a cluster with auth none). AuthError names a bad keyring."""
+    entity, secret = find_credentials(where, name, keyring)
+    return None if secret is None else monitor_handshake(entity, secret)
+
+
 def unwrap_reply(connection, header, field="key"):
     """A secret the monitor sent wrapped under this session's key (header[field], "nonce")."""
     session = connection.session or {}

@@ -221,6 +221,4 @@ def admin_auth(directory=None):
     $CAIRN_TEST_CLUSTER); None when that cluster runs without auth."""
     from cairn.common import sessions
     directory = directory or os.environ.get("CAIRN_TEST_CLUSTER")
-    entity, secret = sessions.find_credentials(directory, "client.admin") if directory \
-        else ("client.admin", None)
-    return None if secret is None else sessions.monitor_handshake(entity, secret)
+    return sessions.client_handshake(directory, "client.admin") if directory else None
