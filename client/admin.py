@@ -77,7 +77,22 @@ def add_parsers(commands, common):
                        "limit)")
     quota.add_argument("--max-bytes", metavar="SIZE", help="at most SIZE bytes stored, e.g. "
                        "10G (0: no limit)")
-    pool_commands.add_parser("ls", parents=[common], help="list pools (with quotas)")
+    setter = pool_commands.add_parser(
+        "set", parents=[common], help="set a pool property: allow-from CIDR[,CIDR...] "
+        "[--prefix PATH] (only these addresses may use its objects; 'any' lifts it)",
+        description="allow-from: OSDs serve the pool's objects (under PATH with --prefix) only "
+        "to connections whose real peer address lies in one of the ranges, with or without "
+        "authentication; an object must pass every allowlist whose prefix starts its name, "
+        "and listings show only the names the address may use. 'allow-from any' removes the "
+        "allowlist of that prefix. OSD-to-OSD traffic is not affected.")
+    setter.add_argument("name", metavar="POOL")
+    setter.add_argument("key", choices=["allow-from"], help="the property (allow-from)")
+    setter.add_argument("value", help="CIDR[,CIDR...] like 10.0.0.0/8,192.168.1.7 (an address "
+                        "alone is a /32), or 'any'")
+    setter.add_argument("--prefix", default="", metavar="PATH", help="only objects whose "
+                        "names start with PATH (default: the whole pool)")
+    pool_commands.add_parser("ls", parents=[common], help="list pools (with quotas and "
+                             "allowlists)")
     remove = pool_commands.add_parser("rm", parents=[common], help="delete a pool")
     remove.add_argument("name")
 
@@ -180,6 +195,9 @@ def _request_for(args):
     if args.command == "pool" and args.pool_command == "set-quota":
         return _quota_request(args), lambda reply: (
             f"pool {_describe_pool(reply['pool'])} (epoch {reply['epoch']})")
+    if args.command == "pool" and args.pool_command == "set":
+        return _allow_from_request(args), lambda reply: (
+            f"pool {_describe_pool(reply['pool'])} (epoch {reply['epoch']})")
     if args.command == "pool" and args.pool_command == "ls":
         return {"op": "pool_ls"}, _format_pools
     if args.command == "pool" and args.pool_command == "rm":
@@ -217,6 +235,17 @@ def _quota_request(args):
     if len(request) == 2:
         raise ValueError("give --max-objects, --max-bytes or both (0 removes a limit)")
     return request
+
+
+def _allow_from_request(args):
+    networks = []
+    if args.value.strip().lower() != "any":
+        try:
+            networks = [str(network) for network in auth.parse_networks(args.value)]
+        except auth.AuthError as exc:
+            raise ValueError(f"allow-from: {exc}") from None
+    return {"op": "pool_allow_from", "name": args.name, "prefix": args.prefix,
+            "networks": networks}
 
 
 def _pool_create_request(args):
@@ -439,7 +468,9 @@ def _describe_pool(pool):
     return f"{pool['name']} (id {pool['id']}): {kind}, failure domain " \
            f"{pool['failure_domain']}, {pool['pg_num']} PGs" + \
            (f", quota {' / '.join(quota)}" if quota else "") + \
-           (" (at its quota: writes refused)" if pool.get("quota_full") else "")
+           (" (at its quota: writes refused)" if pool.get("quota_full") else "") + \
+           "".join(f", allow-from {','.join(networks)}" + (f" for {prefix!r}" if prefix else "")
+                   for prefix, networks in sorted(pool.get("allow_from", {}).items()))
 
 
 def _format_pool_created(reply):

@@ -25,6 +25,8 @@ Operations (each a dict with "op"):
     pool_delete  name
     pool_set_quota name, [max_objects], [max_bytes]   (0: no limit; a field left out stays)
     pool_quota_full name, full        (the leader: the pool reached its quota; writes refused)
+    pool_allow_from name, prefix, networks   (["CIDR", ...]: only these addresses may use the
+                                       pool's objects under prefix; []: the rule goes)
     osd_full     id, full             (the leader: the OSD reached the full ratio; writes to
                                        its PGs refused)
     osd_slow     id, slow             (the leader: SLOW_DISK names it; reads avoid it)
@@ -33,6 +35,7 @@ Operations (each a dict with "op"):
 
 import copy
 import dataclasses
+import ipaddress
 
 from cairn.common import config
 from cairn.common.placement import DEFAULT_TYPES, PlacementError, PlacementMap
@@ -45,6 +48,10 @@ POOL_SIZE_MAX = 64
 EC_SIZE_MAX = 32
 CONFIG_KEY_BYTES_MAX = 128
 CONFIG_VALUE_BYTES_MAX = 4096
+# IP allowlists: rules (prefixes) per pool, ranges per rule, bytes of a prefix.
+ALLOW_RULES_MAX = 64
+ALLOW_NETWORKS_MAX = 64
+PREFIX_BYTES_MAX = 1024
 
 
 class MapError(ValueError):
@@ -380,6 +387,38 @@ def _pool_set_quota(new, op):
             pool[field] = _int(op, field, 0, 1 << 62)
 
 
+def _pool_allow_from(new, op):
+    pool = _pool_named(new, op)
+    prefix, networks = op.get("prefix", ""), op.get("networks")
+    if not isinstance(prefix, str) or len(prefix.encode()) > PREFIX_BYTES_MAX:
+        raise MapError(f"pool_allow_from: prefix must be a string of at most "
+                       f"{PREFIX_BYTES_MAX} bytes")
+    if not isinstance(networks, list) or len(networks) > ALLOW_NETWORKS_MAX:
+        raise MapError(f"pool_allow_from: networks must be a list of at most "
+                       f"{ALLOW_NETWORKS_MAX} CIDR ranges")
+    canonical = []
+    for network in networks:
+        try:
+            canonical.append(str(ipaddress.ip_network(network, strict=False)))
+        except (TypeError, ValueError):
+            raise MapError(f"pool_allow_from: {network!r} is not an address or CIDR "
+                           f"range") from None
+    rules = dict(pool.get("allow_from", {}))
+    if canonical:
+        rules[prefix] = canonical
+    elif prefix in rules:
+        del rules[prefix]
+    else:
+        raise MapError(f"pool_allow_from: pool {pool['name']!r} has no allowlist for "
+                       f"prefix {prefix!r}")
+    if len(rules) > ALLOW_RULES_MAX:
+        raise MapError(f"pool_allow_from: at most {ALLOW_RULES_MAX} allowlists per pool")
+    if rules:
+        pool["allow_from"] = rules
+    else:
+        pool.pop("allow_from", None)
+
+
 def _pool_quota_full(new, op):
     pool = _pool_named(new, op)
     if not isinstance(op.get("full"), bool):
@@ -426,4 +465,5 @@ _HANDLERS = {"osd_add": _osd_add, "osd_boot": _osd_boot, "osd_down": _osd_down,
              "osd_out": _osd_out, "osd_in": _osd_in, "osd_reweight": _osd_reweight,
              "pool_create": _pool_create, "pool_delete": _pool_delete,
              "pool_set_quota": _pool_set_quota, "pool_quota_full": _pool_quota_full,
+             "pool_allow_from": _pool_allow_from,
              "osd_full": _osd_full, "osd_slow": _osd_slow, "config_set": _config_set}

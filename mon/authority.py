@@ -22,7 +22,8 @@ from cairn.common.messenger import RequestFailed
 
 READ_OPS = frozenset({"hello", "get_map", "subscribe", "status", "health", "health_history",
                       "df", "osd_tree", "pool_ls", "config_get"})
-WRITE_OPS = frozenset({"pool_create", "pool_delete", "pool_set_quota", "config_set",
+WRITE_OPS = frozenset({"pool_create", "pool_delete", "pool_set_quota", "pool_allow_from",
+                       "config_set",
                        "osd_mark", "mon_add", "mon_remove"})
 DAEMON_OPS = frozenset({"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop",
                         "pg_last_active", "pg_set_active", "auth_service_keys"})
@@ -217,6 +218,8 @@ async def rotate_service_keys(monitor):
 
 
 def target_of(header):
+    if header.get("op") == "pool_allow_from" and header.get("prefix"):
+        return f"{header.get('name')}/{header['prefix']}"[:256]
     for field in ("name", "entity", "key", "id"):
         if header.get(field) is not None:
             return str(header[field])[:256]

@@ -40,6 +40,7 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     health_history {limit}                -> events (newest last), kept: the raises and clears
     df                                    -> raw, osds, pools, ratios (mon/capacity.py)
     pool_set_quota {name, [max_objects], [max_bytes]}
+    pool_allow_from {name, [prefix], networks}   ([]: remove the prefix's allowlist)
     osd_tree, pool_ls                     -> views for the CLI
     osd_mark {id, state: out|in|down}, pool_create {...}, pool_delete {name},
     config_set {key, value}, config_get {key}
@@ -126,7 +127,7 @@ assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
               "mon_remove", "status", "health", "health_history", "df", "pool_set_quota",
-              "auth_change"}
+              "pool_allow_from", "auth_change"}
 
 
 def no_quorum(message):
@@ -1066,6 +1067,12 @@ class Monitor:
         new_map = await self.propose([op], why="operator", rid=header.get("rid"))
         return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
 
+    async def _pool_allow_from(self, peer, header):
+        op = {"op": "pool_allow_from", "name": header.get("name"),
+              "prefix": header.get("prefix", ""), "networks": header.get("networks")}
+        new_map = await self.propose([op], why="operator", rid=header.get("rid"))
+        return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
+
     def _network_checks(self, up):
         host_of = {osd_id: self.map.osds[osd_id]["location"].get("host") for osd_id in up}
         pairs, hosts, slow = netloss.judge(
@@ -1242,7 +1249,8 @@ _REQUESTS = {
     "config_set": Monitor._config_set, "config_get": Monitor._config_get,
     "status": Monitor._status, "health": Monitor._health_op,
     "health_history": Monitor._health_history, "df": Monitor._df,
-    "pool_set_quota": Monitor._pool_set_quota, "osd_tree": Monitor._osd_tree,
+    "pool_set_quota": Monitor._pool_set_quota, "pool_allow_from": Monitor._pool_allow_from,
+    "osd_tree": Monitor._osd_tree,
     "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
     "mon_add": Monitor._mon_add, "mon_remove": Monitor._mon_remove,
     **authority.REQUESTS,

@@ -5,9 +5,16 @@
   under the prefixes the caps can read.
 - Everything else (replication, peering, recovery, scrub) is OSD-to-OSD: an `osd.N` entity
   only. `ping` and `status` likewise (admin keys too).
-- Without authentication (`auth none`: the peer has no caps) nothing is checked.
-A refusal is `permission_denied` naming the entity, the op and the cap it lacks.
+- Without authentication (`auth none`: the peer has no caps) no cap is checked.
+- A pool's IP allowlists (`cairn pool set POOL allow-from CIDR,... [--prefix PATH]`, kept in the
+  map as pool["allow_from"] {prefix: [CIDR, ...]}) hold with or without authentication: a client
+  op on an object is served only if the connection's real peer address lies in every allowlist
+  whose prefix starts the object's name. A listing shows only the names the address may use.
+A refusal is `permission_denied` naming the entity, the op and the cap (or address) it lacks.
 """
+
+import functools
+import ipaddress
 
 from cairn.common import auth
 from cairn.common.messenger import RequestFailed
@@ -23,31 +30,90 @@ def _denied(peer, what, missing):
 
 def check(peer, cmap, header):
     """None if the peer may send this request, else raise `permission_denied`. For a listing
-    the caller gets the name prefixes it may show (a list; [""] for all)."""
-    if peer is None or peer.caps is None:
+    the caller gets a Listing to filter the names with (`visible`)."""
+    if peer is None:
         return None
     op, caps = header.get("op"), peer.caps
     if op not in READ_OPS and op not in WRITE_OPS:
-        if peer.entity.startswith("osd.") or caps.admin:
+        if caps is None or peer.entity.startswith("osd.") or caps.admin:
             return None
         raise _denied(peer, op, "an osd. key (OSD-to-OSD request)")
     pool = pool_by_id(cmap, header.get("pool")) if cmap is not None else None
     pool_name = pool["name"] if pool is not None else None
-    perm = "r" if op in READ_OPS else "w"
-    missing = f"osd={'r' if perm == 'r' else 'rw'} pool={pool_name}"
+    rules = pool.get("allow_from") if pool is not None else None
     if op == "list":
-        prefixes = caps.list_prefixes(pool_name)
-        if not prefixes:
-            raise _denied(peer, f"list {pool_name}", missing)
-        return prefixes
+        prefixes = [""]
+        if caps is not None:
+            prefixes = caps.list_prefixes(pool_name)
+            if not prefixes:
+                raise _denied(peer, f"list {pool_name}", f"osd=r pool={pool_name}")
+        if rules and not all(_in(peer.ip, networks) for networks in rules.values()):
+            if not admits(rules, peer.ip, ""):            # the whole pool's allowlist
+                raise _denied(peer, f"list {pool_name}", _from(peer, rules, ""))
+            return Listing(prefixes, rules, peer.ip)
+        return Listing(prefixes) if prefixes != [""] else None
     name = header.get("name")
-    if not isinstance(name, str) or not caps.allows_object(perm, pool_name, name):
-        raise _denied(peer, f"{op} {pool_name}/{name}", f"{missing} prefix covering it")
+    if caps is not None:
+        perm = "r" if op in READ_OPS else "w"
+        if not isinstance(name, str) or not caps.allows_object(perm, pool_name, name):
+            raise _denied(peer, f"{op} {pool_name}/{name}", f"osd={'r' if perm == 'r' else 'rw'} "
+                          f"pool={pool_name} prefix covering it")
+    if rules and not admits(rules, peer.ip, name if isinstance(name, str) else ""):
+        raise _denied(peer, f"{op} {pool_name}/{name}",
+                      _from(peer, rules, name if isinstance(name, str) else ""))
     return None
 
 
-def visible(names, prefixes):
+def _from(peer, rules, name):
+    """What a refused address lacks: the first allowlist covering `name` it is not in."""
+    for prefix in sorted(rules):
+        if name.startswith(prefix) and not _in(peer.ip, rules[prefix]):
+            where = f" for prefix {prefix!r}" if prefix else ""
+            return f"an address in {','.join(rules[prefix])}{where}, not {peer.ip}"
+    return f"an allowed address, not {peer.ip}"
+
+
+def admits(rules, ip, name):
+    """Whether address `ip` lies in every allowlist whose prefix starts `name`."""
+    return all(_in(ip, networks) for prefix, networks in rules.items()
+               if name.startswith(prefix))
+
+
+def _in(ip, networks):
+    address = _address(ip)
+    return address is not None and any(address in network
+                                       for network in _networks(tuple(networks)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _address(ip):
+    try:
+        address = ipaddress.ip_address(ip)
+    except (TypeError, ValueError):
+        return None                     # no peer address (a Unix socket): in no allowlist
+    return address.ipv4_mapped or address if address.version == 6 else address
+
+
+@functools.lru_cache(maxsize=256)
+def _networks(cidrs):
+    return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in cidrs)
+
+
+class Listing:
+    """What a listing may show: names under the caps' prefixes ([""]: all) and, when the
+    pool has allowlists the address is not in everywhere, only names whose allowlists admit
+    it."""
+
+    def __init__(self, prefixes, rules=None, ip=None):
+        self.prefixes, self.rules, self.ip = prefixes, rules, ip
+
+    def shows(self, name):
+        return ((self.prefixes == [""] or any(name.startswith(p) for p in self.prefixes))
+                and (self.rules is None or admits(self.rules, self.ip, name)))
+
+
+def visible(names, listing):
     """The names a listing may show."""
-    if prefixes is None or prefixes == [""]:
+    if listing is None:
         return names
-    return [name for name in names if any(name.startswith(prefix) for prefix in prefixes)]
+    return [name for name in names if listing.shows(name)]

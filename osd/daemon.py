@@ -212,7 +212,7 @@ class OsdDaemon:
         if op in ObjectService.OPS:
             audited = op in access.WRITE_OPS
             try:
-                prefixes = access.check(peer, self.monc.map, received.header)
+                listing = access.check(peer, self.monc.map, received.header)
                 header, payload = await self.service.handle(received.header, received.payload)
             except RequestFailed as exc:
                 if audited or exc.code == "permission_denied":
@@ -220,8 +220,8 @@ class OsdDaemon:
                 raise
             if audited:
                 self._audit(peer, received.header, "ok")
-            if prefixes is not None and op == "list":
-                header = {**header, "names": access.visible(header["names"], prefixes)}
+            if listing is not None and op == "list":
+                header = {**header, "names": access.visible(header["names"], listing)}
             return header, payload
         if op == "audit_read":
             since, entity = received.header.get("since"), received.header.get("entity")

@@ -139,3 +139,58 @@ def test_throttled_osd_device(isolated_cluster):
     script(directory, "fault", "clear")
     assert not os.path.exists(fault["cgroup"])
     assert description(directory)["faults"] == []
+
+
+def cairn_from(directory, host, *args, stdin=None):
+    """(exit status, stdout, stderr) of `cairn --json ARGS` run inside `host`'s namespace (its
+    own address), or in the root namespace (the bridge's address) when host is None."""
+    isolation = description(directory)["isolation"]
+    prefix = [] if host is None else ["ip", "netns", "exec", f"cairn-{isolation['tag']}-{host}"]
+    result = subprocess.run(prefix + [sys.executable, "-m", "cairn.client.cli", "--cluster",
+                                      directory, "--json", *args], input=stdin,
+                            capture_output=True, timeout=60)
+    return result.returncode, result.stdout, result.stderr.decode()
+
+
+def test_pool_allowlists_refuse_other_addresses(isolated_cluster, tmp_path):
+    directory = isolated_cluster
+    isolation = description(directory)["isolation"]
+    root_ip, h1_ip = f"10.231.{isolation['octet']}.1", isolation["hosts"]["h1"]
+    cairn(directory, "pool", "create", "data", "--replicated", "3", "--pg-num", "8")
+    source = tmp_path / "payload"
+    source.write_bytes(os.urandom(100_000))
+    for name in ("team-a/w", "other"):
+        assert cairn_from(directory, None, "put", "data", name, str(source))[0] == 0
+
+    # The whole pool for h1's address only: the root namespace's client is refused (and the
+    # refusal names the address it came from), h1's reads and writes.
+    cairn(directory, "pool", "set", "data", "allow-from", f"{h1_ip}/32")
+    status, _, err = cairn_from(directory, None, "get", "data", "other", "-")
+    assert status != 0 and "permission denied" in err and f"not {root_ip}" in err, err
+    copy = tmp_path / "copy"
+    status, _, err = cairn_from(directory, "h1", "get", "data", "other", str(copy))
+    assert status == 0 and copy.read_bytes() == source.read_bytes(), err
+    assert cairn_from(directory, "h1", "put", "data", "team-a/h1", str(source))[0] == 0
+
+    # Then only team-a/ is fenced, to the root namespace's address: h1 may use the rest and
+    # sees only the rest when it lists.
+    cairn(directory, "pool", "set", "data", "allow-from", "any")
+    cairn(directory, "pool", "set", "data", "allow-from", root_ip, "--prefix", "team-a/")
+    status, _, err = cairn_from(directory, "h1", "put", "data", "team-a/x", str(source))
+    assert status != 0 and "permission denied" in err and "for prefix 'team-a/'" in err, err
+    assert cairn_from(directory, "h1", "get", "data", "other", "-")[0] == 0
+    status, out, _ = cairn_from(directory, "h1", "ls", "data")
+    assert status == 0 and json.loads(out)["names"] == ["other"], out
+    status, _, err = cairn_from(directory, None, "get", "data", "team-a/h1", str(copy))
+    assert status == 0 and copy.read_bytes() == source.read_bytes(), err
+    pools = cairn(directory, "pool", "ls")["pools"]
+    assert pools[0]["allow_from"] == {"team-a/": [f"{root_ip}/32"]}
+
+    # Every refusal is in the audit log with the address it came from.
+    refused = [event for event in cairn(directory, "audit")["events"]
+               if event["result"] == "permission_denied"]
+    assert any(e["addr"].startswith(root_ip + ":") and e["target"] == "data/other"
+               for e in refused), refused
+    # (the CLI writes through staged stripe objects, data/team-a/x.~s.ID.N)
+    assert any(e["addr"].startswith(h1_ip + ":") and e["target"].startswith("data/team-a/x")
+               and e["op"] == "put" for e in refused), refused
