@@ -83,14 +83,35 @@ DIRTY_STRIPES_MAX = 16
 # this much of a long write, and fsck's grace period never takes its stripes for orphans).
 FLUSH_INTERVAL_S = 20.0
 LIST_PAGE = 1000
+PREFIX_BYTES_MAX = 512
 
 
-def inode_object(ino):
-    return f"i.{ino:016x}"
+def inode_object(ino, prefix=""):
+    return f"{prefix}i.{ino:016x}"
 
 
-def stripe_object(ino, index):
-    return f"f.{ino:016x}.{index:x}"
+def stripe_object(ino, index, prefix=""):
+    return f"{prefix}f.{ino:016x}.{index:x}"
+
+
+def check_prefix(prefix):
+    """A namespace's object-name prefix: '' or text ending in '/' (ValueError otherwise)."""
+    if not isinstance(prefix, str) or (prefix and not prefix.endswith("/")) or \
+            "\x00" in prefix or len(prefix.encode()) > PREFIX_BYTES_MAX:
+        raise ValueError(f"a namespace prefix is empty or ends with '/', at most "
+                         f"{PREFIX_BYTES_MAX} bytes (was {prefix!r})")
+    return prefix
+
+
+def prefix_argument(text):
+    """argparse type of --prefix: a valid namespace prefix ('team-a' means 'team-a/')."""
+    import argparse
+    if text and not text.endswith("/"):
+        text += "/"
+    try:
+        return check_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def fs_error(code, what):
@@ -155,34 +176,45 @@ def _unpack_entry(raw):
 
 class Filesystem:
     """A namespace whose directories live in `metadata_pool` (replicated) and whose file data
-    lives in `data_pool`. Make one with `await Filesystem.open(cluster, data_pool, ...)`."""
+    lives in `data_pool`. Make one with `await Filesystem.open(cluster, data_pool, ...)`.
 
-    def __init__(self, cluster, data_pool, metadata_pool):
+    With a `prefix` ("team-a/") every object of the namespace is named under it, so the
+    namespace is a tree of its own (a subvolume) that a key with `osd=rw prefix=team-a/` on
+    both pools can use, and nothing else can be reached with that key."""
+
+    def __init__(self, cluster, data_pool, metadata_pool, prefix=""):
         self.cluster = cluster
         self.data = cluster.pool(data_pool)
         self.meta = cluster.pool(metadata_pool)
+        self.prefix = check_prefix(prefix)
         self._open = {}                 # ino -> OpenInode (files open in this process)
 
+    def inode_object(self, ino):
+        return inode_object(ino, self.prefix)
+
+    def stripe_object(self, ino, index):
+        return stripe_object(ino, index, self.prefix)
+
     @classmethod
-    async def open(cls, cluster, data_pool, metadata_pool=None, uid=None, gid=None):
-        fs = cls(cluster, data_pool, metadata_pool or data_pool)
+    async def open(cls, cluster, data_pool, metadata_pool=None, uid=None, gid=None, prefix=""):
+        fs = cls(cluster, data_pool, metadata_pool or data_pool, prefix)
         pool = cluster.map.pools[fs.meta.name]
         if pool["kind"] != "replicated":
             raise errors.Unsupported(f"pool {fs.meta.name} is {pool['kind']}: directories need a "
                                      "replicated metadata pool (--metadata-pool)")
         try:
-            found = await fs.meta.omap_get(inode_object(ROOT_INO), [ATTR_KEY, DIR_KEY])
+            found = await fs.meta.omap_get(fs.inode_object(ROOT_INO), [ATTR_KEY, DIR_KEY])
         except errors.ObjectNotFound:
             found = {}
         if ATTR_KEY in found and DIR_KEY not in found:       # a root made before the mark
-            await fs.meta.omap_update(inode_object(ROOT_INO), {DIR_KEY: b""})
+            await fs.meta.omap_update(fs.inode_object(ROOT_INO), {DIR_KEY: b""})
         if ATTR_KEY not in found:
             now = time.time_ns()
             root = {"t": "d", "m": 0o755, "u": os.getuid() if uid is None else uid,
                     "g": os.getgid() if gid is None else gid, "mt": now, "ct": now,
                     "p": ROOT_INO}
             try:
-                await fs.meta.omap_update(inode_object(ROOT_INO),
+                await fs.meta.omap_update(fs.inode_object(ROOT_INO),
                                           {ATTR_KEY: msgpack.packb(root), DIR_KEY: b""},
                                           create=True, if_version=0)
             except errors.PreconditionFailed:
@@ -194,7 +226,7 @@ class Filesystem:
     async def getattr(self, ino):
         """The inode's Attr (the open file's own size while this process writes it)."""
         try:
-            found = await self.meta.omap_get(inode_object(ino), [ATTR_KEY, SIZE_KEY])
+            found = await self.meta.omap_get(self.inode_object(ino), [ATTR_KEY, SIZE_KEY])
         except errors.ObjectNotFound:
             found = {}
         attr = decode_attr(found)
@@ -215,12 +247,12 @@ class Filesystem:
             if ino <= ROOT_INO:
                 continue
             try:
-                await self.meta.omap_update(inode_object(ino), entries, create=True,
+                await self.meta.omap_update(self.inode_object(ino), entries, create=True,
                                             if_version=0)
                 return ino
             except errors.PreconditionFailed as exc:
                 if exc.maybe_applied:
-                    found = await self.meta.omap_get(inode_object(ino), [ATTR_KEY])
+                    found = await self.meta.omap_get(self.inode_object(ino), [ATTR_KEY])
                     if found.get(ATTR_KEY) == msgpack.packb(attr):
                         return ino
                 # that number is taken: draw another
@@ -228,7 +260,7 @@ class Filesystem:
     async def _set_attr(self, ino, change):
         """Apply change(attr) to the inode's attributes, retrying if another client changed
         them meanwhile (compare-and-swap on the object's version)."""
-        name = inode_object(ino)
+        name = self.inode_object(ino)
         while True:
             try:
                 reply = await self.meta.omap_read(name, [ATTR_KEY, SIZE_KEY])
@@ -252,14 +284,14 @@ class Filesystem:
         if attr is not None and attr.get("t") == "f":
             await self._delete_stripes(ino, 0, -(-attr.get("s", 0) // STRIPE_BYTES))
         try:
-            await self.meta.delete(inode_object(ino))
+            await self.meta.delete(self.inode_object(ino))
         except errors.ObjectNotFound:
             pass
 
     async def _delete_stripes(self, ino, first, end):
         async def one(index):
             try:
-                await self.data.delete(stripe_object(ino, index))
+                await self.data.delete(self.stripe_object(ino, index))
             except errors.ObjectNotFound:
                 pass
         for start in range(first, end, 64):
@@ -272,7 +304,7 @@ class Filesystem:
         key = ENTRY_PREFIX + _check_name(name)
         for _ in range(50):
             try:
-                found = await self.meta.omap_get(inode_object(parent), [key, ATTR_KEY])
+                found = await self.meta.omap_get(self.inode_object(parent), [key, ATTR_KEY])
             except errors.ObjectNotFound:
                 raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
             await self._check_dir(parent, found.get(ATTR_KEY))
@@ -299,7 +331,7 @@ class Filesystem:
             raise fs_error(errno.ENOTDIR, f"inode {ino:x}")
         after = ENTRY_PREFIX + _check_name(start_after) if start_after is not None else None
         for _ in range(50):
-            entries, more = await self.meta.omap_list(inode_object(ino), after,
+            entries, more = await self.meta.omap_list(self.inode_object(ino), after,
                                                       prefix=ENTRY_PREFIX, limit=limit)
             marked = [(key, raw) for key, raw in entries if _unpack_entry(raw)[2] is not None]
             if not marked:
@@ -314,12 +346,12 @@ class Filesystem:
         key = ENTRY_PREFIX + raw_name
         packed = _pack_entry(ino, kind)
         try:
-            await self.meta.omap_update(inode_object(parent), {key: packed},
+            await self.meta.omap_update(self.inode_object(parent), {key: packed},
                                         absent=[key, DEAD_KEY], present=[DIR_KEY])
         except errors.ObjectNotFound:
             raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
         except errors.PreconditionFailed as exc:
-            found = await self.meta.omap_get(inode_object(parent), [key, DEAD_KEY, ATTR_KEY])
+            found = await self.meta.omap_get(self.inode_object(parent), [key, DEAD_KEY, ATTR_KEY])
             if exc.maybe_applied and found.get(key) == packed:
                 return                              # our first attempt did it
             await self._check_dir(parent, found.get(ATTR_KEY))
@@ -402,10 +434,10 @@ class Filesystem:
     async def _remove_entry(self, parent, raw_name, packed):
         key = ENTRY_PREFIX + raw_name
         try:
-            await self.meta.omap_update(inode_object(parent), remove=[key],
+            await self.meta.omap_update(self.inode_object(parent), remove=[key],
                                         equals={key: packed})
         except errors.PreconditionFailed as exc:
-            found = await self.meta.omap_get(inode_object(parent), [key])
+            found = await self.meta.omap_get(self.inode_object(parent), [key])
             if exc.maybe_applied and key not in found:
                 return
             raise fs_error(errno.ENOENT if key not in found else errno.EAGAIN,
@@ -423,13 +455,13 @@ class Filesystem:
         try:
             await self._remove_entry(parent, raw, _pack_entry(ino, kind))
         except OSError:
-            await self.meta.omap_update(inode_object(ino), remove=[DEAD_KEY])
+            await self.meta.omap_update(self.inode_object(ino), remove=[DEAD_KEY])
             raise
         await self._drop_inode(ino, None)
 
     async def _mark_dead(self, ino, raw_name):
         try:
-            await self.meta.omap_update(inode_object(ino), {DEAD_KEY: b"1"},
+            await self.meta.omap_update(self.inode_object(ino), {DEAD_KEY: b"1"},
                                         empty=[ENTRY_PREFIX])
         except errors.PreconditionFailed:
             raise fs_error(errno.ENOTEMPTY, _display(raw_name)) from None
@@ -470,7 +502,7 @@ class Filesystem:
                                           replaced)
         except BaseException:
             if target is not None and target[1] == "d":
-                await self.meta.omap_update(inode_object(target[0]), remove=[DEAD_KEY])
+                await self.meta.omap_update(self.inode_object(target[0]), remove=[DEAD_KEY])
             raise
         if target is not None:
             await self._drop_inode(target[0], await self._attr_or_none(target[0]))
@@ -495,10 +527,10 @@ class Filesystem:
         else:
             conditions["equals"][dst_key] = replaced
         try:
-            await self.meta.omap_update(inode_object(parent), {dst_key: packed},
+            await self.meta.omap_update(self.inode_object(parent), {dst_key: packed},
                                         remove=[src_key], **conditions)
         except errors.PreconditionFailed as exc:
-            found = await self.meta.omap_get(inode_object(parent), [src_key, dst_key])
+            found = await self.meta.omap_get(self.inode_object(parent), [src_key, dst_key])
             if exc.maybe_applied and src_key not in found and found.get(dst_key) == packed:
                 return
             raise fs_error(errno.EAGAIN, f"{_display(src_raw)} or {_display(dst_raw)} changed "
@@ -510,7 +542,7 @@ class Filesystem:
         plain = _pack_entry(ino, kind)
         to_mark = _pack_entry(ino, kind, ["to", dst_parent, dst_raw, time.time()])
         from_mark = _pack_entry(ino, kind, ["from", src_parent, src_raw, replaced])
-        src_obj, dst_obj = inode_object(src_parent), inode_object(dst_parent)
+        src_obj, dst_obj = self.inode_object(src_parent), self.inode_object(dst_parent)
         # 1. Mark the source.
         try:
             await self.meta.omap_update(src_obj, {src_key: to_mark}, equals={src_key: plain})
@@ -553,7 +585,7 @@ class Filesystem:
         """Steps 3 and 4 (both conditional: safe to run twice). False if the source was no
         longer marked for this rename (a reader rolled it back): the target is then removed
         again, the replaced entry restored."""
-        src_obj, dst_obj = inode_object(src_parent), inode_object(dst_parent)
+        src_obj, dst_obj = self.inode_object(src_parent), self.inode_object(dst_parent)
         try:
             await self.meta.omap_update(src_obj, remove=[src_key], equals={src_key: to_mark})
         except errors.PreconditionFailed:
@@ -577,7 +609,7 @@ class Filesystem:
         """Step 4: clear the target entry's mark (if nobody did yet) and point a moved
         directory at its new parent."""
         try:
-            await self.meta.omap_update(inode_object(directory), {key: _pack_entry(ino, kind)},
+            await self.meta.omap_update(self.inode_object(directory), {key: _pack_entry(ino, kind)},
                                         equals={key: from_mark})
         except errors.PreconditionFailed:
             pass                                # someone else cleared it
@@ -607,7 +639,8 @@ class Filesystem:
             if time.time() - when < INTENT_SETTLE_S:
                 await asyncio.sleep(0.2)            # its writer may be at step 2
                 return
-            await self._unmark_source(inode_object(directory), key, raw, _pack_entry(ino, kind))
+            await self._unmark_source(self.inode_object(directory), key, raw,
+                                      _pack_entry(ino, kind))
             return
         _, src_parent, src_raw, replaced = intent
         src_key = ENTRY_PREFIX + bytes(src_raw)
@@ -622,7 +655,7 @@ class Filesystem:
                                           ino, kind)
                 return
             # The source is plain again: the rename was rolled back; undo this half.
-            dst_obj = inode_object(directory)
+            dst_obj = self.inode_object(directory)
             try:
                 if replaced is None:
                     await self.meta.omap_update(dst_obj, remove=[key], equals={key: raw})
@@ -636,7 +669,7 @@ class Filesystem:
 
     async def _omap_get_quiet(self, ino, keys):
         try:
-            return await self.meta.omap_get(inode_object(ino), keys)
+            return await self.meta.omap_get(self.inode_object(ino), keys)
         except errors.ObjectNotFound:
             return {}
 
@@ -819,7 +852,7 @@ async def _truncate_stripes(fs, ino, old_size, new_size):
     await fs._delete_stripes(ino, keep, -(-old_size // STRIPE_BYTES))
     cut = new_size % STRIPE_BYTES
     if cut:
-        name = stripe_object(ino, new_size // STRIPE_BYTES)
+        name = fs.stripe_object(ino, new_size // STRIPE_BYTES)
         try:
             data = await fs.data.get(name)
         except errors.ObjectNotFound:
@@ -874,7 +907,7 @@ class OpenInode:
 
     async def _get(self, index, generation):
         try:
-            data = await self.fs.data.get_view(stripe_object(self.ino, index))
+            data = await self.fs.data.get_view(self.fs.stripe_object(self.ino, index))
         except errors.ObjectNotFound:
             data = b""
         finally:
@@ -969,7 +1002,7 @@ class OpenInode:
 
     async def _put(self, index, data):
         try:
-            await self.fs.data.put(stripe_object(self.ino, index), data)
+            await self.fs.data.put(self.fs.stripe_object(self.ino, index), data)
         except Exception as exc:            # kept for the next write or flush to raise
             self.failure = self.failure or _as_oserror(exc)
         finally:
@@ -1009,7 +1042,7 @@ class OpenInode:
             if self.changed:
                 try:
                     await self.fs.meta.omap_update(
-                        inode_object(self.ino), {SIZE_KEY: msgpack.packb([self.size,
+                        self.fs.inode_object(self.ino), {SIZE_KEY: msgpack.packb([self.size,
                                                                           time.time_ns()])},
                         present=[ATTR_KEY])
                 except (errors.PreconditionFailed, errors.ObjectNotFound):
@@ -1093,7 +1126,8 @@ def _as_oserror(exc):
     code = {errors.NoSpace: errno.ENOSPC, errors.QuotaExceeded: errno.EDQUOT,
             errors.ObjectNotFound: errno.ENOENT, errors.Timeout: errno.EIO,
             errors.PoolUnavailable: errno.EIO, errors.DataUnavailable: errno.EIO,
-            errors.Unsupported: errno.EOPNOTSUPP}.get(type(exc), errno.EIO)
+            errors.Unsupported: errno.EOPNOTSUPP,
+            errors.PermissionDenied: errno.EACCES}.get(type(exc), errno.EIO)
     return OSError(code, f"{os.strerror(code)}: {exc}")
 
 

@@ -24,7 +24,7 @@ import time
 
 from cairn.client import errors
 from cairn.client.fs import (ATTR_KEY, DEAD_KEY, ENTRY_PREFIX, ROOT_INO, SIZE_KEY,
-                             STRIPE_BYTES, _pack_entry, decode_attr, inode_object)
+                             STRIPE_BYTES, _pack_entry, decode_attr)
 
 GRACE_S_DEFAULT = 60.0
 
@@ -57,7 +57,7 @@ async def check(fs, repair=False, grace_s=GRACE_S_DEFAULT, progress=None):
         report.directories += 1
         if progress is not None and report.directories % 100 == 0:
             progress(report)
-        dead = (await fs.meta.omap_get(inode_object(directory), [DEAD_KEY])).get(DEAD_KEY)
+        dead = (await fs.meta.omap_get(fs.inode_object(directory), [DEAD_KEY])).get(DEAD_KEY)
         if dead is not None and directory != ROOT_INO:
             await _interrupted_rmdir(fs, report, directory, path, repair)
             continue
@@ -87,27 +87,27 @@ async def _check_entry(fs, report, directory, name, ino, kind, path, seen, files
     try:
         attr = await fs.getattr(ino)
     except FileNotFoundError:
-        _error(report, "dangling", path, ino, inode_object(ino))
+        _error(report, "dangling", path, ino, fs.inode_object(ino))
         if repair:
-            await _conditional(fs.meta.omap_update(inode_object(directory), remove=[key],
+            await _conditional(fs.meta.omap_update(fs.inode_object(directory), remove=[key],
                                                    equals={key: packed}), report)
         return
     if ino in seen:
-        _error(report, "twice", path, ino, inode_object(ino))
+        _error(report, "twice", path, ino, fs.inode_object(ino))
         if repair:
-            await _conditional(fs.meta.omap_update(inode_object(directory), remove=[key],
+            await _conditional(fs.meta.omap_update(fs.inode_object(directory), remove=[key],
                                                    equals={key: packed}), report)
         return
     seen[ino] = path
     if attr.kind != kind:
-        _error(report, "kind", path, ino, inode_object(ino))
+        _error(report, "kind", path, ino, fs.inode_object(ino))
         if repair:
             await _conditional(fs.meta.omap_update(
-                inode_object(directory), {key: _pack_entry(ino, attr.kind)},
+                fs.inode_object(directory), {key: _pack_entry(ino, attr.kind)},
                 equals={key: packed}), report)
     if attr.kind == "d":
         if attr.get("p") != directory:
-            _error(report, "parent", path, ino, inode_object(ino))
+            _error(report, "parent", path, ino, fs.inode_object(ino))
             if repair:
                 def fix(record):
                     record["p"] = directory
@@ -123,17 +123,17 @@ async def _check_entry(fs, report, directory, name, ino, kind, path, seen, files
 
 
 async def _interrupted_rmdir(fs, report, directory, path, repair):
-    _error(report, "removing", path, directory, inode_object(directory))
+    _error(report, "removing", path, directory, fs.inode_object(directory))
     if not repair:
         return
     entries, _ = await fs.readdir(directory, limit=1)
     parent = (await fs.getattr(directory)).get("p", ROOT_INO)
     name = path.rstrip("/").rsplit("/", 1)[-1]
     if entries:
-        await fs.meta.omap_update(inode_object(directory), remove=[DEAD_KEY])
+        await fs.meta.omap_update(fs.inode_object(directory), remove=[DEAD_KEY])
     else:
         key = ENTRY_PREFIX + name.encode(errors="surrogateescape")
-        await _conditional(fs.meta.omap_update(inode_object(parent), remove=[key],
+        await _conditional(fs.meta.omap_update(fs.inode_object(parent), remove=[key],
                                                equals={key: _pack_entry(directory, "d")}),
                            report, count=False)
         await fs._drop_inode(directory, None)
@@ -143,9 +143,9 @@ async def _interrupted_rmdir(fs, report, directory, path, repair):
 async def _check_orphans(fs, report, seen, files, grace_s, repair):
     now_ns = time.time_ns()
     old_enough = now_ns - int(grace_s * 1e9)
-    async for name in _names(fs.meta, "i."):
+    async for name in _names(fs.meta, fs.prefix + "i."):
         try:
-            ino = int(name[2:], 16)
+            ino = int(name[len(fs.prefix) + 2:], 16)
         except ValueError:
             continue
         if ino in seen:
@@ -160,8 +160,8 @@ async def _check_orphans(fs, report, seen, files, grace_s, repair):
         if repair:
             await fs._drop_inode(ino, attr)
             report.repaired += 1
-    async for name in _names(fs.data, "f."):
-        parts = name.split(".")
+    async for name in _names(fs.data, fs.prefix + "f."):
+        parts = name[len(fs.prefix):].split(".")
         try:
             ino, index = int(parts[1], 16), int(parts[2], 16)
         except (IndexError, ValueError):

@@ -7,7 +7,7 @@ import sys
 
 from cairn.client import errors
 from cairn.client.cluster import Cluster, run_loop
-from cairn.client.fs import Filesystem
+from cairn.client.fs import Filesystem, prefix_argument
 from cairn.client.fs_check import GRACE_S_DEFAULT, check
 
 COMMANDS = ("fsck",)
@@ -22,6 +22,8 @@ def add_parsers(commands, common):
     fsck.add_argument("pool", help="the data pool (as given to 'cairn mount')")
     fsck.add_argument("--metadata-pool", help="the pool holding the directories (default: "
                       "POOL)")
+    fsck.add_argument("--prefix", default="", type=prefix_argument, metavar="PATH", help="the namespace under this "
+                      "object-name prefix (as given to 'cairn mount --prefix')")
     fsck.add_argument("--repair", action="store_true", help="mend what is found")
     fsck.add_argument("--grace", type=float, default=GRACE_S_DEFAULT, metavar="S",
                       help="leave orphans younger than S seconds alone: a client may be "
@@ -31,7 +33,8 @@ def add_parsers(commands, common):
 def main(args):
     async def run():
         async with await Cluster.connect(args.cluster) as cluster:
-            fs = await Filesystem.open(cluster, args.pool, metadata_pool=args.metadata_pool)
+            fs = await Filesystem.open(cluster, args.pool, metadata_pool=args.metadata_pool,
+                                       prefix=args.prefix)
 
             def progress(report):
                 if not args.json:

@@ -7,8 +7,10 @@
     fs.ls("ckpt/a"); fs.mv("ckpt/a/b.pt", "ckpt/a/c.pt")      # mv: the namespace's atomic rename
 
 The first path component is the pool (the data pool; directories live in `metadata_pool`,
-else $CAIRN_METADATA_POOL, else the same pool), the rest a path in its namespace (client/fs.py): files written here and
-through `cairn mount` are the same files. Calls run on the client library's loop in a
+else $CAIRN_METADATA_POOL, else the same pool), the rest a path in its namespace
+(client/fs.py): files written here and through `cairn mount` are the same files. Options
+`prefix="team-a/"` (the namespace under that object-name prefix, as `cairn mount --prefix`),
+`name=` and `keyring=` (the key to use; else $CAIRN_NAME, $CAIRN_KEYRING, the admin's). Calls run on the client library's loop in a
 background thread (client/sync.py). The filesystem object pickles as its options and connects
 again where it is unpickled (DCP's process-based async save pickles its writer).
 """
@@ -19,18 +21,23 @@ import os
 
 from fsspec.spec import AbstractFileSystem
 
-from cairn.client.fs import Filesystem, split_path
+from cairn.client import errors
+from cairn.client.fs import Filesystem, _as_oserror, check_prefix, split_path
 
 
 class CairnFileSystem(AbstractFileSystem):
     protocol = "cairn"
     root_marker = ""
 
-    def __init__(self, cluster=None, metadata_pool=None, op_timeout_s=None, **kwargs):
+    def __init__(self, cluster=None, metadata_pool=None, op_timeout_s=None, prefix="",
+                 name=None, keyring=None, **kwargs):
         super().__init__(cluster=cluster, metadata_pool=metadata_pool,
-                         op_timeout_s=op_timeout_s, **kwargs)
+                         op_timeout_s=op_timeout_s, prefix=prefix, name=name, keyring=keyring,
+                         **kwargs)
+        self.name, self.keyring = name, keyring
         self.cluster_where = cluster or os.environ.get("CAIRN_CLUSTER")
         self.metadata_pool = metadata_pool or os.environ.get("CAIRN_METADATA_POOL")
+        self.prefix = check_prefix(prefix)
         self.op_timeout_s = op_timeout_s
         self._client = None
         self._pid = None
@@ -43,13 +50,19 @@ class CairnFileSystem(AbstractFileSystem):
             from cairn.client.sync import SyncCluster
             from cairn.client.cluster import OP_TIMEOUT_S_DEFAULT
             self._client = SyncCluster(self.cluster_where,
-                                       self.op_timeout_s or OP_TIMEOUT_S_DEFAULT)
+                                       self.op_timeout_s or OP_TIMEOUT_S_DEFAULT,
+                                       name=self.name, keyring=self.keyring)
             self._pid = os.getpid()
             self._namespaces = {}
         return self._client
 
     def _call(self, coroutine):
-        return self._connection().call(coroutine)
+        """Run `coroutine` on the client's loop; client errors arrive as the OSError a file
+        system gives (PermissionDenied as PermissionError, EACCES; NoSpace as ENOSPC)."""
+        try:
+            return self._connection().call(coroutine)
+        except errors.ClientError as exc:
+            raise _as_oserror(exc) from exc
 
     def _split(self, path):
         """(Filesystem of the path's pool, path inside it)."""
@@ -60,8 +73,8 @@ class CairnFileSystem(AbstractFileSystem):
         client = self._connection()
         namespace = self._namespaces.get(pool)
         if namespace is None:
-            namespace = self._namespaces[pool] = client.call(Filesystem.open(
-                client._cluster, pool, metadata_pool=self.metadata_pool))
+            namespace = self._namespaces[pool] = self._call(Filesystem.open(
+                client._cluster, pool, metadata_pool=self.metadata_pool, prefix=self.prefix))
         return namespace, inner
 
     @classmethod

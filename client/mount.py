@@ -27,7 +27,7 @@ import sys
 import time
 
 from cairn.client import errors
-from cairn.client.fs import ROOT_INO, Filesystem, _as_oserror, split_path
+from cairn.client.fs import ROOT_INO, Filesystem, _as_oserror, prefix_argument, split_path
 
 log = logging.getLogger("cairn.mount")
 
@@ -323,6 +323,10 @@ def add_parsers(commands, common):
                        help="the data pool, and optionally a directory in it to mount")
     mount.add_argument("mountpoint")
     mount.add_argument("--metadata-pool", help="replicated pool holding the directories")
+    mount.add_argument("--prefix", default="", type=prefix_argument, metavar="PATH", help="the namespace whose "
+                       "objects are named under PATH (ending in '/'; a tree of its own, as a "
+                       "subvolume): a key with prefix=PATH caps on both pools mounts only "
+                       "that (default: the pool's main namespace)")
     mount.add_argument("--read-only", action="store_true", help="refuse writes (EROFS)")
     mount.add_argument("--foreground", action="store_true",
                        help="serve in this process until unmounted or interrupted")
@@ -372,6 +376,8 @@ def _background(args, mountpoint):
     command += ["mount", args.source, mountpoint, "--foreground"]
     if args.metadata_pool:
         command += ["--metadata-pool", args.metadata_pool]
+    if args.prefix:
+        command += ["--prefix", args.prefix]
     if args.read_only:
         command.append("--read-only")
     if args.op_timeout is not None:
@@ -418,7 +424,8 @@ def _serve(args, mountpoint):
         options = {"op_timeout_s": args.op_timeout} if args.op_timeout else {}
         cluster = await Cluster.connect(args.cluster, **options)
         try:
-            fs = await Filesystem.open(cluster, pool, metadata_pool=args.metadata_pool)
+            fs = await Filesystem.open(cluster, pool, metadata_pool=args.metadata_pool,
+                                       prefix=args.prefix)
             root = ROOT_INO
             if split_path(path):
                 root, kind = await fs.resolve(path)

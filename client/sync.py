@@ -19,13 +19,14 @@ from cairn.client.cluster import OP_TIMEOUT_S_DEFAULT, Cluster, new_event_loop
 
 
 class SyncCluster:
-    def __init__(self, where=None, op_timeout_s=OP_TIMEOUT_S_DEFAULT):
+    def __init__(self, where=None, op_timeout_s=OP_TIMEOUT_S_DEFAULT, name=None, keyring=None):
         self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cairn-client",
                                         daemon=True)
         self._thread.start()
         try:
-            self._cluster = self.call(Cluster.connect(where, op_timeout_s=op_timeout_s))
+            self._cluster = self.call(Cluster.connect(where, op_timeout_s=op_timeout_s,
+                                                      name=name, keyring=keyring))
         except BaseException:
             self._stop_loop()
             raise

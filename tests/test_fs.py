@@ -152,12 +152,12 @@ def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cl
             ino, kind = await fs.lookup(src, name)
             key, dkey = fsmod.ENTRY_PREFIX + name.encode(), fsmod.ENTRY_PREFIX + name.encode()
             to_mark = fsmod._pack_entry(ino, kind, ["to", dst, name.encode(), 0.0])
-            await fs.meta.omap_update(fsmod.inode_object(src), {key: to_mark})
+            await fs.meta.omap_update(fs.inode_object(src), {key: to_mark})
             if step >= 2:
                 from_mark = fsmod._pack_entry(ino, kind, ["from", src, name.encode(), None])
-                await fs.meta.omap_update(fsmod.inode_object(dst), {dkey: from_mark})
+                await fs.meta.omap_update(fs.inode_object(dst), {dkey: from_mark})
             if step >= 3:
-                await fs.meta.omap_update(fsmod.inode_object(src), remove=[key])
+                await fs.meta.omap_update(fs.inode_object(src), remove=[key])
         run(crash_after(1, "one"))          # only marked: rolled back (the mark is old)
         run(crash_after(2, "two"))          # both halves: finished
         run(crash_after(3, "three"))        # source gone: the target's mark cleared
@@ -175,11 +175,11 @@ def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cl
         # interrupted rmdir, a directory whose parent pointer is wrong.
         async def damage():
             orphan = await fs._new_inode(fs._new_attr("f", 0o644, None, None, s=5))
-            await fs.data.put(fsmod.stripe_object(orphan, 0), b"hello")
-            await fs.meta.omap_update(fsmod.inode_object(dst), {
+            await fs.data.put(fs.stripe_object(orphan, 0), b"hello")
+            await fs.meta.omap_update(fs.inode_object(dst), {
                 fsmod.ENTRY_PREFIX + b"ghost": fsmod._pack_entry(12345, "f")})
             gone = await fs.mkdir(dst, "gone")
-            await fs.meta.omap_update(fsmod.inode_object(gone), {fsmod.DEAD_KEY: b"1"})
+            await fs.meta.omap_update(fs.inode_object(gone), {fsmod.DEAD_KEY: b"1"})
 
             def wrong(attr):
                 attr["p"] = dst

@@ -3,6 +3,7 @@ fsspec: POSIX behaviour and errno, two mounts, a read-only mount, readdir during
 ergonomics (missing / busy mount point, umount after SIGKILL), fsck afterwards."""
 
 import errno
+import json
 import os
 import pickle
 import re
@@ -202,3 +203,80 @@ def test_mount_ergonomics_and_cleanup_after_sigkill(mounts, tmp_path):
     assert result.returncode == 0 and not os.path.ismount(m)
     not_mounted = cairn(mounts.cluster, "umount", m)
     assert not_mounted.returncode == 2 and "not mounted" in not_mounted.stderr
+
+
+def test_mounts_honour_caps_and_a_prefix_namespace_fences_a_team(mounts, tmp_path):
+    cluster = mounts.cluster
+    keys = {}
+    for name, caps in (("client.ro", ["mon=r", "osd=r pool=data", "osd=r pool=meta"]),
+                       ("client.teama", ["mon=r", "osd=rw pool=data prefix=team-a/",
+                                         "osd=rw pool=meta prefix=team-a/"])):
+        keys[name] = str(tmp_path / f"{name}.keyring")
+        cluster.cairn("auth", "add", name, *[arg for cap in caps for arg in ("--caps", cap)],
+                      "--keyring-out", keys[name])
+
+    def as_user(name):
+        return ("--name", name, "--keyring", keys[name])
+
+    admin = mounts.mount("admin")
+    with open(f"{admin}/kept", "wb") as f:
+        f.write(b"the admin's")
+    os.mkdir(f"{admin}/dir")
+
+    # A read-only key (no --read-only flag): reads work, every change is EACCES and changes
+    # nothing.
+    ro = mounts.mount("ro", *as_user("client.ro"))
+    assert open(f"{ro}/kept", "rb").read() == b"the admin's"
+    assert sorted(os.listdir(ro)) == ["dir", "kept"]
+    expect(errno.EACCES, open, f"{ro}/new", "wb")
+    expect(errno.EACCES, os.mkdir, f"{ro}/dir2")
+    expect(errno.EACCES, os.unlink, f"{ro}/kept")
+    expect(errno.EACCES, os.rename, f"{ro}/kept", f"{ro}/dir/kept")
+    with pytest.raises(OSError) as failure:
+        with open(f"{ro}/kept", "r+b") as f:
+            f.write(b"THE")
+    assert failure.value.errno == errno.EACCES, failure.value
+    assert sorted(os.listdir(admin)) == ["dir", "kept"]
+    assert open(f"{admin}/kept", "rb").read() == b"the admin's"
+
+    # A key for team-a/ cannot mount the pool's main namespace, only its own prefix's.
+    os.makedirs(tmp_path / "nope", exist_ok=True)
+    refused = cairn(cluster, "mount", "data", str(tmp_path / "nope"), "--metadata-pool", "meta",
+                    *as_user("client.teama"))
+    assert refused.returncode != 0 and "permission denied" in refused.stderr, refused.stderr
+    assert not os.path.ismount(tmp_path / "nope")
+    team = mounts.mount("team", "--prefix", "team-a", *as_user("client.teama"))
+    assert os.listdir(team) == []                       # a tree of its own
+    os.makedirs(f"{team}/ckpt/step-1")
+    with open(f"{team}/ckpt/step-1/model.pt", "wb") as f:
+        f.write(b"team a's weights")
+    os.rename(f"{team}/ckpt/step-1", f"{team}/ckpt/step-2")
+    assert sorted(os.listdir(admin)) == ["dir", "kept"]  # not in the main namespace
+    seen = mounts.mount("admin-team", "--prefix", "team-a/")
+    assert open(f"{seen}/ckpt/step-2/model.pt", "rb").read() == b"team a's weights"
+    # Every object the team's mount made is named under its prefix.
+    for pool, kind in (("data", "f."), ("meta", "i.")):
+        _, listing = cluster.cairn("ls", pool)
+        assert any(n.startswith(f"team-a/{kind}") for n in listing["names"]), listing
+    # fsspec with the team's key and prefix: the same files; without the prefix, refused.
+    import fsspec
+    team_fs = fsspec.filesystem("cairn", cluster=cluster.dir, metadata_pool="meta",
+                                prefix="team-a/", name="client.teama",
+                                keyring=keys["client.teama"], skip_instance_cache=True)
+    assert team_fs.cat("cairn://data/ckpt/step-2/model.pt") == b"team a's weights"
+    team_fs.pipe("cairn://data/ckpt/notes.txt", b"from fsspec")
+    assert open(f"{team}/ckpt/notes.txt", "rb").read() == b"from fsspec"
+    main_fs = fsspec.filesystem("cairn", cluster=cluster.dir, metadata_pool="meta",
+                                name="client.teama", keyring=keys["client.teama"],
+                                skip_instance_cache=True)
+    expect(errno.EACCES, main_fs.ls, "cairn://data/")
+
+    # fsck of the team's namespace, with the team's key: its tree only, clean.
+    result = cairn(cluster, "fsck", "data", "--metadata-pool", "meta", "--prefix", "team-a/",
+                   "--grace", "0", "--json", *as_user("client.teama"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["files"] == 2 and report["directories"] == 3, report
+
+    _, audit = cluster.cairn("audit", "--entity", "client.ro")
+    assert any(e["result"] == "permission_denied" for e in audit["events"]), audit
