@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from cairn.common import auth, messenger, sessions
+from cairn.common import auth, messenger, sessions, tls
 from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
 from cairn.common.placement import PlacementError
 from cairn.common.units import format_size, parse_size
@@ -282,7 +282,12 @@ async def run(args):
         authenticate = sessions.client_handshake(args.cluster)
     except auth.AuthError as exc:
         raise messenger.RequestFailed("permission_denied", str(exc)) from None
-    monc = MonClient(mons, deadline_s=ADMIN_DEADLINE_S, name="cairn", authenticate=authenticate)
+    try:
+        context = tls.for_cluster(args.cluster)
+    except tls.TlsError as exc:
+        raise messenger.RequestFailed("tls", str(exc)) from None
+    monc = MonClient(mons, deadline_s=ADMIN_DEADLINE_S, name="cairn", authenticate=authenticate,
+                     tls=context)
     try:
         if args.command == "map":
             cmap = await monc.get_map()

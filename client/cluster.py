@@ -22,7 +22,7 @@ from cairn.client import striping
 from cairn.client.errors import (DataUnavailable, NoSpace, ObjectNotFound, PermissionDenied,
                                  PoolNotFound, PoolUnavailable, PreconditionFailed, ProtocolError,
                                  QuotaExceeded, Timeout, Unsupported)
-from cairn.common import auth, messenger, pg as pgs, sessions
+from cairn.common import auth, messenger, pg as pgs, sessions, tls
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable, load_cluster
 from cairn.common.placement import stable_pg
@@ -60,7 +60,7 @@ class Cluster:
         self.op_timeout_s = op_timeout_s
         self.tickets = sessions.Tickets(monc.ticket)
         self._connections = messenger.ConnectionPool(      # osd id -> Connection
-            authenticate=self.tickets.authenticate)
+            authenticate=self.tickets.authenticate, tls=monc.tls)
         self._acting_cache = {}
 
     @classmethod
@@ -75,7 +75,11 @@ class Cluster:
                 None if isinstance(where, (list, tuple)) else where, name, keyring)
         except auth.AuthError as exc:
             raise PermissionDenied(str(exc)) from None
-        monc = MonClient(addrs, name="client", authenticate=authenticate)
+        try:
+            context = tls.for_cluster(None if isinstance(where, (list, tuple)) else where)
+        except tls.TlsError as exc:
+            raise ProtocolError(str(exc)) from None
+        monc = MonClient(addrs, name="client", authenticate=authenticate, tls=context)
         try:
             await monc.subscribe()
         except MonitorsUnavailable as exc:

@@ -30,8 +30,8 @@ import sys
 import time
 import uuid
 
-from cairn.cluster import demo, isolated
-from cairn.common import auth, sessions
+from cairn.cluster import bench_auth, demo, isolated
+from cairn.common import auth, sessions, tls
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
 
@@ -227,7 +227,8 @@ def wait_quorum(addrs, timeout_s, directory=None):
     async def ask():
         monc = MonClient(addrs, deadline_s=timeout_s, name="cairn-cluster",
                          authenticate=sessions.client_handshake(directory, "client.admin")
-                         if directory else None)
+                         if directory else None,
+                         tls=tls.for_cluster(directory) if directory else None)
         try:
             deadline = time.monotonic() + timeout_s
             while True:
@@ -315,6 +316,17 @@ def up(args):
         bootstrap = _make_keys(directory, [osd_id for *_, ids in shape for osd_id in ids])
         mkfs_auth = ["--keyring", bootstrap]
         say(f"keys: {directory}/client.admin.keyring (client.admin), {directory}/keys/")
+    tls_argv = []
+    if args.tls:
+        try:
+            tls.make(os.path.join(directory, "tls"), fsid)
+        except tls.TlsError as exc:
+            raise ClusterError(str(exc)) from None
+        description["tls"] = "tls"
+        tls_argv = ["--tls", os.path.join(directory, "tls")]
+        save(directory, description)
+        say(f"tls: every connection encrypted; the cluster certificate is "
+            f"{directory}/tls/cluster.crt")
     processes = []
     for name in mon_names:
         mon_dir = os.path.join(directory, name)
@@ -330,13 +342,13 @@ def up(args):
         prefix = isolated.exec_prefix(tag, mon["host"]) if args.isolated else []
         mon["argv"] = prefix + python_argv("cairn.mon.cli", "run", "--dir", mon_dir, "--bind",
                                            members[name], "--name", name, "--ready-file",
-                                           mon["ready_file"], "--metrics-port", "0")
+                                           mon["ready_file"], "--metrics-port", "0", *tls_argv)
         description["mons"].append(mon)
     save(directory, description)
     processes = [launch(directory, mon) for mon in description["mons"]]
     save(directory, description)
     try:
-        _start_daemons(args, directory, description, shape, processes, say)
+        _start_daemons(args, directory, description, shape, processes, say, tls_argv)
     except (ClusterError, KeyboardInterrupt):
         stop_all(directory, description["osds"] + description["mons"], wait_s=2.0)
         undo_isolation(description)
@@ -376,7 +388,7 @@ def _make_keys(directory, osd_ids):
     return bootstrap
 
 
-def _start_daemons(args, directory, description, shape, mon_processes, say):
+def _start_daemons(args, directory, description, shape, mon_processes, say, tls_argv):
     mons = description["mons"]
     wait_ready(mon_processes, mons, DAEMON_READY_S_MAX)
     save(directory, description)
@@ -409,7 +421,8 @@ def _start_daemons(args, directory, description, shape, mon_processes, say):
                 "--mkfs", "--cluster", directory, "--bind", f"{ip}:0", "--host", host,
                 "--id", str(osd_id), "--ready-file", entry["ready_file"],
                 "--metrics-port", "0", *(["--rack", rack] if rack else []),
-                *(["--keyring", _keyring_path(directory, name)] if args.auth == "hmac" else []))
+                *(["--keyring", _keyring_path(directory, name)] if args.auth == "hmac" else []),
+                *tls_argv)
             description["osds"].append(entry)
     save(directory, description)
     for entry in description["osds"]:
@@ -602,6 +615,9 @@ def build_parser():
                        "(default): every daemon and client authenticates with a key (the "
                        "admin's: DIR/client.admin.keyring); none: no authentication, for "
                        "benchmarks only")
+    start.add_argument("--tls", action="store_true", help="encrypt every connection with "
+                       "TLS 1.3 (a self-signed cluster certificate in DIR/tls; clients find it "
+                       "through --cluster DIR, or $CAIRN_TLS_CA)")
     start.add_argument("--json", action="store_true", help="print one JSON object at the end")
     finish = commands.add_parser("down", help="stop every daemon the cluster started")
     finish.add_argument("--dir", required=True)
@@ -641,11 +657,12 @@ def build_parser():
     faults.add_argument("--bps", type=_size, default=parse_size("10M"),
                         help="throttle: bytes per second (default 10M)")
     faults.add_argument("--json", action="store_true")
+    bench_auth.add_parser(commands)
     return parser
 
 
 COMMANDS = {"up": up, "down": down, "status": status, "kill": kill, "restart": restart,
-            "fault": fault, "demo": lambda args: demo.demo(args)}
+            "fault": fault, "demo": lambda args: demo.demo(args), "bench-auth": bench_auth.main}
 
 
 def main(argv=None):

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import logging
 import os
+import ssl
 import time
 
 from cairn.common import auth, frame, wire
@@ -219,19 +220,24 @@ class Connection:
 
 
 async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT,
-                  authenticate=None):
+                  authenticate=None, tls=None):
     """A Connection to 'host:port'; ConnectionClosed if it cannot be opened in time.
     `authenticate(connection)`: the handshake to run before the connection is handed out (its
-    errors close the connection and pass through)."""
+    errors close the connection and pass through). `tls`: an ssl.SSLContext (common/tls.py)
+    for a cluster that serves TLS."""
     host, port = parse_addr(addr)
     connection = Connection(addr, on_push)
     try:
         async with asyncio.timeout(timeout_s):
             transport, _ = await asyncio.get_running_loop().create_connection(
-                connection._make_protocol, host, port)
+                connection._make_protocol, host, port, ssl=tls,
+                server_hostname="" if tls is not None else None)
     except TimeoutError:
         raise ConnectionClosed(f"cannot connect to {addr}: no answer in {timeout_s:g} s") \
             from None
+    except ssl.SSLError as exc:
+        raise ConnectionClosed(f"cannot connect to {addr}: TLS failed ({exc.reason or exc}); "
+                               "does the cluster serve TLS, with this certificate?") from None
     except OSError as exc:
         raise ConnectionClosed(f"cannot connect to {addr}: {exc.strerror or exc}") from None
     connection._transport = transport
@@ -248,9 +254,11 @@ class ConnectionPool:
     """One Connection per peer key (an OSD id), opened on first use and reopened when closed
     or when the peer's address changed. Concurrent callers share one connection attempt."""
 
-    def __init__(self, connect_timeout_s=CONNECT_TIMEOUT_S_DEFAULT, authenticate=None):
+    def __init__(self, connect_timeout_s=CONNECT_TIMEOUT_S_DEFAULT, authenticate=None,
+                 tls=None):
         self.connect_timeout_s = connect_timeout_s
         self.authenticate = authenticate
+        self.tls = tls
         self._connections = {}
         self._locks = {}
 
@@ -266,7 +274,7 @@ class ConnectionPool:
             if connection is not None:
                 await connection.close()
             connection = await connect(addr, timeout_s=self.connect_timeout_s,
-                                       authenticate=self.authenticate)
+                                       authenticate=self.authenticate, tls=self.tls)
             self._connections[key] = connection
             return connection
 
@@ -501,16 +509,19 @@ class _Server:
                 connection.sweep(now)
 
 
-async def serve(addr, handler, on_close=None, guard=None):
+async def serve(addr, handler, on_close=None, guard=None, tls=None):
     """Start serving 'host:port' (port 0 picks one); the asyncio Server.
 
     `handler(peer, frame)` -> (header, payload); `on_close(peer)` runs when a connection ends.
     `guard` (common/sessions.py) answers the handshake ops it names; while `guard.required`,
-    a connection may send nothing else (and only small frames) until its handshake is done."""
+    a connection may send nothing else (and only small frames) until its handshake is done.
+    `tls`: a server ssl.SSLContext (common/tls.py); then every connection is TLS, and one
+    whose TLS handshake takes over HANDSHAKE_S is dropped."""
     host, port = parse_addr(addr)
     shared = _Server(handler, on_close, guard)
-    server = await asyncio.get_running_loop().create_server(shared.make_protocol, host, port,
-                                                            reuse_address=True)
+    server = await asyncio.get_running_loop().create_server(
+        shared.make_protocol, host, port, reuse_address=True, ssl=tls,
+        ssl_handshake_timeout=HANDSHAKE_S if tls is not None else None)
     shared.server = server
     return server
 

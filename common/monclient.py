@@ -89,7 +89,7 @@ def load_cluster(where):
 
 class MonClient:
     def __init__(self, addrs, deadline_s=MON_DEADLINE_S_DEFAULT, name="client",
-                 authenticate=None):
+                 authenticate=None, tls=None):
         if not addrs:
             raise ValueError("MonClient needs at least one monitor address")
         self.addrs = list(addrs)
@@ -108,6 +108,7 @@ class MonClient:
         self._closing = False
         self._pushes = asyncio.Queue(maxsize=PUSHES_QUEUED_MAX)
         self.authenticate = authenticate    # the handshake on each new connection
+        self.tls = tls                      # an ssl.SSLContext when the cluster serves TLS
 
     # -- connections --------------------------------------------------------------------------
 
@@ -127,7 +128,8 @@ class MonClient:
                                            deadline - loop.time()))
                     connection = await messenger.connect(addr, on_push=self._on_push,
                                                          timeout_s=timeout,
-                                                         authenticate=self.authenticate)
+                                                         authenticate=self.authenticate,
+                                                         tls=self.tls)
                     self._connection = connection
                     if self._subscribed:
                         await self._resubscribe(connection)

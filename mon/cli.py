@@ -24,6 +24,7 @@ import sys
 
 from cairn.common import auth, daemon, metrics
 from cairn.common.messenger import parse_addr
+from cairn.common.tls import TlsError
 from cairn.mon import metrics as mon_metrics, store
 from cairn.mon.monitor import Monitor
 
@@ -75,6 +76,9 @@ def build_parser():
                      "once serving")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port "
                      "of the --bind address (0: any free port; default: none)")
+    run.add_argument("--tls", metavar="DIR", help="serve TLS, and speak it to the other "
+                     "monitors, with the cluster certificate in DIR (cluster.crt, cluster.key; "
+                     "made by cairn-cluster up --tls)")
     run.add_argument("--verbose", action="store_true")
     return parser
 
@@ -112,7 +116,11 @@ def main(argv=None):
     daemon.setup_logging(args.name, args.verbose)
 
     async def serve(stop):
-        monitor = Monitor(args.dir, args.bind, args.name)
+        try:
+            monitor = Monitor(args.dir, args.bind, args.name, tls_dir=args.tls)
+        except TlsError as exc:
+            log.error("cannot start: %s", exc)
+            return 2
         try:
             await monitor.start()
         except (store.MonStoreError, OSError) as exc:

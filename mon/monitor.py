@@ -65,8 +65,7 @@ import time
 
 import msgpack
 
-from cairn.common import audit, config, sessions, throttle
-from cairn.common import messenger
+from cairn.common import audit, config, messenger, sessions, throttle, tls
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.daemon import crash_on_error
 from cairn.common.frame import Frame, Kind
@@ -135,8 +134,10 @@ def no_quorum(message):
 
 
 class Monitor:
-    def __init__(self, directory, bind_addr, name="mon.0"):
+    def __init__(self, directory, bind_addr, name="mon.0", tls_dir=None):
         self.directory = directory
+        # With --tls DIR it serves TLS and speaks it to the other monitors (common/tls.py).
+        self.tls_server, tls_client = tls.daemon_contexts(tls_dir)
         self.bind_addr = bind_addr
         self.name = name
         self.addr = None
@@ -182,7 +183,8 @@ class Monitor:
         self._outbox_ready = {}             # monitor name -> Event
         self._learned_addrs = {}            # monitor name -> address it sent from
         self._seen = {}                     # monitor name -> monotonic time last heard
-        self._peers = messenger.ConnectionPool(connect_timeout_s=RAFT_CONNECT_TIMEOUT_S)
+        self._peers = messenger.ConnectionPool(connect_timeout_s=RAFT_CONNECT_TIMEOUT_S,
+                                               tls=tls_client)
         self._was_member = False
         self._audit_queue = collections.deque()     # audit events not yet committed
         self.audit_dropped_total = 0
@@ -205,7 +207,8 @@ class Monitor:
         guard = sessions.MonGuard(self._auth_lookup, authenticating,
                                   lambda: authority.ticket_ttl_s(self.map))
         self._server = await messenger.serve(self.bind_addr, self.handle,
-                                             on_close=self._subscribers.discard, guard=guard)
+                                             on_close=self._subscribers.discard, guard=guard,
+                                             tls=self.tls_server)
         host, port = self._server.sockets[0].getsockname()[:2]
         self.addr = f"{host}:{port}"
         if set(self.raft.members) == {self.name}:

@@ -22,6 +22,7 @@ import sys
 import time
 
 from cairn.common import auth
+from cairn.common.tls import TlsError
 from cairn.common.units import format_size, parse_size
 from cairn.native import DeviceError, implementation, open_device
 from cairn.native.erasure import tune_malloc
@@ -94,6 +95,9 @@ def build_parser(prog="cairn-osd"):
     run.add_argument("--keyring", help="this OSD's keyring (osd.N's key, written by "
                      "cairn-cluster up or 'cairn auth get-key osd.N'); needs --id N; without "
                      "it the OSD works only in a cluster with auth none")
+    run.add_argument("--tls", metavar="DIR", help="serve TLS, and speak it to monitors and "
+                     "peers, with the cluster certificate in DIR (cluster.crt, cluster.key; "
+                     "made by cairn-cluster up --tls)")
     run.add_argument("--mkfs", action="store_true", help="make a store first if the device "
                      "holds none (never overwrites one)")
     run.add_argument("--ready-file", help="write {name, id, addr, pid, uuid, metrics} as JSON "
@@ -361,9 +365,13 @@ def run_daemon(args, prog):
                 pass                        # --mkfs never overwrites: use the store there
             finally:
                 await device.aclose()
-        osd = OsdDaemon(args.device, mons, args.bind, location, meta_dir=args.meta,
-                        weight=args.weight, osd_id=args.id, metrics_port=args.metrics_port,
-                        secret=secret)
+        try:
+            osd = OsdDaemon(args.device, mons, args.bind, location, meta_dir=args.meta,
+                            weight=args.weight, osd_id=args.id, metrics_port=args.metrics_port,
+                            secret=secret, tls_dir=args.tls)
+        except TlsError as exc:
+            log.error("cannot start: %s", exc)
+            return 2
         try:
             await osd.start()
         except (StoreError, DeviceError, MonitorsUnavailable, RequestFailed, OSError) as exc:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 
-from cairn.common import audit, auth, config, messenger, metrics, sessions
+from cairn.common import audit, auth, config, messenger, metrics, sessions, tls
 from cairn.common.pg import pool_by_id
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable
@@ -39,7 +39,7 @@ STOP_NOTICE_S_MAX = 3.0
 
 class OsdDaemon:
     def __init__(self, device_path, mon_addrs, bind_addr, location, *, meta_dir=None,
-                 weight=1.0, osd_id=None, metrics_port=None, secret=None):
+                 weight=1.0, osd_id=None, metrics_port=None, secret=None, tls_dir=None):
         self.device_path = device_path
         self.meta_dir = meta_dir
         self.bind_addr = bind_addr
@@ -49,8 +49,11 @@ class OsdDaemon:
         self.addr = None
         # With a key (osd.N's, from its keyring) the OSD authenticates to the monitors, holds
         # the service keys that open clients' tickets, and shows tickets to its peers.
+        # With --tls DIR it serves TLS and speaks it to monitors and peers (common/tls.py).
+        self.tls_server, self.tls_client = tls.daemon_contexts(tls_dir)
         self.monc = MonClient(mon_addrs, name="osd", authenticate=None if secret is None else
-                              sessions.monitor_handshake(f"osd.{osd_id}", secret))
+                              sessions.monitor_handshake(f"osd.{osd_id}", secret),
+                              tls=self.tls_client)
         self.tickets = sessions.Tickets(self.monc.ticket)
         self.service_keys = {}              # generation -> secret (common/auth.py tickets)
         self.authenticating = secret is not None
@@ -60,7 +63,7 @@ class OsdDaemon:
         self._tasks = []
         self._watch = PeerWatch()
         self._peer_connections = messenger.ConnectionPool(   # peer id -> Connection
-            authenticate=self.tickets.authenticate)
+            authenticate=self.tickets.authenticate, tls=self.tls_client)
         self._stopping = False
         self.audit = None                   # common/audit.AuditFile, once the store is open
         self.boots_total = 0
@@ -84,8 +87,9 @@ class OsdDaemon:
         self.pgs.load_local()
         if self.authenticating:
             await self._fetch_service_keys()
-        self._server = await messenger.serve(self.bind_addr, self.handle, guard=sessions.TicketGuard(
-            lambda: self.service_keys, self.authenticating))
+        self._server = await messenger.serve(
+            self.bind_addr, self.handle, tls=self.tls_server,
+            guard=sessions.TicketGuard(lambda: self.service_keys, self.authenticating))
         host, port = self._server.sockets[0].getsockname()[:2]
         self.addr = f"{host}:{port}"
         await self._boot()

@@ -71,7 +71,7 @@ class ObjectService:
         self._object_locks = {}             # (collection, name) -> [lock, users]
         self.collection_lock = asyncio.Lock()
         self.connections = messenger.ConnectionPool(      # osd id -> Connection
-            authenticate=daemon.tickets.authenticate)
+            authenticate=daemon.tickets.authenticate, tls=daemon.tls_client)
         self.backends = {"replicated": ReplicatedBackend(self),      # by pool kind
                          "erasure": ErasureBackend(self)}
         self.ops_total = 0

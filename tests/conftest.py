@@ -87,12 +87,13 @@ def local_cluster(disk_dir):
     import sys
     made = []
 
-    def up(hosts=3, osds_per_host=1, racks=0, device_size="256M", config=(), mons=1):
+    def up(hosts=3, osds_per_host=1, racks=0, device_size="256M", config=(), mons=1,
+           extra=()):
         directory = os.path.join(str(disk_dir), f"cluster{len(made)}")
         made.append(directory)
         argv = [sys.executable, "-m", "cairn.cluster.cli", "up", "--dir", directory,
                 "--hosts", str(hosts), "--osds-per-host", str(osds_per_host), "--racks",
-                str(racks), "--device-size", device_size, "--mons", str(mons)]
+                str(racks), "--device-size", device_size, "--mons", str(mons), *extra]
         for pair in config:
             argv += ["--config", pair]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=180)
