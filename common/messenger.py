@@ -14,6 +14,8 @@ the network has a deadline (`timeout_s`), and requests in flight on one connecti
 """
 
 import asyncio
+import collections
+import contextvars
 import itertools
 import logging
 import os
@@ -35,6 +37,14 @@ SERVER_REQUESTS_PER_CONNECTION_MAX = 64
 SERVER_REQUEST_BYTES_MAX = 512 << 20
 CONNECTION_REQUEST_BYTES_MAX = 2 * frame.PAYLOAD_BYTES_MAX
 assert SERVER_REQUEST_BYTES_MAX >= CONNECTION_REQUEST_BYTES_MAX
+# Bytes of large replies (reads) a server builds and holds until the transport has sent them,
+# per connection and all together: a handler reserves them (`reserve_reply`) before it reads
+# what it will send, so a peer that does not read its replies stalls its own reads, not the
+# daemon's memory. A waiting reservation looks again every REPLY_RECHECK_S (sent bytes free
+# reservations, and a transport says no more than how much it still holds).
+SERVER_REPLY_BYTES_MAX = 1 << 30
+CONNECTION_REPLY_BYTES_MAX = 2 * frame.PAYLOAD_BYTES_MAX
+REPLY_RECHECK_S = 0.005
 # Connections one server keeps at once; more are answered `busy` and closed. A cluster of a
 # few hundred OSDs, each with a connection or two per peer, plus clients, fits.
 SERVER_CONNECTIONS_MAX = 4096
@@ -308,6 +318,7 @@ class Peer:
         self.caps = None
         self.expires = None
         self.send_mac = None
+        self.sent_total = 0                 # bytes of frames handed to the transport
 
     def push(self, header, payload=b""):
         """Queue a PUSH frame (no wait; a peer that stops reading is dropped by the server's
@@ -322,8 +333,13 @@ class Peer:
         if self.closed or self._transport.is_closing():
             self.closed = True
             return
-        write_frame(self._transport, frame.encode(kind, request_id, header, payload,
-                                                  self.send_mac))
+        buffers = frame.encode(kind, request_id, header, payload, self.send_mac)
+        self.sent_total += sum(memoryview(buffer).nbytes for buffer in buffers)
+        write_frame(self._transport, buffers)
+
+    def unsent_bytes(self):
+        """Bytes we queued that the transport has not sent yet."""
+        return 0 if self.closed else self._transport.get_write_buffer_size()
 
     def close(self):
         if not self.closed:
@@ -347,6 +363,8 @@ class _ServerConnection:
         self._on_close = on_close
         self.budget = wire.ByteBudget(CONNECTION_REQUEST_BYTES_MAX)
         self._limits = wire.Limits(budgets=(self.budget, server.budget))
+        self.reply_budget = wire.ByteBudget(CONNECTION_REPLY_BYTES_MAX)
+        self._unsent = collections.deque()  # [peer.sent_total after a reply, bytes reserved]
         guarded = server.guard is not None and server.guard.required
         self.protocol = wire.FrameProtocol(
             self._on_frame, self._on_error, self._on_lost,
@@ -401,11 +419,65 @@ class _ServerConnection:
             self.peer.close()
             return
         task = asyncio.get_running_loop().create_task(
-            _answer(self.peer, self._handler, received))
+            _answer(self, self._handler, received))
         self._tasks.add(task)
         task.add_done_callback(lambda done: self._done(done, received))
         if len(self._tasks) >= SERVER_REQUESTS_PER_CONNECTION_MAX:
             self.protocol.pause_reading("requests")
+
+    # -- reply reservations ----------------------------------------------------------------
+
+    async def reserve_reply(self, nbytes):
+        """Wait until `nbytes` fit this connection's and the server's reply budgets; take them."""
+        budgets = (self.reply_budget, self._server.reply_budget)
+        loop = asyncio.get_running_loop()
+        while True:
+            self._server.release_sent()
+            if all(budget.fits(nbytes) for budget in budgets):
+                for budget in budgets:
+                    budget.force(nbytes)
+                return
+            waiter = loop.create_future()
+
+            def wake():
+                if not waiter.done():
+                    waiter.set_result(None)
+            for budget in budgets:
+                if not budget.fits(nbytes):
+                    budget.wait(wake)
+            recheck = loop.call_later(REPLY_RECHECK_S, wake)
+            try:
+                await waiter
+            finally:
+                recheck.cancel()
+
+    def replied(self, reserved):
+        """A reply that reserved `reserved` bytes was queued (or failed): hold them until the
+        transport has sent it."""
+        if reserved:
+            if self.peer.closed:
+                self._give_replies(reserved)
+                return
+            self._unsent.append((self.peer.sent_total, reserved))
+            self._server.holding.add(self)
+        self.release_sent()
+
+    def release_sent(self):
+        """Give back what replies the transport has sent since reserved."""
+        if not self._unsent:
+            return
+        sent = self.peer.sent_total - self.peer.unsent_bytes()
+        given = 0
+        while self._unsent and (self.peer.closed or self._unsent[0][0] <= sent):
+            given += self._unsent.popleft()[1]
+        if not self._unsent:
+            self._server.holding.discard(self)
+        if given:
+            self._give_replies(given)
+
+    def _give_replies(self, nbytes):
+        self.reply_budget.give(nbytes)
+        self._server.reply_budget.give(nbytes)
 
     def _refuse(self, received, code, message):
         self.peer.send(Kind.ERROR, received.request_id, {"error": code, "message": message})
@@ -440,6 +512,7 @@ class _ServerConnection:
             self.protocol.resume_reading("requests")
 
     def _writing(self, paused):
+        self.release_sent()
         if paused:
             self.stalled_since = time.monotonic()
             self.protocol.pause_reading("replies")
@@ -479,6 +552,7 @@ class _ServerConnection:
             task.cancel()
         if self.peer is not None:
             self.peer.closed = True
+            self.release_sent()
             if self._on_close is not None:
                 self._on_close(self.peer)
 
@@ -492,6 +566,8 @@ class _Server:
         self.on_close = on_close
         self.guard = guard
         self.budget = wire.ByteBudget(SERVER_REQUEST_BYTES_MAX)
+        self.reply_budget = wire.ByteBudget(SERVER_REPLY_BYTES_MAX)
+        self.holding = set()                # connections with replies reserved, not yet sent
         self.connections = set()
         self.sweeper = None
         self.server = None
@@ -501,12 +577,17 @@ class _Server:
             self.sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return _ServerConnection(self, self.handler, self.on_close).protocol
 
+    def release_sent(self):
+        for connection in list(self.holding):
+            connection.release_sent()
+
     async def _sweep(self):
         while self.server is None or self.server.is_serving() or self.connections:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             now = time.monotonic()
             for connection in list(self.connections):
                 connection.sweep(now)
+            self.release_sent()
 
 
 async def serve(addr, handler, on_close=None, guard=None, tls=None):
@@ -526,7 +607,33 @@ async def serve(addr, handler, on_close=None, guard=None, tls=None):
     return server
 
 
-async def _answer(peer, handler, received):
+# The server connection and reserved reply bytes of the request a task is answering.
+_serving = contextvars.ContextVar("cairn_serving", default=None)
+
+
+async def reserve_reply(nbytes):
+    """Called by a handler before it reads what it will send: wait until a reply of about
+    `nbytes` fits the connection's and the server's reply budgets, and hold them until the
+    reply has left (outside a served request: at once). One reply larger than a budget still
+    goes when nothing else holds it."""
+    serving = _serving.get()
+    if serving is None or nbytes <= 0:
+        return
+    connection, slot = serving
+    await connection.reserve_reply(nbytes)
+    slot[0] += nbytes
+
+
+async def _answer(connection, handler, received):
+    peer, slot = connection.peer, [0]
+    _serving.set((connection, slot))
+    try:
+        await _respond(peer, handler, received)
+    finally:
+        connection.replied(slot[0])
+
+
+async def _respond(peer, handler, received):
     try:
         header, payload = await handler(peer, received)
         peer.send(Kind.REPLY, received.request_id, header, payload)

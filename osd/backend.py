@@ -33,13 +33,14 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import struct
 
 from cairn.common import config, pg as pgs
 from cairn.common.limits import BLOCK_SIZE_BYTES, OMAP_UPDATE_BYTES_MAX
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.native.erasure import DEFAULT_BACKEND, BadFragment, Codec, NotEnoughFragments
 from cairn.osd import ecstripe
-from cairn.osd.errors import ChecksumError, ObjectNotFound
+from cairn.osd.errors import ChecksumError, ObjectNotFound, StoreError
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
@@ -128,6 +129,12 @@ class PgBackend(abc.ABC):
     @abc.abstractmethod
     async def stat(self, pg, name):
         ...
+
+    @abc.abstractmethod
+    def reply_bytes(self, pg, name, offset=0, length=None):
+        """About how many bytes a read of `name` will send (0 when unknown here): what the
+        request reserves of the connection's reply budget before it reads
+        (messenger.reserve_reply)."""
 
     @abc.abstractmethod
     async def recover_object(self, pg, source, target, name, epoch, pay=None):
@@ -253,6 +260,13 @@ class ReplicatedBackend(PgBackend):
     async def apply_message(self, pg, header, payload, delete):
         await self.apply(pg, header["name"], None if delete else payload, header["version"],
                          delete, bool(header.get("manifest")), bool(header.get("complete")))
+
+    def reply_bytes(self, pg, name, offset=0, length=None):
+        try:
+            size = self.store.stat(pg.collection, name).size
+        except StoreError:
+            return 0
+        return _clamped(size, offset, length)
 
     async def read(self, pg, name, offset=0, length=None):
         """(stat, bytes to send) of the local copy, zero-copy when large (see read_local). A
@@ -509,6 +523,13 @@ class ErasureBackend(PgBackend):
                                 "position; retry once it is recovered")
         size, unit = pgs.ec_geometry(record.attrs)
         return record, pgs.version_of(record.attrs), self.layout(self.codec(pg), size, unit)
+
+    def reply_bytes(self, pg, name, offset=0, length=None):
+        try:
+            size = pgs.ec_geometry(self.store.stat(pg.collection, name).attrs)[0]
+        except (StoreError, KeyError, struct.error):
+            return 0
+        return _clamped(size, offset, length)
 
     async def read(self, pg, name, offset=0, length=None):
         record, version, layout = self._local_info(pg, name)
@@ -780,3 +801,10 @@ class ErasureBackend(PgBackend):
                                      ec=[size, unit]),
                    shard if target == self.me else padded(shard))  # a local call: no wire
         return "copied"
+
+
+def _clamped(size, offset, length):
+    """Bytes of a read at `offset` of `length` (None: to the end) of a `size`-byte object."""
+    offset = offset if isinstance(offset, int) and offset >= 0 else 0
+    left = max(0, size - offset)
+    return left if not isinstance(length, int) or length < 0 else min(left, length)

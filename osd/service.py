@@ -294,6 +294,10 @@ class ObjectService:
         pool, pg = await self._pg_of(header)
         name = self._name(header)
         pg = await self.registry.wait_active(pg.key)
+        # Room for the reply first (before any lock): a peer that leaves its replies unread
+        # waits here, holding nothing of ours.
+        await messenger.reserve_reply(self.backend(pool).reply_bytes(
+            pg, name, header.get("offset", 0), header.get("length")))
         key = (pg.collection, name)
         entry = await self._locked(key)            # no read of a write not yet everywhere
         try:
