@@ -203,7 +203,7 @@ class Cluster:
         if exc.code == "unsupported":
             raise Unsupported(exc.message) from None
         if exc.code == "permission_denied":
-            raise PermissionDenied(exc.message) from None
+            raise PermissionDenied(striping.logical_names(exc.message)) from None
         if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error"):
             raise ProtocolError(f"{exc.code}: {exc.message}") from None
         # wrong_primary, again: retry after the map moves

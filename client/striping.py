@@ -12,6 +12,7 @@ stripe, checked when the stripe is read back.
 """
 
 import dataclasses
+import re
 
 import msgpack
 
@@ -78,3 +79,11 @@ def stripe_name(name, token, index):
 
 def is_stripe_name(name):
     return STRIPE_MARK in name
+
+
+_STRIPE_NAME = re.compile(r"(\S+?)" + re.escape(STRIPE_MARK) + r"[0-9a-f]+\.[0-9a-f]+")
+
+
+def logical_names(text):
+    """`text` (an OSD's message) with stripe object names shown as the object they make up."""
+    return _STRIPE_NAME.sub(r"\1", text)

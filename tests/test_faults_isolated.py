@@ -178,6 +178,7 @@ def test_pool_allowlists_refuse_other_addresses(isolated_cluster, tmp_path):
     cairn(directory, "pool", "set", "data", "allow-from", root_ip, "--prefix", "team-a/")
     status, _, err = cairn_from(directory, "h1", "put", "data", "team-a/x", str(source))
     assert status != 0 and "permission denied" in err and "for prefix 'team-a/'" in err, err
+    assert "may not put data/team-a/x (" in err, err    # the object, not its stripe
     assert cairn_from(directory, "h1", "get", "data", "other", "-")[0] == 0
     status, out, _ = cairn_from(directory, "h1", "ls", "data")
     assert status == 0 and json.loads(out)["names"] == ["other"], out
