@@ -35,6 +35,8 @@ def add_parser(commands):
     bench.add_argument("--hosts", type=int, default=3)
     bench.add_argument("--dir", help="where the clusters go (default: a new directory under "
                        "/var/tmp, removed afterwards)")
+    bench.add_argument("--size", action="append", choices=[size for size, _ in LOADS],
+                       help="only this object size (repeatable; default: 4M and 4K)")
     bench.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
 
@@ -52,9 +54,10 @@ def main(args):
                                 "bench", "--replicated", "3", "--pg-num", "32"),
                            check=True, capture_output=True, text=True)
             print(f"cluster {mode}: up in {directory}", file=sys.stderr, flush=True)
-        results = {mode: {size: [] for size, _ in LOADS} for mode in MODES}
+        loads = [(size, names) for size, names in LOADS if not args.size or size in args.size]
+        results = {mode: {size: [] for size, _ in loads} for mode in MODES}
         for round_number in range(1, args.rounds + 1):
-            for size, names in LOADS:
+            for size, names in loads:
                 order = list(MODES) if round_number % 2 else list(reversed(MODES))
                 for mode in order:
                     directory = os.path.join(base, mode.replace("+", "-"))
@@ -87,7 +90,7 @@ def main(args):
 
 def _summary(results):
     summary = {}
-    for size, _ in LOADS:
+    for size in results["none"]:
         field = "MBps" if size == "4M" else "iops"
         medians = {mode: statistics.median(line[field] for line in results[mode][size])
                    for mode in MODES}
