@@ -48,6 +48,12 @@ REPLY_RECHECK_S = 0.005
 # Connections one server keeps at once; more are answered `busy` and closed. A cluster of a
 # few hundred OSDs, each with a connection or two per peer, plus clients, fits.
 SERVER_CONNECTIONS_MAX = 4096
+# Of those, connections that have not finished their handshake (where one is required): beyond
+# this many, a new one is answered `busy` (a flood of silent sockets cannot crowd out the keyed).
+SERVER_UNAUTHENTICATED_MAX = int(os.environ.get("CAIRN_UNAUTHENTICATED_MAX", 1024))
+# A connection that sends nothing, is sent nothing and has no request in flight for this long
+# is closed (as Ceph's ms_connection_idle_timeout); clients reconnect when they next need it.
+IDLE_S = float(os.environ.get("CAIRN_IDLE_S", 900.0))
 # A peer holding part of a frame that completes no frame for this long is dropped (slowloris):
 # a 64 MiB frame arrives within it at 2.3 MB/s.
 # A peer that leaves its replies unread this long (our write buffer stays over its high-water
@@ -377,6 +383,8 @@ class _ServerConnection:
         self._tasks = set()
         self.partial_since = None           # monotonic time: a frame is held unfinished since
         self.stalled_since = None           # monotonic time: our replies wait unread since
+        self.active_at = self.opened        # monotonic time: last frame in or out, or a request
+        self._sent_seen = 0
 
     def _connection_made(self, transport):
         self.protocol.transport = transport
@@ -388,10 +396,21 @@ class _ServerConnection:
                                            f"{SERVER_CONNECTIONS_MAX} connections; retry later"})
             self.peer.close()
             return
+        if not self.authenticated:
+            if self._server.unauthenticated >= SERVER_UNAUTHENTICATED_MAX:
+                log.warning("refusing %s: %d connections without a handshake already",
+                            self.peer.addr, self._server.unauthenticated)
+                self.peer.send(Kind.ERROR, 0, {"error": "busy", "message": "the daemon has "
+                                               f"{SERVER_UNAUTHENTICATED_MAX} connections "
+                                               "without a handshake; retry later"})
+                self.peer.close()
+                return
+            self._server.unauthenticated += 1
         self._server.connections.add(self)
 
     def _on_frame(self, received):
         self.partial_since = None
+        self.active_at = time.monotonic()
         if self.peer.closed:
             self.protocol.receiver.release(received)
             return
@@ -504,6 +523,7 @@ class _ServerConnection:
         self.protocol.receiver.limits = self._limits
         self.peer.entity, self.peer.caps, self.peer.expires = entity, caps, expires
         self.authenticated = True
+        self._server.unauthenticated -= 1
 
     def _done(self, task, received):
         self._tasks.discard(task)
@@ -529,6 +549,8 @@ class _ServerConnection:
                 self.partial_since = now
         else:
             self.partial_since = None
+        if self._tasks or self.peer.sent_total != self._sent_seen:
+            self.active_at, self._sent_seen = now, self.peer.sent_total
         reason = None
         if not self.authenticated and now - self.opened > HANDSHAKE_S:
             reason = f"no handshake in {HANDSHAKE_S:g} s"
@@ -536,6 +558,8 @@ class _ServerConnection:
             reason = f"no frame completed in {FRAME_DEADLINE_S:g} s"
         elif self.stalled_since is not None and now - self.stalled_since > REPLY_STALL_S:
             reason = f"our replies left unread for {REPLY_STALL_S:g} s"
+        elif now - self.active_at > IDLE_S:
+            reason = f"idle for {IDLE_S:g} s"
         if reason is not None:
             log.warning("dropping %s: %s", self.peer.addr, reason)
             self.peer.abort()
@@ -546,6 +570,8 @@ class _ServerConnection:
         self.peer.close()
 
     def _on_lost(self, exc):
+        if self in self._server.connections and not self.authenticated:
+            self._server.unauthenticated -= 1
         self._server.connections.discard(self)
         self.protocol.receiver.close()
         for task in list(self._tasks):
@@ -569,6 +595,7 @@ class _Server:
         self.reply_budget = wire.ByteBudget(SERVER_REPLY_BYTES_MAX)
         self.holding = set()                # connections with replies reserved, not yet sent
         self.connections = set()
+        self.unauthenticated = 0            # of those, how many have no handshake yet
         self.sweeper = None
         self.server = None
 

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from cairn.common import frame, messenger
+from cairn.common import frame, messenger, sessions
 from cairn.common.frame import Kind
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
@@ -93,6 +93,52 @@ def test_garbage_gets_a_protocol_error_and_the_server_lives_on():
         finally:
             server.close()
             await server.wait_closed()
+    run(main())
+
+
+def test_connections_without_a_handshake_are_capped_and_idle_ones_closed(monkeypatch):
+    monkeypatch.setattr(messenger, "SERVER_UNAUTHENTICATED_MAX", 3)
+    monkeypatch.setattr(messenger, "IDLE_S", 0.6)
+    monkeypatch.setattr(messenger, "SWEEP_INTERVAL_S", 0.1)
+    guard = sessions.MonGuard(lambda entity: None, True, lambda: 60.0)
+
+    async def handler(peer, received):
+        return {"ok": True}, b""
+
+    async def main():
+        keyed = await messenger.serve("127.0.0.1:0", handler, guard=guard)
+        plain = await echo_server()
+        try:
+            host, port = keyed.sockets[0].getsockname()[:2]
+            silent = [await asyncio.open_connection(host, port) for _ in range(3)]
+            reader, writer = await asyncio.open_connection(host, port)
+            answer = await asyncio.wait_for(messenger.read_frame(reader), 2)
+            assert answer.kind == Kind.ERROR and answer.header["error"] == "busy", answer.header
+            assert "without a handshake" in answer.header["message"]
+            writer.close()
+            silent.pop()[1].close()                 # one leaves: room for another
+            await asyncio.sleep(0.2)
+            reader, writer = await asyncio.open_connection(host, port)
+            with pytest.raises(TimeoutError):       # let in: no answer until its handshake
+                await asyncio.wait_for(reader.read(1), 0.3)
+            writer.close()
+            for _, other in silent:
+                other.close()
+
+            # Idle: a connection that served a request, then nothing, is closed; one that
+            # keeps asking is not.
+            quiet = await messenger.connect(addr_of(plain))
+            busy = await messenger.connect(addr_of(plain))
+            assert (await quiet.request({"op": "echo", "value": 1})).header == {"got": 1}
+            for _ in range(12):
+                await busy.request({"op": "echo", "value": 2})
+                await asyncio.sleep(0.1)
+            assert quiet.closed and not busy.closed
+            await busy.close()
+        finally:
+            for server in (keyed, plain):
+                server.close()
+                await server.wait_closed()
     run(main())
 
 
