@@ -629,7 +629,8 @@ class ErasureBackend(PgBackend):
 
     async def _fetch(self, pg, osd, shard_index, name, version, ranges, stash_entry=None):
         """Bytes `ranges` of shard `shard_index` of `name` at `version` from `osd`; raises
-        ShardUnavailable when the member cannot give exactly that."""
+        ShardUnavailable when the member cannot give exactly that, RequestFailed("again") when
+        it refuses us as no longer this PG's primary."""
         if osd == self.me:
             try:
                 record, data = await self.read_local(pg, name, ranges, stash_entry)
@@ -644,6 +645,12 @@ class ErasureBackend(PgBackend):
                 header, data = await self.registry.call(osd, self.registry.header(
                     pg, "pg_read", pg.interval[0], name=name, ranges=ranges, stash=stash_entry))
             except RequestFailed as exc:
+                if exc.code in ("wrong_primary", "stale"):
+                    # The member has moved past this interval: our map is old, not the shard
+                    # gone. The client retries on the newer map (and recovery never rolls an
+                    # object back over shards it merely could not ask for).
+                    raise RequestFailed("again", f"pg {pg.key[0]}.{pg.key[1]:x} moved on: "
+                                        f"osd.{osd}: {exc.message}") from None
                 if exc.code == "io_error" and "checksum" in exc.message:
                     self._damaged(pg, name, osd, shard_index, exc.message)
                 raise ShardUnavailable(shard_index, f"osd.{osd}: {exc.message}") from None

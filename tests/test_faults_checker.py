@@ -84,7 +84,8 @@ async def worker(index, pool, model, rng, stop_at, stats):
                     assert None in model.possible(name), \
                         f"{name} missing but acknowledged: {model.history.get(name)[-4:]} kills {model.history.get('kills')}"
                     model.acknowledged(name, None)
-                except (errors.Timeout, errors.PoolUnavailable):
+                except (errors.Timeout, errors.PoolUnavailable, errors.DataUnavailable):
+                    # (a delete first reads the object, to find a striped one's stripes)
                     model.failed(name, None)
                     stats["failed"] += 1
             else:

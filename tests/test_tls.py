@@ -2,9 +2,12 @@
 replication run over TLS 1.3; a plaintext peer and a client pinning another certificate get
 nothing."""
 
+import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -58,3 +61,21 @@ def test_a_tls_cluster_speaks_only_tls_with_its_own_certificate(local_cluster, t
     assert status["osds"]["up"] == 3
     _, got = cluster.cairn("stat", "data", "x")
     assert got["size"] == len(payload)
+
+
+def test_bench_auth_measures_all_three_modes_in_one_run(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "bench-auth",
+                             "--rounds", "1", "--seconds", "1", "--size", "4K", "--hosts", "3",
+                             "--dir", str(tmp_path / "bench"), "--json"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    runs, summary = lines[:-1], lines[-1]
+    assert sorted(run["mode"] for run in runs) == ["auth", "auth+tls", "none"]
+    assert all(run["ops"] > 0 and run["size_bytes"] == 4096 for run in runs)
+    entry = summary["4K"]
+    assert entry["field"] == "iops" and set(entry["median"]) == {"none", "auth", "auth+tls"}
+    assert entry["auth_ratio"] == entry["median"]["auth"] / entry["median"]["none"]
+    # Every cluster it made is down again.
+    for mode in ("none", "auth", "auth-tls"):
+        assert not os.path.exists(tmp_path / "bench" / mode)
