@@ -147,8 +147,8 @@ class PgBackend(abc.ABC):
 
     async def read_local(self, pg, name, ranges=None, stash_entry=None):
         """(stat, bytes) of this OSD's copy or shard (or of a rollback stash entry): whole,
-        or the byte `ranges` [(offset, length)] one after another. Large whole reads go out as
-        the store's own buffer (no copy; the buffer returns to its pool when the transport has
+        or the byte `ranges` [(offset, length)] one after another. Large reads, whole or of one
+        range, go out as the store's own buffer (no copy; the buffer returns to its pool when the transport has
         sent it and drops it); small ones are copied so their buffer is reused at once."""
         collection = pg.collection
         if stash_entry is not None:
@@ -158,6 +158,9 @@ class PgBackend(abc.ABC):
             if record.size >= ZERO_COPY_READ_BYTES_MIN:
                 return record, await self.store.read(collection, name)
             return record, await self.store.read_bytes(collection, name)
+        if len(ranges) == 1 and ranges[0][1] >= ZERO_COPY_READ_BYTES_MIN:
+            offset, length = ranges[0]          # a shard's span: sent from the store's buffer
+            return record, await self.store.read(collection, name, offset, length)
         parts = [await self.store.read_bytes(collection, name, offset, length)
                  for offset, length in ranges]
         return record, parts[0] if len(parts) == 1 else b"".join(parts)
