@@ -272,12 +272,14 @@ class Monitor:
         # Runs until the monitor stops. Only the leader detects failures: it alone proposes.
         while True:
             await asyncio.sleep(TICK_S)
-            if not self.is_leader or self._applied < self.raft.commit:
+            if not self._leads_noticed() or self._applied < self.raft.commit:
                 continue
             try:
                 await authority.rotate_service_keys(self)
             except RequestFailed as exc:
                 log.error("service key rotation failed: %s", exc)
+            if not self._leads_noticed():
+                continue
             ops = self._detector.tick(self.map, time.monotonic_ns())
             if ops:
                 try:
@@ -340,6 +342,13 @@ class Monitor:
     @property
     def is_leader(self):
         return self.raft is not None and self.raft.role is Role.LEADER
+
+    def _leads_noticed(self):
+        """Leader, and the Raft loop has carried out the change (`_leadership_changed`): the
+        core turns leader inside tick() or step(), but the loop notices only after carrying out
+        that Ready (a disk write), and until then the failure detector is the one from before,
+        which heard no heartbeats and would mark every OSD down."""
+        return self.is_leader and self._leading == self.raft.term
 
     # -- Raft: the loop that carries out Readies ---------------------------------------------------
 
@@ -936,7 +945,7 @@ class Monitor:
         failed = bool(header.get("failed", True))
         now_ns = time.monotonic_ns()
         self._detector.report(reporter, target, failed, now_ns)
-        if failed:
+        if failed and self._leads_noticed():
             log.info("osd.%d reports osd.%d failed: %s", reporter, target,
                      header.get("reason", "no reason given"))
             ops = [op for op in self._detector.tick(self.map, now_ns) if op["id"] == target]
