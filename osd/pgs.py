@@ -627,6 +627,11 @@ class PgRegistry:
         service = self.daemon.service
         backend = service.backend(pgs.pool_by_id(self.daemon.monc.map, pg.key[0]))
         async with service.object_lock(pg.collection, name, locked):
+            if source == self.me and target != self.me and name in pg.missing:
+                # Our own copy is not the PG's yet (we serve it through the missing set):
+                # fetch it from the authority first, or the target would get our old version
+                # and be marked complete with it.
+                await self.recover_now(pg, name, background=True)
             return await backend.recover_object(pg, source, target, name, epoch,
                                                 self.throttle.take if throttled else None)
 
