@@ -41,6 +41,13 @@ extensions = [
         include_dirs=["native", numpy.get_include()],
         extra_compile_args=["-O3"],
     ),
+    # ISA-L's erasure code (Debian's libisal-dev), the library pyeclib's isa_l backends run.
+    Extension(
+        "cairn.native._isal",
+        ["native/_isal.pyx"],
+        extra_compile_args=["-O2"],
+        libraries=["isal"],
+    ),
 ]
 
 # cluster-scripts/ holds the bring-up tool; it installs as `cairn.cluster` (a folder name with a

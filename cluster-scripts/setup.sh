@@ -44,6 +44,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     || echo "setup: PyTorch could not be installed; tests/test_torch_checkpoints.py will skip"
 fi
 rm -f "$log"
-.venv/bin/python -c "import cairn.native._uring" \
-  || { echo "setup: the io_uring extension did not build; see the pip output above" >&2; exit 1; }
+.venv/bin/python -c "import cairn.native._uring, cairn.native._isal" \
+  || { echo "setup: the native extensions did not build; see the pip output above" >&2; exit 1; }
 echo "setup: ready (.venv/bin/cairn, .venv/bin/cairn-osd)"

@@ -136,7 +136,8 @@ class _DeviceBase:
 
     def statistics(self):
         return {"kind": self.kind, "path": self.path, "size_bytes": self.size_bytes,
-                "ops_total": dict(self.ops_total), "bytes_total": dict(self.bytes_total)}
+                "ops_total": dict(self.ops_total), "bytes_total": dict(self.bytes_total),
+                "buffers": self.pool.statistics()}
 
     async def __aenter__(self):
         return self

@@ -422,6 +422,8 @@ class ErasureBackend(PgBackend):
         codec = self._codecs.get(key)
         if codec is None:
             codec = self._codecs[key] = Codec(*key)
+            log.info("erasure code %d+%d %s: parity %s", *key, "by ISA-L in place"
+                     if codec.native else f"through pyeclib ({codec.native_refused})")
         return codec
 
     @staticmethod
@@ -448,8 +450,12 @@ class ErasureBackend(PgBackend):
         if not plan.delete:
             codec = self.codec(pg)
             layout = self.layout(codec, len(payload))
+            # Whole-block pool buffers: each shard goes to the device and to its member as
+            # it was encoded, uncopied (taken here: the pool is the loop's, not thread-safe).
+            buffers = [self.store.device.pool.get(layout.shard_bytes)
+                       for _ in range(codec.k + codec.m)] if layout.shard_bytes else None
             shards = await self._in_thread_if_large(layout.size, ecstripe.encode_shards, codec,
-                                                    layout, payload)
+                                                    layout, payload, buffers)
             geometry = [layout.size, layout.unit]
         acked_to = pg.acked_to()
         header = self._write_header(pg, plan, ec=geometry, acked_to=acked_to)
@@ -459,7 +465,8 @@ class ErasureBackend(PgBackend):
             if target.osd == self.me:
                 local = self.apply(pg, plan.name, None if plan.delete else shard, plan.version,
                                    plan.delete, plan.manifest, target.complete,
-                                   target.position, geometry, acked_to)
+                                   target.position, geometry, acked_to,
+                                   None if plan.delete else layout.shard_bytes)
             else:
                 remote.append(self._replicate(
                     target.osd, {**header, "complete": target.complete,

@@ -129,16 +129,24 @@ class Layout:
                 for s in range(first, last + 1)]
 
 
-def encode_shards(codec, layout, data):
-    """The k + m shards (bytes) of an object: fragment i of every stripe, in order."""
+def encode_shards(codec, layout, data, shards=None):
+    """The k + m shards of an object: fragment i of every stripe, in order. Written into
+    `shards` if given (k + m writable buffers of at least `layout.shard_bytes`, such as a buffer
+    pool's whole-block buffers: what follows the shard is zeroed, so it goes to the device and
+    the network as it is), else into new bytearrays."""
     assert len(data) == layout.size and codec.k == layout.k and codec.m == layout.m
     assert codec.header_bytes == layout.header_bytes
-    view = memoryview(data)
-    parts = [[] for _ in range(layout.k + layout.m)]
-    for _, start, data_bytes in layout.stripes():
-        for shard, fragment in enumerate(codec.encode(view[start:start + data_bytes])):
-            parts[shard].append(fragment)
-    return [b"".join(fragments) for fragments in parts]
+    if shards is None:
+        shards = [bytearray(layout.shard_bytes) for _ in range(layout.k + layout.m)]
+    assert len(shards) == layout.k + layout.m
+    view = memoryview(data).cast("B")
+    for stripe, start, data_bytes in layout.stripes():
+        codec.encode_into(shards, layout.fragment_offset(stripe), view[start:start + data_bytes])
+    for shard in shards:
+        tail = memoryview(shard)[layout.shard_bytes:]
+        if tail.nbytes:
+            tail[:] = bytes(tail.nbytes)
+    return shards
 
 
 def decode_span(codec, layout, first, last, spans):

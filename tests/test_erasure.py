@@ -1,10 +1,11 @@
 """Erasure coding: pyeclib against the numpy reference twin, and the stripe layout.
 
-Goal: the shipped codec (pyeclib, ISA-L Cauchy) produces exactly the parity a plainly written
-Reed-Solomon over GF(2^8) produces, and both give back every byte from any k fragments; the
-layout puts object bytes where a healthy read looks for them and decodes degraded ranges and
-rebuilt shards right for every size, including 0 and 1 byte. Method: hypothesis draws the
-profile (any k + m up to 18 + 6), the data and the lost fragments.
+Goal: the shipped codec (ISA-L parity in place, native/_isal.pyx, writing pyeclib's fragments)
+produces exactly the fragments pyeclib produces and the parity a plainly written Reed-Solomon
+over GF(2^8) produces, and all give back every byte from any k fragments; the layout puts object
+bytes where a healthy read looks for them and decodes degraded ranges and rebuilt shards right
+for every size, including 0 and 1 byte. Method: hypothesis draws the profile (any k + m up to
+18 + 6), the data and the lost fragments.
 """
 
 import itertools
@@ -35,7 +36,9 @@ profiles = st.tuples(st.integers(1, 18), st.integers(1, 6))
 def test_pyeclib_parity_matches_the_reference_and_any_k_fragments_decode(profile, data, seed):
     k, m = profile
     fast, reference = codec(k, m)
+    assert fast.native, fast.native_refused
     fragments = fast.encode(data)
+    assert [bytes(f) for f in fragments] == fast._driver.encode(data)      # pyeclib's, exactly
     payloads = reference.encode_payloads(data)
     assert [bytes(fast.payload(f)) for f in fragments] == payloads
     lost = random.Random(seed).sample(range(k + m), random.Random(seed + 1).randint(0, m))
@@ -52,6 +55,34 @@ def test_every_loss_of_m_fragments_decodes_for_small_profiles():
         for lost in itertools.combinations(range(k + m), m):
             kept = {i: fragments[i] for i in range(k + m) if i not in lost}
             assert fast.decode(kept, len(data)) == data, (k, m, lost)
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(1, 10), m=st.integers(1, 4), data=st.binary(min_size=1, max_size=5000))
+def test_isal_vandermonde_in_place_matches_pyeclib(k, m, data):
+    vand = erasure.Codec(k, m, "isa_l_rs_vand")
+    assert vand.native, vand.native_refused
+    assert [bytes(f) for f in vand.encode(data)] == vand._driver.encode(data)
+
+
+def test_backends_without_isal_and_disabled_extensions_encode_through_pyeclib(monkeypatch):
+    data = random.Random(3).randbytes(10_001)
+    native = erasure.Codec(4, 2)
+    liberasurecode = erasure.Codec(4, 2, "liberasurecode_rs_vand")
+    assert not liberasurecode.native and "not an ISA-L backend" in liberasurecode.native_refused
+    assert liberasurecode.encode(data) == liberasurecode._driver.encode(data)
+    monkeypatch.setenv("CAIRN_NO_EXTENSIONS", "1")
+    plain = erasure.Codec(4, 2)
+    assert not plain.native and "CAIRN_NO_EXTENSIONS" in plain.native_refused
+    assert plain.encode(data) == [bytes(f) for f in native.encode(data)]
+    # encode_into works on either path, at any offset of longer buffers.
+    for codec_ in (plain, native):
+        shards = [bytearray(b"\xee" * 30_000) for _ in range(6)]
+        codec_.encode_into(shards, 777, data)
+        size = codec_.fragment_bytes(len(data))
+        assert [bytes(s[777:777 + size]) for s in shards] == plain.encode(data)
+        assert all(s[:777] == b"\xee" * 777 and s[777 + size:] == b"\xee" * (30_000 - 777 - size)
+                   for s in shards)
 
 
 def test_fewer_than_k_fragments_is_a_clear_error():
@@ -106,6 +137,13 @@ def test_layout_healthy_and_degraded_reads_and_rebuilds(profile, unit, size, win
     layout = ecstripe.Layout(k, m, unit, fast.header_bytes, size)
     shards = ecstripe.encode_shards(fast, layout, data)
     assert [len(s) for s in shards] == [layout.shard_bytes] * (k + m)
+    # Into whole-block buffers holding old bytes (the write path's pool buffers): the same
+    # shards, then zeros.
+    rounded = -(-layout.shard_bytes // 4096) * 4096 or 4096
+    pooled = ecstripe.encode_shards(fast, layout, data,
+                                    [bytearray(b"\xa5" * rounded) for _ in range(k + m)])
+    assert all(p[:layout.shard_bytes] == s and not any(p[layout.shard_bytes:])
+               for p, s in zip(pooled, shards))
     offset, length = layout.clamp(*window)
     # Healthy: data shards only, no decoding.
     got = b"".join(shards[shard][start:start + n]
