@@ -1,8 +1,8 @@
 """Who may ask an OSD what (pure): the caps of the peer's ticket against the request.
 
-- Client ops on objects need `osd=r` (get, stat, list, omap reads) or `osd=rw` (put, delete,
-  omap changes) on the object's pool and a prefix of its name. A listing shows only the names
-  under the prefixes the caps can read.
+- Client ops on objects need `osd=r` (get, stat, list, omap reads, shard reads) or `osd=rw`
+  (put, delete, omap changes) on the object's pool and a prefix of its name. A listing shows
+  only the names under the prefixes the caps can read.
 - Everything else (replication, peering, recovery, scrub) is OSD-to-OSD: an `osd.N` entity
   only. `ping` and `status` likewise (admin keys too).
 - Without authentication (`auth none`: the peer has no caps) no cap is checked.
@@ -20,7 +20,7 @@ from cairn.common import auth
 from cairn.common.messenger import RequestFailed
 from cairn.common.pg import pool_by_id
 
-READ_OPS = frozenset({"get", "stat", "list", "omap_get", "omap_list"})
+READ_OPS = frozenset({"get", "stat", "list", "omap_get", "omap_list", "shard_read"})
 WRITE_OPS = frozenset({"put", "delete", "omap"})
 
 

@@ -54,6 +54,10 @@ ZERO_COPY_READ_BYTES_MIN = 64 * 1024
 # Objects from this size on are encoded and decoded in a worker thread, so the event loop goes
 # on serving meanwhile (an 18+6 encode of 64 MiB takes about 20 ms).
 CODEC_THREAD_BYTES_MIN = 8 << 20
+# A client read of at least this many bytes of an erasure-coded object gets a plan and fetches
+# the data shards' pieces from their holders itself (`ErasureBackend.direct_plan`); smaller
+# ones are not worth the second round trip.
+DIRECT_READ_BYTES_MIN = 1 << 20
 # Zeros that pad a shard sent to a member to whole blocks (see ErasureBackend.shard_bytes).
 _PADDING = bytes(BLOCK_SIZE_BYTES)
 
@@ -415,6 +419,7 @@ class ErasureBackend(PgBackend):
         self._codecs = {}                   # (k, m, backend) -> Codec, shared by the pool's PGs
         self.degraded_reads_total = 0
         self.damaged_shards_total = 0
+        self.direct_plans_total = 0
 
     def codec(self, pg):
         pool = pgs.pool_by_id(self.service.map, pg.key[0])
@@ -669,6 +674,38 @@ class ErasureBackend(PgBackend):
             raise ShardUnavailable(shard_index, f"osd.{osd} holds version {found[0]} of shard "
                                    f"{found[1]}, not version {version} of shard {shard_index}")
         return data
+
+    async def direct_plan(self, pg, name, offset=0, length=None):
+        """A client's direct read (its `get` asked for one): (record, plan, this OSD's own
+        pieces) when the range is large and every data shard under it is on a member that is
+        up and not flagged slow, else None (the primary reads as usual). The client fetches
+        the other pieces from their holders itself (`shard_read`), so the bytes cross the
+        network once, not twice through this primary. Called under the object's lock after
+        on-demand recovery, like `read`: `version` is current everywhere."""
+        record, version, layout = self._local_info(pg, name)
+        offset, length = layout.clamp(offset, length)
+        if length < DIRECT_READ_BYTES_MIN:
+            return None
+        members = pg.acting.members
+        extents = layout.data_extents(offset, length)
+        holders = {index: members[index] for index, _, _ in extents}
+        if None in holders.values() or set(holders.values()) == {self.me} or \
+                self.avoided_shards(pg, codec_k=layout.k) & set(holders):
+            return None
+        own = [(start, size) for index, start, size in extents if holders[index] == self.me]
+        data = b""
+        if own:
+            try:
+                data = await self._fetch(pg, self.me, self.position(pg, self.me), name, version,
+                                         own)
+            except ShardUnavailable:
+                return None                 # the usual read decodes around it
+        self.direct_plans_total += 1
+        info = ObjectInfo(layout.size, record.attrs, record.mtime_ns)
+        return info, {"interval": pg.interval[0], "from": self.me, "offset": offset,
+                      "length": length,
+                      "extents": [[index, holders[index], start, size]
+                                  for index, start, size in extents]}, data
 
     def _damaged(self, pg, name, osd, shard_index, reason):
         self.damaged_shards_total += 1

@@ -210,6 +210,8 @@ class OsdDaemon:
                     "avoided_reads": sum(backend.avoided_reads_total
                                          for backend in self.service.backends.values()),
                     "damaged_shards": self.service.backends["erasure"].damaged_shards_total,
+                    "direct_reads": self.service.direct_reads_total,
+                    "direct_plans": self.service.backends["erasure"].direct_plans_total,
                     "repairs": self.scrubber.repairs_total,
                     "store": self.store.statistics(),
                     "reported": sorted(self._watch.reported)}, b""

@@ -80,6 +80,7 @@ class ObjectService:
         self.op_latency = OpLatency()   # client ops, for /metrics
         self.client_bytes_in = 0        # payload bytes of client requests
         self.client_bytes_out = 0       # payload bytes of their replies
+        self.direct_reads_total = 0     # shard reads served to clients (`_shard_read`)
 
     @property
     def store(self):
@@ -101,10 +102,10 @@ class ObjectService:
     OPS = ("put", "get", "stat", "delete", "list", "omap", "omap_get", "omap_list", "rep_put",
            "rep_delete", "rep_omap", "pg_query", "pg_list", "pg_log", "pg_stat", "pg_read",
            "pg_push", "pg_omap", "pg_push_omap", "pg_remove", "pg_mark", "pg_info", "pg_scrub",
-           "pg_scrub_local", "pg_versions")
+           "pg_scrub_local", "pg_versions", "shard_read")
 
     CLIENT_OPS = frozenset(("put", "get", "stat", "delete", "list", "omap", "omap_get",
-                            "omap_list"))
+                            "omap_list", "shard_read"))
 
     def ops_older_than(self, age_s):
         """How many client ops in progress started more than `age_s` ago."""
@@ -304,12 +305,55 @@ class ObjectService:
             await self.registry.recover_now(pg, name)
             if not self.store.has_collection(pg.collection):
                 raise ObjectNotFound(pg.collection, name)
-            record, data = await self.backend(pool).read(pg, name, header.get("offset", 0),
-                                                         header.get("length"))
+            backend = self.backend(pool)
+            offset, length = header.get("offset", 0), header.get("length")
+            direct = None
+            if header.get("direct") and isinstance(backend, ErasureBackend):
+                direct = await backend.direct_plan(pg, name, offset, length)
+            if direct is not None:
+                record, plan, data = direct
+            else:
+                record, data = await backend.read(pg, name, offset, length)
         finally:
             self._unlock(key, entry)
-        return {"size": record.size, "version": pgs.version_of(record.attrs),
-                "manifest": pgs.MANIFEST_ATTR in record.attrs}, data
+        reply = {"size": record.size, "version": pgs.version_of(record.attrs),
+                 "manifest": pgs.MANIFEST_ATTR in record.attrs}
+        if direct is not None:
+            reply["direct"] = plan
+        return reply, data
+
+    async def _shard_read(self, header, payload):
+        """A client's read of byte `ranges` of this member's shard of an object, at the
+        `version` and PG `interval` its primary gave it in a direct read plan (`_get` with
+        `direct`). Refused as `stale` when this member's shard is not that version or the PG
+        has moved to another interval: the client then reads through the primary."""
+        pool, pg = await self._pg_of(header, as_primary=False)
+        name = self._name(header)
+        ranges, shard, version = header.get("ranges"), header.get("shard"), header.get("version")
+        if not (isinstance(ranges, list) and 0 < len(ranges) <= PG_READ_RANGES_MAX
+                and all(isinstance(r, list) and len(r) == 2 and all(
+                    type(v) is int and v >= 0 for v in r) for r in ranges)):
+            raise RequestFailed("invalid", f"ranges must be a list of 1 to "
+                                f"{PG_READ_RANGES_MAX} [offset, length] pairs")
+        if type(shard) is not int or type(version) is not int:
+            raise RequestFailed("invalid", "a shard read names the shard and version (integers)")
+        backend = self.backend(pool)
+        where = f"pg {pg.key[0]}.{pg.key[1]:x}" if pg is not None else "that pg"
+        if not isinstance(backend, ErasureBackend) or pg is None or pg.interval is None or \
+                pg.interval[0] != header.get("interval") or \
+                backend.position(pg, self.daemon.id) != shard:
+            raise RequestFailed("stale", f"osd.{self.daemon.id} does not serve shard {shard!r} "
+                                f"of {where} in interval {header.get('interval')!r}; read "
+                                "through the primary")
+        await messenger.reserve_reply(sum(length for _, length in ranges))
+        record, data = await backend.read_local(pg, name, [tuple(r) for r in ranges])
+        found = (pgs.version_of(record.attrs), pgs.shard_of(record.attrs))
+        if found != (version, shard):
+            raise RequestFailed("stale", f"osd.{self.daemon.id} holds version {found[0]} of "
+                                f"shard {found[1]} of {name!r}, not version {version} of shard "
+                                f"{shard}; read through the primary")
+        self.direct_reads_total += 1
+        return {"version": version}, data
 
     async def _stat(self, header, payload):
         pool, pg = await self._pg_of(header)

@@ -83,7 +83,7 @@ def test_an_address_reaches_exactly_the_objects_every_covering_allowlist_admits(
                    for prefix, networks in rules.items() if name.startswith(prefix))
 
     for name in objects:
-        for op in ("get", "put", "delete", "omap"):
+        for op in ("get", "shard_read", "put", "delete", "omap"):
             if model(name):
                 assert access.check(peer(ip), cmap, request(cmap, op, name)) is None
             else:

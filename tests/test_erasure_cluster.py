@@ -7,6 +7,8 @@ that needs a lost shard fails with DataUnavailable naming the PG and shards (nev
 and writes below min_size are refused; after the OSDs return, recovery rebuilds their shards so
 that two *other* OSDs can then be lost. Bit rot in one shard and in one replica is read around,
 found by a deep scrub with the right OSD and kind, shown as PG_INCONSISTENT, and repaired.
+Large reads fetch the data shards from their holders, and fall back through the primary when
+the plan is overtaken.
 """
 
 import json
@@ -19,6 +21,7 @@ import pytest
 from cairn.client import errors
 from cairn.client.cluster import Cluster
 from cairn.common.messenger import RequestFailed
+from cairn.common.placement import stable_pg
 from tests.helpers import connect_as_admin, run
 
 pytestmark = pytest.mark.cluster
@@ -169,3 +172,99 @@ def test_bitrot_is_read_around_found_by_deep_scrub_and_repaired(local_cluster):
             with pytest.raises(errors.ObjectNotFound):
                 await client.pool("ec").get("forged")
     run(forged_shards())
+
+
+def test_large_reads_fetch_data_shards_from_their_holders(local_cluster, tmp_path):
+    """A large read of an erasure-coded object gets a plan from the primary and the pieces
+    from the data shards' holders (`shard_read`); the bytes are the object's for whole objects,
+    ranges across stripes and striped objects; a small read goes through the primary; a plan
+    overtaken by a write, a wrong interval or bad ranges are refused, the client falls back and
+    still reads the right bytes; caps and a down holder hold."""
+    cluster = local_cluster(hosts=3, osds_per_host=2, device_size="512M", config=FAST)
+    cluster.cairn("pool", "create", "ec", "--erasure", "4+2", "--osds-per-domain", "2",
+                  "--pg-num", "8")
+    reader = str(tmp_path / "reader.keyring")
+    cluster.cairn("auth", "add", "client.team", "--caps", "mon=r", "--caps",
+                  "osd=r pool=ec prefix=team/", "--keyring-out", reader)
+    rng = random.Random(5)
+    objects = {"four": rng.randbytes(4 << 20), "team/five": rng.randbytes((5 << 20) + 1),
+               "small": rng.randbytes(100_000)}
+
+    async def main():
+        async with await Cluster.connect(cluster.dir, op_timeout_s=20) as client:
+            pool = client.pool("ec")
+            for name, data in objects.items():
+                await pool.put(name, data)
+            streamed = rng.randbytes((9 << 20) + 7)
+            await pool.put_stream("streamed", streamed, stripe_bytes=4 << 20)
+            before = client.direct_reads_total
+            assert await pool.get("four") == objects["four"]
+            assert await pool.get("team/five") == objects["team/five"]
+            five = objects["team/five"]
+            assert await pool.get("team/five", 1000, 4 << 20) == five[1000:1000 + (4 << 20)]
+            assert await pool.get("streamed") == streamed           # stripes 4, 4 and 1 MiB
+            assert client.direct_reads_total - before == 3 + 3
+            assert await pool.get("small") == objects["small"]      # below 1 MiB: via primary
+            assert await pool.get("four", 0, 4096) == objects["four"][:4096]
+            assert client.direct_reads_total - before == 6 and client.direct_fallbacks_total == 0
+
+            # A write between the plan and the fetch: the members refuse the old version.
+            reply = await client._op("ec", "four", {"op": "get", "offset": 0, "direct": True})
+            plan = reply.header["direct"]
+            assert {extent[1] for extent in plan["extents"]} - {plan["from"]}
+            objects["four"] = rng.randbytes(4 << 20)
+            await pool.put("four", objects["four"])
+            with pytest.raises(RequestFailed) as refused:
+                await client._fetch_direct(client.map.pools["ec"], "four", reply, plan)
+            assert refused.value.code == "stale" and "not version" in refused.value.message
+            assert await pool.get("four") == objects["four"]
+
+            # Straight to a holder: another interval, bad ranges, a shard it does not hold.
+            reply = await client._op("ec", "four", {"op": "get", "offset": 0, "direct": True})
+            plan = reply.header["direct"]
+            shard, osd = next((e[0], e[1]) for e in reply.header["direct"]["extents"]
+                              if e[1] != plan["from"])
+            pool_id = client.map.pools["ec"]["id"]
+            base = {"op": "shard_read", "pool": pool_id, "pg": stable_pg("four", 8),
+                    "epoch": client.map.epoch, "name": "four", "shard": shard,
+                    "version": reply.header["version"], "interval": plan["interval"],
+                    "ranges": [[80, 4096]]}
+            connection = await client._connection(osd)
+            got = await connection.request(base)
+            index = [e[0] for e in plan["extents"]].index(shard)
+            assert bytes(got.payload) == objects["four"][index << 20:(index << 20) + 4096]
+            for change, code in (({"interval": plan["interval"] - 1}, "stale"),
+                                 ({"shard": (shard + 1) % 6}, "stale"),
+                                 ({"ranges": [[80, -1]]}, "invalid"),
+                                 ({"ranges": []}, "invalid"),
+                                 ({"version": "x"}, "invalid")):
+                with pytest.raises(RequestFailed) as refused:
+                    await connection.request(dict(base, **change))
+                assert refused.value.code == code, (change, refused.value)
+            served = 0
+            for entry in cluster.description["osds"]:
+                admin = await connect_as_admin(entry["addr"])
+                try:
+                    served += (await admin.request({"op": "status"})).header["direct_reads"]
+                finally:
+                    await admin.close()
+            assert served >= 6 * 3
+
+        async with await Cluster.connect(cluster.dir, name="client.team",
+                                         keyring=reader) as team:
+            assert await team.pool("ec").get("team/five") == objects["team/five"]
+            assert team.direct_reads_total == 1
+            connection = await team._connection(osd)
+            with pytest.raises(RequestFailed) as refused:
+                await connection.request(base)                   # "four" is not under team/
+            assert refused.value.code == "permission_denied"
+
+        cluster.script("kill", f"osd.{osd}")
+        cluster.wait_for(f"osd.{osd} down", lambda: not cluster.osd(osd)["up"], 20)
+        async with await Cluster.connect(cluster.dir, op_timeout_s=20) as client:
+            pool = client.pool("ec")
+            for name, data in objects.items():
+                assert await pool.get(name) == data, name
+            assert await pool.get("streamed") == streamed
+
+    run(main())
