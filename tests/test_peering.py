@@ -11,6 +11,7 @@ entries.
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import random
@@ -645,4 +646,42 @@ def test_acked_to_survives_a_restart_of_an_erasure_member(tmp_path):
         registry.load_stash(pg)
         assert pg.acked_seen == 1 << 32 | 3
         await store.close()
+    run(main())
+
+
+def test_a_primary_recovers_its_own_missing_copy_before_it_copies_it_to_another_member():
+    """PgRegistry.sync_object (the shipped recovery step, with the backend's copy recorded):
+    when this primary is the source but still serves the object through its missing set, it
+    first fetches the object from the authority, and only then copies it to the target (it
+    once copied its own old version and marked the target complete with it)."""
+    from cairn.common.pg import Acting
+    from tests.helpers import run
+
+    copies = []
+
+    class Backend:
+        async def recover_object(self, pg, source, target, name, epoch, pay=None):
+            copies.append((source, target, name))
+            return "copied"
+
+    @contextlib.asynccontextmanager
+    async def object_lock(collection, name, really=True):
+        yield
+
+    cmap = types.SimpleNamespace(pools={"p": {"id": 1, "kind": "replicated"}})
+    daemon = types.SimpleNamespace(id=0, store=None, monc=types.SimpleNamespace(map=cmap))
+    daemon.service = types.SimpleNamespace(backend=lambda pool: Backend(),
+                                           object_lock=object_lock)
+    registry = PgRegistry(daemon)
+    pg = registry.shell((1, 0))
+    pg.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
+    pg.set_missing(1, 5, {"stale": (5, 10), "gone": (None, 0)}, {"stale": 4, "gone": 3})
+
+    async def main():
+        for name in ("stale", "current"):
+            await registry.sync_object(pg, 0, 2, name, 7, locked=True)
+        assert copies == [(1, 0, "stale"), (0, 2, "stale"), (0, 2, "current")]
+        assert "stale" not in pg.missing and "gone" in pg.missing
+        await registry.sync_object(pg, 1, 2, "gone", 7, locked=True)   # from the authority
+        assert copies[-1] == (1, 2, "gone") and "gone" in pg.missing
     run(main())
