@@ -6,7 +6,8 @@
 # For each of two rounds and each pool: `cairn bench cluster --op write` then `--op seq`
 # (4 MiB objects, 16 in flight, 20 s each; objects removed after), one JSON line each, and the
 # CPU seconds all OSD processes used during the write (from /proc). DEVSIZE (default 12G) sizes
-# each OSD's sparse device: a 20 s replicated write at ~350 MB/s fills 4G devices.
+# each OSD's sparse device: a 20 s replicated write at ~350 MB/s fills 4G devices. UP_ARGS adds
+# options to `cairn-cluster up` (e.g. UP_ARGS="--mtu 1500").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 4 ] || { sed -n 2,10p "$0"; exit 2; }
@@ -16,7 +17,7 @@ D=/var/tmp/cairn-bench-pools
 "$CC" down --dir "$D" --purge >/dev/null 2>&1 || true
 trap '"$CC" down --dir "$D" --purge >/dev/null 2>&1 || true' EXIT
 "$CC" up --dir "$D" --hosts "$hosts" --osds-per-host "$per_host" --isolated \
-  --device-size "${DEVSIZE:-12G}" | tail -1
+  --device-size "${DEVSIZE:-12G}" ${UP_ARGS:-} | tail -1  # shellcheck disable=SC2086
 export CAIRN_CLUSTER=$D
 pools=()
 while [ $# -ge 2 ]; do

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -36,6 +37,8 @@ from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
 
 MONITOR_IP = "127.0.0.1"
+# Local monitors listen on a port from here up to the kernel's ephemeral range (`free_port`).
+MONITOR_PORT_LOW = 20000
 MONITOR_PORT = 6789                   # isolated mode: each monitor has its own address
 HOSTS_MAX = 200                       # 127.0.0.2 .. 127.0.0.201
 OSDS_PER_HOST_MAX = 64
@@ -214,11 +217,36 @@ def clear_faults(description):
 
 # -- up -------------------------------------------------------------------------------------------
 
-def free_port():
-    """A TCP port free on the monitor address now (the kernel's pick for port 0)."""
-    with socket.socket() as probe:
-        probe.bind((MONITOR_IP, 0))
-        return probe.getsockname()[1]
+def free_port(taken=()):
+    """A TCP port free on the monitor address now, below the kernel's ephemeral range.
+
+    Not the kernel's pick for port 0: that is an ephemeral port, and between choosing it and the
+    monitor binding it, an outgoing connection (the other monitors dialling their peers) can be
+    given the same number as its local port, and the monitor fails with 'address in use' (seen
+    in CI). Ports below the range are never handed to outgoing connections."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(MONITOR_PORT_LOW, max(MONITOR_PORT_LOW + 1, low))
+        if port in taken:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind((MONITOR_IP, port))
+            except OSError:
+                continue
+            return port
+    raise ClusterError(f"no free TCP port for a monitor on {MONITOR_IP} between "
+                       f"{MONITOR_PORT_LOW} and {low}")
+
+
+def _ephemeral_low():
+    """The low end of the kernel's ephemeral port range (32768 when it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as lines:
+            return int(lines.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def wait_quorum(addrs, timeout_s, directory=None):
@@ -296,20 +324,22 @@ def up(args):
         names = {mon_hosts[name]: mon_ips[name] for name in mon_names} | \
             {host: ip for host, _, ip, _ in shape}
         description["isolation"] = {"tag": tag, "octet": octet, "bridge": f"cb-{tag}",
-                                    "hosts": names}
+                                    "hosts": names, "mtu": args.mtu}
         save(directory, description)
         try:
-            isolated.create_network(tag, octet, names)
+            isolated.create_network(tag, octet, names, args.mtu)
         except isolated.IsolationError as exc:
             isolated.destroy_network(tag, names)
             raise ClusterError(str(exc)) from None
         say(f"network: bridge cb-{tag}, {len(names)} namespaces on "
-            f"{isolated.SUBNET_PREFIX}.{octet}.0/24")
+            f"{isolated.SUBNET_PREFIX}.{octet}.0/24, MTU {args.mtu}")
     description["hosts"] = [{"name": host, "rack": rack, "ip": ip, "osds": ids}
                             for host, rack, ip, ids in shape]
     # Monitors need fixed addresses: each one's peers find it there, restarts included.
-    members = {name: f"{mon_ips[name]}:{MONITOR_PORT if args.isolated else free_port()}"
-               for name in mon_names}
+    ports = []
+    for _ in mon_names:
+        ports.append(MONITOR_PORT if args.isolated else free_port(ports))
+    members = {name: f"{mon_ips[name]}:{port}" for name, port in zip(mon_names, ports)}
     fsid = str(uuid.uuid4())
     mkfs_auth = ["--auth", "none"]
     if args.auth == "hmac":
@@ -609,6 +639,9 @@ def build_parser():
                        help="size of each OSD's (sparse) device file (default 2G)")
     start.add_argument("--isolated", action="store_true", help="hosts in network namespaces, "
                        "loop devices (root)")
+    start.add_argument("--mtu", type=_bounded(1280, isolated.MTU_MAX), default=isolated.MTU_DEFAULT,
+                       help=f"isolated mode: the MTU of the hosts' links (default "
+                       f"{isolated.MTU_DEFAULT}: jumbo frames, as storage networks use)")
     start.add_argument("--config", action="append", metavar="KEY=VALUE",
                        help="cluster config to set before the OSDs start (repeatable)")
     start.add_argument("--auth", choices=("hmac", "none"), default="hmac", help="hmac "

@@ -129,3 +129,21 @@ def test_bench_store_put_also_compares_with_durable_fio(disk_dir):
     assert result["fio_durable"]["fdatasync"] == 4 and len(result["fio_durable"]["runs"]) == 2
     assert result["ratio_vs_fio"] > 0 and result["ratio_vs_fio_durable"] > 0
     assert not os.path.exists(path + ".fio-scratch")
+
+
+def test_local_monitor_ports_are_below_the_ephemeral_range_and_distinct():
+    """An ephemeral port (the kernel's pick for port 0) can be handed to another monitor's
+    outgoing connection before its own monitor binds it ('address in use' in CI)."""
+    import socket
+    from cairn.cluster import cli
+    low = cli._ephemeral_low()
+    ports = []
+    for _ in range(5):
+        ports.append(cli.free_port(ports))
+    assert len(set(ports)) == 5
+    assert all(cli.MONITOR_PORT_LOW <= port < low for port in ports), (ports, low)
+    with socket.socket() as holder:                      # a port in use is never chosen
+        holder.bind((cli.MONITOR_IP, ports[0]))
+        holder.listen()
+        for _ in range(50):
+            assert cli.free_port() != ports[0]

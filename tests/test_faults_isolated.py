@@ -97,6 +97,11 @@ def test_isolated_cluster_packet_loss_and_partition(isolated_cluster):
     assert cluster["mode"] == "isolated"
     assert all(osd["device"].startswith("/dev/loop") for osd in cluster["osds"])
     assert cairn(directory, "status")["osds"] == {"total": 3, "up": 3, "in": 3}
+    isolation = cluster["isolation"]
+    assert isolation["mtu"] == 9000                             # jumbo frames by default
+    link = subprocess.run(["ip", "-n", f"cairn-{isolation['tag']}-h1", "link", "show", "eth0"],
+                          capture_output=True, text=True, check=True).stdout
+    assert " mtu 9000 " in link, link
 
     assert udp_received(directory, "h1", "h2") >= 990
     script(directory, "fault", "loss", "h1", "h2", "--percent", "30")
