@@ -43,6 +43,11 @@ assert SCRATCH_BYTES >= frame.FIXED_BYTES + PAYLOAD_DIRECT_BYTES_MIN
 _POOL = BufferPool()
 
 
+def receive_buffer_statistics():
+    """The statistics of the pool that large payloads are received into (`BufferPool`)."""
+    return _POOL.statistics()
+
+
 class ByteBudget:
     """Bytes a daemon (or one connection) may hold for requests it received and has not yet
     answered. `take` never fails when nothing is held, so one frame larger than the limit still

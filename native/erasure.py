@@ -153,13 +153,17 @@ class Codec:
         self._tables = _isal.encode_tables(self.k, self.m, matrix)
         self._encode_parity = _isal.encode_parity
         probe = bytes(range(256)) * 40 + b"cairn"            # stripes cut unevenly too
+        self.native = True                  # the native paths, on trial until the probe says
         for size in (1, self.k, len(probe)):
             ours = [bytes(fragment) for fragment in self._encode_native(probe[:size])]
-            if ours != self._driver.encode(probe[:size]):
-                self._tables = None
+            parity = [bytearray(self.fragment_bytes(size)) for _ in range(self.m)]
+            pieces = [b"".join(bytes(piece) for piece in fragment) for fragment in
+                      self.encode_pieces(probe[:size], parity, 0)] + [bytes(p) for p in parity]
+            theirs = self._driver.encode(probe[:size])
+            if ours != theirs or pieces != theirs:
+                self._tables, self.native = None, False
                 self.native_refused = "ISA-L in place did not match pyeclib on a probe stripe"
                 return
-        self.native = True
 
     def fragment_bytes(self, data_bytes):
         """The length of every fragment of a stripe of `data_bytes`."""
@@ -208,14 +212,41 @@ class Codec:
                     target[start + len(piece):start + payload] = bytes(payload - len(piece))
         self._encode_parity(self._tables, self.k, self.m, shards, start, payload)
 
-    def _write_header(self, shard, offset, index, payload, size):
+    def encode_pieces(self, data, parity, offset):
+        """One stripe without a copy of its bytes (native codecs only): the k data fragments,
+        each a list of pieces (its header, then a view of `data`; a zero-padded copy where the
+        stripe ends short of whole fragments), with the m parity fragments written at `offset`
+        of the writable buffers `parity` (each at least `offset + fragment_bytes(len(data))`
+        long)."""
+        size = len(data)
+        assert self.native and size > 0, (self.native, size)
+        view = memoryview(data).cast("B")
+        payload = payload_bytes(size, self.k)
+        chunks = []
+        for index in range(self.k):
+            chunk = view[index * payload:(index + 1) * payload]
+            if len(chunk) < payload:
+                chunk = bytes(chunk) + bytes(payload - len(chunk))
+            chunks.append(chunk)
+        start = offset + self.header_bytes
+        for index, buffer in enumerate(parity, self.k):
+            self._write_header(buffer, offset, index, payload, size)
+        self._encode_parity(self._tables, self.k, self.m,
+                            chunks + [memoryview(buffer)[start:start + payload]
+                                      for buffer in parity], 0, payload)
+        return [[self._header(index, payload, size), chunk] for index, chunk in enumerate(chunks)]
+
+    def _header(self, index, payload, size):
         """liberasurecode's fragment header: pyeclib's probe header with this fragment's index,
         payload length and stripe length, and the zlib crc32 of its metadata."""
         header = bytearray(self._template)
         _HEADER_FIELDS.pack_into(header, 0, index, payload)
         _HEADER_SIZE.pack_into(header, _HEADER_SIZE_AT, size)
         _HEADER_CRC.pack_into(header, _HEADER_CRC_AT, zlib.crc32(header[:_META_BYTES]))
-        memoryview(shard)[offset:offset + len(header)] = header
+        return header
+
+    def _write_header(self, shard, offset, index, payload, size):
+        memoryview(shard)[offset:offset + self.header_bytes] = self._header(index, payload, size)
 
     def decode(self, fragments, data_bytes):
         """The stripe from `fragments` ({fragment index: bytes-like, header included}); at

@@ -220,6 +220,13 @@ def padded(shard):
     return (shard, _PADDING[:padding]) if padding else shard
 
 
+def padded_pieces(pieces):
+    """A shard given as a tuple of pieces, to send to a member: the pieces, then zeros up to
+    whole blocks (`padded`)."""
+    padding = -sum(memoryview(piece).nbytes for piece in pieces) % BLOCK_SIZE_BYTES
+    return pieces + (_PADDING[:padding],) if padding else pieces
+
+
 def omap_bytes(entries):
     return sum(len(key) + len(value) for key, value in entries)
 
@@ -455,29 +462,51 @@ class ErasureBackend(PgBackend):
         if not plan.delete:
             codec = self.codec(pg)
             layout = self.layout(codec, len(payload))
-            # Whole-block pool buffers: each shard goes to the device and to its member as
-            # it was encoded, uncopied (taken here: the pool is the loop's, not thread-safe).
-            buffers = [self.store.device.pool.get(layout.shard_bytes)
-                       for _ in range(codec.k + codec.m)] if layout.shard_bytes else None
-            shards = await self._in_thread_if_large(layout.size, ecstripe.encode_shards, codec,
-                                                    layout, payload, buffers)
+            pool = self.store.device.pool       # the loop's (not thread-safe): taken here
+            if codec.native and layout.shard_bytes:
+                # Data shards are views of the payload as received, sent as they are; parity
+                # goes into whole-block pool buffers, to the device and the network uncopied.
+                parity = [pool.get(layout.shard_bytes) for _ in range(codec.m)]
+                shards = await self._in_thread_if_large(
+                    layout.size, ecstripe.encode_pieces, codec, layout, payload, parity)
+            else:
+                buffers = [pool.get(layout.shard_bytes) for _ in range(codec.k + codec.m)] \
+                    if layout.shard_bytes else None
+                shards = [(shard,) for shard in await self._in_thread_if_large(
+                    layout.size, ecstripe.encode_shards, codec, layout, payload, buffers)]
             geometry = [layout.size, layout.unit]
         acked_to = pg.acked_to()
         header = self._write_header(pg, plan, ec=geometry, acked_to=acked_to)
         local, remote = None, []
         for target in plan.targets:
-            shard = shards[target.position] if shards is not None else b""
+            pieces = shards[target.position] if shards is not None else (b"",)
             if target.osd == self.me:
-                local = self.apply(pg, plan.name, None if plan.delete else shard, plan.version,
+                local = self.apply(pg, plan.name, None if plan.delete else
+                                   self._joined(pieces, layout.shard_bytes), plan.version,
                                    plan.delete, plan.manifest, target.complete,
                                    target.position, geometry, acked_to,
                                    None if plan.delete else layout.shard_bytes)
             else:
                 remote.append(self._replicate(
                     target.osd, {**header, "complete": target.complete,
-                                 "shard": target.position}, padded(shard)))
+                                 "shard": target.position}, padded_pieces(pieces)))
         assert local is not None, "the primary is always a target of its writes"
         return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
+
+    def _joined(self, pieces, shard_bytes):
+        """A shard given as pieces, as one whole-block buffer the store can write as it is
+        (the primary's own data shard: a copy of 1/k of the object)."""
+        if len(pieces) == 1:
+            return pieces[0]
+        buffer = self.store.device.pool.get(max(shard_bytes, 1))
+        at = 0
+        for piece in pieces:
+            size = memoryview(piece).nbytes
+            buffer[at:at + size] = piece
+            at += size
+        if at < len(buffer):
+            buffer[at:] = _PADDING[:len(buffer) - at]
+        return buffer
 
     async def apply(self, pg, name, payload, version, delete, manifest, complete, shard_index,
                     geometry, acked_to=None, shard_bytes=None):

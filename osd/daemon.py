@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 
-from cairn.common import audit, auth, config, messenger, metrics, sessions, tls
+from cairn.common import audit, auth, config, messenger, metrics, sessions, tls, wire
 from cairn.common.pg import pool_by_id
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable
@@ -214,6 +214,7 @@ class OsdDaemon:
                     "direct_plans": self.service.backends["erasure"].direct_plans_total,
                     "repairs": self.scrubber.repairs_total,
                     "store": self.store.statistics(),
+                    "receive_buffers": wire.receive_buffer_statistics(),
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:
             audited = op in access.WRITE_OPS

@@ -149,6 +149,29 @@ def encode_shards(codec, layout, data, shards=None):
     return shards
 
 
+def encode_pieces(codec, layout, data, parity):
+    """The k + m shards of an object, each a tuple of pieces whose concatenation is the shard,
+    without copying the object's bytes (`codec.native` only; the object is not empty). A data
+    shard is its fragments' headers and views of `data`; parity shard j is written into
+    `parity[j]` (m writable buffers of at least `layout.shard_bytes`, what follows the shard
+    zeroed) and is `(parity[j],)`."""
+    assert codec.native and layout.size > 0 and len(data) == layout.size
+    assert codec.k == layout.k and codec.m == layout.m and len(parity) == layout.m
+    assert codec.header_bytes == layout.header_bytes
+    pieces = [[] for _ in range(layout.k)]
+    view = memoryview(data).cast("B")
+    for stripe, start, data_bytes in layout.stripes():
+        fragments = codec.encode_pieces(view[start:start + data_bytes], parity,
+                                        layout.fragment_offset(stripe))
+        for shard, fragment in zip(pieces, fragments, strict=True):
+            shard.extend(fragment)
+    for buffer in parity:
+        tail = memoryview(buffer)[layout.shard_bytes:]
+        if tail.nbytes:
+            tail[:] = bytes(tail.nbytes)
+    return [tuple(shard) for shard in pieces] + [(buffer,) for buffer in parity]
+
+
 def decode_span(codec, layout, first, last, spans):
     """The object bytes of stripes first..last from {shard index: its span of bytes}, as
     `stripe_span` gave them (any k shards). Raises the codec's NotEnoughFragments or

@@ -85,6 +85,19 @@ def test_backends_without_isal_and_disabled_extensions_encode_through_pyeclib(mo
                    for s in shards)
 
 
+def test_a_native_path_that_disagrees_with_pyeclib_is_refused(monkeypatch):
+    """The probe stripes check both native paths (in place and as pieces) against pyeclib."""
+    header = erasure.Codec._header
+
+    def wrong_index(self, index, payload, size):
+        return header(self, (index + 1) % (self.k + self.m), payload, size)
+    monkeypatch.setattr(erasure.Codec, "_header", wrong_index)
+    refused = erasure.Codec(4, 2)
+    assert not refused.native and "did not match pyeclib" in refused.native_refused
+    data = random.Random(5).randbytes(5000)
+    assert refused.encode(data) == refused._driver.encode(data)
+
+
 def test_fewer_than_k_fragments_is_a_clear_error():
     fast, reference = codec(4, 2)
     fragments = fast.encode(b"0123456789")
@@ -144,6 +157,20 @@ def test_layout_healthy_and_degraded_reads_and_rebuilds(profile, unit, size, win
                                     [bytearray(b"\xa5" * rounded) for _ in range(k + m)])
     assert all(p[:layout.shard_bytes] == s and not any(p[layout.shard_bytes:])
                for p, s in zip(pooled, shards))
+    if size:
+        # The write path's pieces: the same shards; data shards are views of the object's
+        # bytes (only a short last chunk is copied), parity lands in the given buffers.
+        payload = bytearray(data)
+        parity = [bytearray(b"\x5a" * rounded) for _ in range(m)]
+        pieces = ecstripe.encode_pieces(fast, layout, payload, parity)
+        assert [b"".join(bytes(piece) for piece in shard) for shard in pieces[:k]] == shards[:k]
+        assert all(p[:layout.shard_bytes] == s and not any(p[layout.shard_bytes:])
+                   for p, s in zip(parity, shards[k:]))
+        assert [shard[0] for shard in pieces[k:]] == parity
+        views = [piece for shard in pieces[:k] for piece in shard
+                 if isinstance(piece, memoryview)]
+        assert views and all(view.obj is payload for view in views)
+        assert sum(view.nbytes for view in views) >= size - k * layout.unit
     offset, length = layout.clamp(*window)
     # Healthy: data shards only, no decoding.
     got = b"".join(shards[shard][start:start + n]
