@@ -38,7 +38,7 @@ import struct
 import msgpack
 
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
-from cairn.native.checksum import crc32c
+from cairn.native.checksum import crc32c, crc_and_block_crcs
 
 MAGIC = b"CRN\x01"
 VERSION = 1
@@ -52,6 +52,8 @@ HEADER_BYTES_MAX = 1 << 20
 # One object plus slack for a batch of metadata; a larger frame is a protocol error, as in Ceph
 # (osd_max_write_size 90 MiB) and gRPC (4 MiB default receive limit, configurable).
 PAYLOAD_BYTES_MAX = OBJECT_SIZE_BYTES_MAX + (4 << 20)
+# Payloads from this size on are checked block by block (Frame.block_crcs).
+BLOCK_CRCS_BYTES_MIN = 64 * 1024
 
 
 # Flags: the frame carries a MAC (common/auth.py) in the last MAC_BYTES of its header.
@@ -86,15 +88,22 @@ class Frame:
     payload: bytes = b""
     # Bytes of the receiver's budgets this frame holds until it is answered (common/wire.py).
     reserved: int = dataclasses.field(default=0, compare=False)
+    # A payload of BLOCK_CRCS_BYTES_MIN or more was checked block by block: the crc32c of each
+    # of its whole 4 KiB blocks (checksum.block_crcs) and of the whole payload, for a store
+    # that writes the buffer as it is and a primary that forwards it (one read of the bytes).
+    block_crcs: bytes | None = dataclasses.field(default=None, compare=False)
+    payload_crc: int | None = dataclasses.field(default=None, compare=False)
 
 
-def encode(kind, request_id, header, payload=b"", mac=None):
+def encode(kind, request_id, header, payload=b"", mac=None, payload_crc=None):
     """[fixed + msgpack header, payload...]: the buffers to write, in order (payload not copied).
 
     `payload` is one bytes-like object or a tuple of them, sent one after another as one payload
     (a read gathered from several shards goes out without being joined first). `mac`: the
     session's sending `auth.FrameMac`; the frame then carries FLAG_MAC and its MAC after the
-    msgpack header (counted in the header length, covered by the header checksum)."""
+    msgpack header (counted in the header length, covered by the header checksum).
+    `payload_crc`: the payload's crc32c where the caller already has it (a payload received and
+    checked, forwarded as it is); else it is computed here."""
     if not isinstance(header, dict):
         raise LocalProtocolError(f"a frame header is a dict (got {type(header).__name__})")
     try:
@@ -111,9 +120,10 @@ def encode(kind, request_id, header, payload=b"", mac=None):
                                  f"{PAYLOAD_BYTES_MAX}")
     if not 0 <= request_id < 1 << 64:
         raise LocalProtocolError(f"request id {request_id} does not fit 64 bits")
-    payload_crc = 0
-    for piece in pieces:
-        payload_crc = crc32c(piece, payload_crc)
+    if payload_crc is None:
+        payload_crc = 0
+        for piece in pieces:
+            payload_crc = crc32c(piece, payload_crc)
     flags = FLAG_MAC if mac is not None else 0
     tag = b""
     if mac is not None:
@@ -202,7 +212,13 @@ def decode_header(prefix, header_raw, mac=None):
 
 def decode_payload(prefix, header, payload, reserved=0):
     """The Frame, once its payload is in; RemoteProtocolError if the payload does not check."""
-    if prefix.payload_bytes and crc32c(payload) != prefix.payload_crc:
+    crc, crcs = 0, None
+    if prefix.payload_bytes >= BLOCK_CRCS_BYTES_MIN:
+        crc, crcs = crc_and_block_crcs(payload)
+    elif prefix.payload_bytes:
+        crc = crc32c(payload)
+    if crc != prefix.payload_crc:
         raise RemoteProtocolError(f"frame payload checksum mismatch ({prefix.payload_bytes} "
                                   "bytes)")
-    return Frame(prefix.kind, prefix.request_id, header, payload, reserved)
+    return Frame(prefix.kind, prefix.request_id, header, payload, reserved, crcs,
+                 crc if crcs is not None else None)

@@ -167,9 +167,10 @@ class Connection:
     def closed(self):
         return self._closed is not None
 
-    async def request(self, header, payload=b"", timeout_s=REQUEST_TIMEOUT_S_DEFAULT):
+    async def request(self, header, payload=b"", timeout_s=REQUEST_TIMEOUT_S_DEFAULT,
+                      payload_crc=None):
         """Send a request; the REPLY frame. Raises RequestFailed, RequestTimeout,
-        ConnectionClosed."""
+        ConnectionClosed. `payload_crc`: the payload's crc32c if known (`frame.encode`)."""
         if self._closed is not None:
             raise ConnectionClosed(f"connection to {self.addr} is closed: {self._closed}")
         if self._transport.is_closing():
@@ -180,7 +181,7 @@ class Connection:
         self._waiting[request_id] = future
         try:
             write_frame(self._transport, frame.encode(Kind.REQUEST, request_id, header, payload,
-                                                      self._send_mac))
+                                                      self._send_mac, payload_crc))
             async with asyncio.timeout(timeout_s):
                 await self._protocol.drain()
                 reply = await future
@@ -646,14 +647,28 @@ async def reserve_reply(nbytes):
     serving = _serving.get()
     if serving is None or nbytes <= 0:
         return
-    connection, slot = serving
+    connection, slot = serving[:2]
     await connection.reserve_reply(nbytes)
     slot[0] += nbytes
 
 
+def received_checksums(payload):
+    """(block crcs, crc32c) that the request being served arrived with, if `payload` is that
+    request's payload (the very object) and it was checked block by block (frame.Frame.
+    block_crcs); else (None, None). A store writing the buffer as it is takes its block crcs
+    from here, and a primary forwarding it sends its crc, instead of reading it again."""
+    serving = _serving.get()
+    if serving is None:
+        return None, None
+    received = serving[2]
+    if received.block_crcs is None or received.payload is not payload:
+        return None, None
+    return received.block_crcs, received.payload_crc
+
+
 async def _answer(connection, handler, received):
     peer, slot = connection.peer, [0]
-    _serving.set((connection, slot))
+    _serving.set((connection, slot, received))
     try:
         await _respond(peer, handler, received)
     finally:

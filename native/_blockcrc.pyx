@@ -19,9 +19,15 @@ cdef extern from "crc32c_blocks.h" nogil:
     void cairn_crc32c_blocks(const unsigned char *p, size_t block, size_t count, uint32_t *out,
                              int hw)
     int cairn_crc32c_hw_available()
+    void cairn_crc32c_init_zeros(size_t block)
+    uint32_t cairn_crc32c_fold(uint32_t crc, const uint32_t *crcs, size_t count)
 
 cdef int HW = cairn_crc32c_hw_available()
 cairn_crc32c_init_table()
+
+# The block size whose crcs `fold` combines: the store's (cairn.common.limits checks it).
+FOLD_BLOCK_BYTES = 4096
+cairn_crc32c_init_zeros(FOLD_BLOCK_BYTES)
 
 HARDWARE = bool(HW)
 
@@ -43,6 +49,22 @@ def block_crcs(data, Py_ssize_t block_size):
         with nogil:
             cairn_crc32c_blocks(<const unsigned char *>view.buf, block_size, count, target, HW)
         return out
+    finally:
+        PyBuffer_Release(&view)
+
+
+def fold(crcs, unsigned int crc=0):
+    """The crc32c of bytes whose crc32c is `crc` followed by FOLD_BLOCK_BYTES blocks whose
+    crc32cs are `crcs` (the bytes of a little-endian uint32 array, as `block_crcs` gives)."""
+    cdef Py_buffer view
+    cdef uint32_t result
+    PyObject_GetBuffer(crcs, &view, PyBUF_SIMPLE)
+    try:
+        if view.len % 4:
+            raise ValueError(f"block crcs are 4 bytes each, not {view.len} bytes in all")
+        with nogil:
+            result = cairn_crc32c_fold(crc, <const uint32_t *>view.buf, view.len // 4)
+        return result
     finally:
         PyBuffer_Release(&view)
 

@@ -73,6 +73,43 @@ static void cairn_crc32c_blocks_hw(const unsigned char *p, size_t block, size_t 
 static int cairn_crc32c_hw_available(void) { return 0; }
 #endif
 
+/* Folding block crcs into the crc of their concatenation, without the bytes. For this crc,
+ * crc(A || B) = Z(crc(A)) ^ crc(B), where Z advances the crc register over len(B) zero bytes;
+ * Z is linear over GF(2), so for blocks of one fixed size it is four byte-indexed tables. A
+ * payload checked this way is read once for both its frame checksum and the store's per-block
+ * ones. */
+static uint32_t cairn_crc32c_zeros[4][256];
+static size_t cairn_crc32c_zeros_block = 0;
+
+static void cairn_crc32c_init_zeros(size_t block) {
+    uint32_t basis[32];
+    if (!cairn_crc32c_table_ready) cairn_crc32c_init_table();
+    for (int i = 0; i < 32; i++) {
+        uint32_t c = 1u << i;
+        for (size_t k = 0; k < block; k++) c = cairn_crc32c_table[c & 0xFF] ^ (c >> 8);
+        basis[i] = c;
+    }
+    for (int j = 0; j < 4; j++) {
+        for (int b = 0; b < 256; b++) {
+            uint32_t v = 0;
+            for (int i = 0; i < 8; i++) if ((b >> i) & 1) v ^= basis[8 * j + i];
+            cairn_crc32c_zeros[j][b] = v;
+        }
+    }
+    cairn_crc32c_zeros_block = block;
+}
+
+/* The crc of `count` blocks (of the size given to cairn_crc32c_init_zeros) after bytes whose
+ * crc is `crc`, from the blocks' own crcs. */
+static uint32_t cairn_crc32c_fold(uint32_t crc, const uint32_t *crcs, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        crc = cairn_crc32c_zeros[0][crc & 0xFF] ^ cairn_crc32c_zeros[1][(crc >> 8) & 0xFF] ^
+              cairn_crc32c_zeros[2][(crc >> 16) & 0xFF] ^ cairn_crc32c_zeros[3][crc >> 24] ^
+              crcs[i];
+    }
+    return crc;
+}
+
 static void cairn_crc32c_blocks(const unsigned char *p, size_t block, size_t count,
                                 uint32_t *out, int hw) {
     if (hw) { cairn_crc32c_blocks_hw(p, block, count, out); return; }

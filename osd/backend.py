@@ -37,7 +37,8 @@ import struct
 
 from cairn.common import config, pg as pgs
 from cairn.common.limits import BLOCK_SIZE_BYTES, OMAP_UPDATE_BYTES_MAX
-from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.common.messenger import (ConnectionClosed, RequestFailed, RequestTimeout,
+                                    received_checksums)
 from cairn.native.erasure import DEFAULT_BACKEND, BadFragment, Codec, NotEnoughFragments
 from cairn.osd import ecstripe
 from cairn.osd.errors import ChecksumError, ObjectNotFound, StoreError
@@ -169,13 +170,14 @@ class PgBackend(abc.ABC):
                  for offset, length in ranges]
         return record, parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _replicate(self, osd_id, header, payload, passed=("no_space",)):
+    async def _replicate(self, osd_id, header, payload, passed=("no_space",), payload_crc=None):
         osd = self.service.map.osds.get(osd_id)
         if osd is None or not osd["addr"]:
             raise RequestFailed("again", f"replica osd.{osd_id} has no address; retry")
         try:
             connection = await self.service.connections.get(osd_id, osd["addr"])
-            await connection.request(header, payload, timeout_s=REPLICA_TIMEOUT_S)
+            await connection.request(header, payload, timeout_s=REPLICA_TIMEOUT_S,
+                                     payload_crc=payload_crc)
         except (ConnectionClosed, RequestTimeout) as exc:
             raise RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
                                 "retry after the map changes") from None
@@ -251,8 +253,9 @@ class ReplicatedBackend(PgBackend):
         header = self._write_header(pg, plan)
         local = self.apply(pg, plan.name, payload, plan.version, plan.delete, plan.manifest,
                            plan.target(self.me).complete)
+        crc = received_checksums(payload)[1]         # the client's, for the same bytes
         remote = [self._replicate(target.osd, {**header, "complete": target.complete},
-                                  payload or b"")
+                                  payload or b"", payload_crc=crc)
                   for target in plan.targets if target.osd != self.me]
         return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
 
@@ -264,7 +267,8 @@ class ReplicatedBackend(PgBackend):
         # A member that missed the object still logs the delete: its log must count every op
         # it was sent.
         if not delete:
-            txn.put(pg.collection, name, payload, attrs=object_attrs(version, manifest))
+            txn.put(pg.collection, name, payload, attrs=object_attrs(version, manifest),
+                    crcs=received_checksums(payload)[0])
         elif self.registry.present(pg, name):
             txn.delete(pg.collection, name)
         self.registry.log_ops(pg, txn, version, name, delete, complete)
@@ -523,7 +527,8 @@ class ErasureBackend(PgBackend):
         entry = pg.stash_ops(txn, version, name, self.registry.present(pg, name), acked_to)
         if not delete:
             txn.put(pg.collection, name, payload, size=shard_bytes, attrs=object_attrs(
-                version, manifest, pgs.ec_attrs(shard_index, *geometry)))
+                version, manifest, pgs.ec_attrs(shard_index, *geometry)),
+                crcs=received_checksums(payload)[0])
         self.registry.log_ops(pg, txn, version, name, delete, complete, acked_to)
         await self.store.apply(txn)
         pg.stashed(entry)

@@ -47,7 +47,7 @@ from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX
                                  DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX,
                                  OMAP_PAGE_ENTRIES_MAX)
 from cairn.native.bufpool import aligned_copy, is_aligned
-from cairn.native.checksum import block_crcs
+from cairn.native.checksum import FOLD_BLOCK_BYTES, block_crcs
 from cairn.osd import records
 from cairn.osd.allocator import Allocator
 from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpty,
@@ -193,6 +193,7 @@ class Store:
             max_workers=1, thread_name_prefix="cairn-store-meta")
         self.allocator = Allocator(superblock.block_count)
         self.sequence = 0
+        self.known_crcs_total = 0       # puts that took their block crcs from the caller
         self._object_locks = {}          # object key -> [lock, users]
         self._collection_writers = collections.Counter()
         self._collections = set()            # committed collection names (loaded at open)
@@ -805,7 +806,12 @@ class Store:
         block_count = len(view) // self.block_size
         extents = self._reserve(plan, block_count)
         self._stage(plan, staged, extents, view)
-        crcs = block_crcs(view, self.block_size)
+        crcs = op.crcs
+        if view is not source or crcs is None or len(crcs) != 4 * block_count or \
+                self.block_size != FOLD_BLOCK_BYTES:
+            crcs = block_crcs(view, self.block_size)
+        else:
+            self.known_crcs_total += 1
         return ObjectRecord(size=length, extents=records.merge_extents(extents), crcs=crcs,
                             attrs=dict(op.attrs), mtime_ns=time.time_ns())
 
@@ -1054,6 +1060,7 @@ class Store:
     def statistics(self):
         return {"sequence": self.sequence, "commits_total": self.commits_total,
                 "transactions_total": self.transactions_total,
+                "known_crcs_total": self.known_crcs_total,
                 "transactions_per_commit": (self.transactions_total / self.commits_total
                                             if self.commits_total else 0.0),
                 "flush_ms_avg": (self.flush_ns_total / self.commits_total / 1e6

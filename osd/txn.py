@@ -28,6 +28,7 @@ class Put(typing.NamedTuple):
     data: object            # any buffer
     attrs: dict
     size: int | None = None     # the object's length when `data` carries zero padding after it
+    crcs: bytes | None = None   # the block crcs of `data` where the caller has them (see put)
 
 
 class Write(typing.NamedTuple):
@@ -83,17 +84,20 @@ class Transaction:
         self.ops.append(RemoveCollection(collection))
         return self
 
-    def put(self, collection, name, data, attrs=None, size=None):
+    def put(self, collection, name, data, attrs=None, size=None, crcs=None):
         """Create or replace a whole object. `size`: the object is the first `size` bytes of
         `data`, the rest (less than one block) zeros: a sender pads what it sends to whole
-        blocks so that the buffer it lands in goes to the device as it is, uncopied."""
+        blocks so that the buffer it lands in goes to the device as it is, uncopied. `crcs`:
+        the crc32c of each whole block of `data` as `checksum.block_crcs` gives them, known from
+        receiving it (frame.Frame.block_crcs); the store uses them instead of reading `data`
+        again when it writes `data` as it is."""
         self._check_object(collection, name)
         _check_data(data)
         if size is not None:
             _check_padding(data, size)
         attrs = dict(attrs or {})
         records.check_attrs(attrs)
-        self.ops.append(Put(collection, name, data, attrs, size))
+        self.ops.append(Put(collection, name, data, attrs, size, crcs))
         return self
 
     def write(self, collection, name, offset, data):

@@ -67,3 +67,29 @@ def test_block_crcs_is_the_native_twin():
     if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
         pytest.skip("CAIRN_NO_EXTENSIONS=1 selects the reference twin")
     assert block_crcs is native_block_crcs
+
+
+from cairn.native import checksum  # noqa: E402
+from cairn.native._blockcrc import fold as native_fold  # noqa: E402
+
+
+@given(count=st.integers(0, 7), tail=st.integers(0, 4095), seed=st.integers(0, 2**32),
+       head=st.binary(max_size=100))
+@settings(max_examples=40, deadline=None)
+def test_folded_block_crcs_are_the_crc_of_the_whole(count, tail, seed, head):
+    """One read for both checksums: block crcs folded (native and reference) equal the crc of
+    the concatenation, after any prefix; a payload's tail short of a block is continued."""
+    data = random.Random(seed).randbytes(count * 4096 + tail)
+    whole = data[:count * 4096]
+    crcs = block_crcs(whole, 4096)
+    assert native_fold(crcs) == oracle(whole)
+    assert native_fold(crcs, oracle(head)) == oracle(head + whole)
+    if count <= 2:                                  # the reference goes bit by bit
+        assert checksum.fold_reference(crcs, oracle(head)) == oracle(head + whole)
+    crc, crcs_too = checksum.crc_and_block_crcs(memoryview(data))
+    assert crc == oracle(data) and crcs_too == crcs
+
+
+def test_fold_refuses_a_partial_crc():
+    with pytest.raises(ValueError, match="4 bytes each"):
+        native_fold(b"abc")

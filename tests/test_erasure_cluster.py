@@ -241,14 +241,20 @@ def test_large_reads_fetch_data_shards_from_their_holders(local_cluster, tmp_pat
                 with pytest.raises(RequestFailed) as refused:
                     await connection.request(dict(base, **change))
                 assert refused.value.code == code, (change, refused.value)
-            served = 0
+            served = known_crcs = 0
             for entry in cluster.description["osds"]:
                 admin = await connect_as_admin(entry["addr"])
                 try:
-                    served += (await admin.request({"op": "status"})).header["direct_reads"]
+                    status = (await admin.request({"op": "status"})).header
                 finally:
                     await admin.close()
+                served += status["direct_reads"]
+                known_crcs += status["store"]["known_crcs_total"]
             assert served >= 6 * 3
+            # Members stored every shard of 64 KiB or more with the block crcs of its frame
+            # check (5 remote shards of each of six objects: four twice, five, three stripes),
+            # and every read above checked them.
+            assert known_crcs >= 5 * 6
 
         async with await Cluster.connect(cluster.dir, name="client.team",
                                          keyring=reader) as team:

@@ -266,3 +266,26 @@ def test_maced_frames_survive_any_split(messages, cuts):
     assert fed.errors == []
     assert as_tuples(fed.frames) == [(Kind.REPLY, i, header, payload)
                                      for i, (header, payload) in enumerate(messages)]
+
+
+def test_a_large_payload_is_checked_block_by_block_and_keeps_its_block_crcs():
+    """The crcs a member's store takes instead of reading the shard again, and the crc a
+    primary forwards a replica with, come from the one check of the received payload."""
+    import os
+    from cairn.common.frame import BLOCK_CRCS_BYTES_MIN
+    from cairn.native import block_crcs
+    payload = os.urandom(BLOCK_CRCS_BYTES_MIN + 4096 * 3 + 100)
+    fed = Fed().feed(encode_bytes(Kind.REQUEST, 1, {"op": "rep_put"}, payload), [70_000])
+    received = fed.frames[0]
+    assert bytes(received.payload) == payload
+    whole = len(payload) // 4096 * 4096
+    assert received.block_crcs == block_crcs(payload[:whole], 4096)
+    assert received.payload_crc == crc32c(payload)
+    small = Fed().feed(encode_bytes(Kind.REQUEST, 2, {"op": "put"}, b"x" * 1000), []).frames[0]
+    assert small.block_crcs is None and small.payload_crc is None
+    # A sender that passes the crc it knows sends it as it is: a wrong one is caught on receipt.
+    wrong = b"".join(bytes(piece) for piece in
+                     frame.encode(Kind.REQUEST, 3, {"op": "rep_put"}, payload,
+                                  payload_crc=12345))
+    fed = Fed().feed(wrong, [])
+    assert fed.frames == [] and "checksum mismatch" in str(fed.errors[0])

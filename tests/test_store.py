@@ -9,6 +9,7 @@ import pytest
 from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpty,
                               CollectionNotFound, InvalidArgument, NoSpace, ObjectNotFound,
                               StoreExists, NotAStore)
+from cairn.native.checksum import block_crcs
 from cairn.osd.fsck import fsck
 from cairn.osd.store import Store, StoreClosed, Transaction, mkfs
 from tests.helpers import run
@@ -186,6 +187,37 @@ def test_a_put_padded_to_whole_blocks_is_stored_without_a_copy(open_twin, tmp_pa
         with pytest.raises(InvalidArgument, match="whole 4096-byte blocks"):
             Transaction().put("c", "x", b"abc", size=4)
         await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_block_crcs_known_from_receipt_are_used_only_for_the_buffer_written_as_it_is(
+        open_twin, tmp_path):
+    """A member stores a received buffer with the block crcs its frame check computed (one read
+    of the bytes). The store takes them as they are for a buffer it writes uncopied, so wrong
+    ones show as a checksum error on read; where it copies, it computes its own."""
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        data = os.urandom(3 * 4096)
+        buffer = device.pool.get(len(data))
+        buffer[:] = data
+        await store.apply(Transaction().put("c", "known", buffer, crcs=block_crcs(data, 4096)))
+        assert store._record("c", "known").crcs == block_crcs(data, 4096)
+        assert await store.read_bytes("c", "known") == data
+        lying = buffer.tobytes()                   # another buffer, the same bytes
+        buffer = device.pool.get(len(data))
+        buffer[:] = lying
+        await store.apply(Transaction().put("c", "lied", buffer, crcs=bytes(12)))
+        with pytest.raises(ChecksumError):
+            await store.read_bytes("c", "lied")
+        # Copied (not aligned) or the wrong count: the store's own crcs.
+        await store.apply(Transaction().put("c", "copied", b"x" + data[1:], crcs=bytes(12)))
+        assert await store.read_bytes("c", "copied") == b"x" + data[1:]
+        buffer = device.pool.get(len(data))
+        buffer[:] = data
+        await store.apply(Transaction().put("c", "short", buffer, crcs=bytes(8)))
+        assert await store.read_bytes("c", "short") == data
         await store.close()
         await device.aclose()
     run(body())
