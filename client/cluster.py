@@ -15,6 +15,7 @@ map and retries against the new primary until the op's deadline. Errors are type
 """
 
 import asyncio
+import collections
 import dataclasses
 import secrets
 
@@ -33,6 +34,8 @@ from cairn.native.checksum import crc32c
 OP_TIMEOUT_S_DEFAULT = 30.0
 # Stripe objects in flight for one put_stream/get_stream.
 STREAM_CONCURRENCY_DEFAULT = 8
+# put_many/get_many: objects in flight to each primary OSD.
+MANY_DEPTH_PER_OSD = 4
 LIST_PAGE_DEFAULT = 1000
 # One PG's scrub may read every byte it holds on every member: allow minutes, and scrub a few
 # PGs at once (each on its own primary).
@@ -300,6 +303,54 @@ class Pool:
             return await self._ranged_striped(name, offset, length)
         reply = await self.cluster._read(self.name, name, header)
         return bytes(reply.payload)
+
+    async def put_many(self, items, *, depth=MANY_DEPTH_PER_OSD, return_exceptions=False):
+        """Store many objects: `items` is a mapping or (name, data) pairs; returns {name: PG
+        version}. Objects are grouped by their PG's primary OSD and each primary gets at most
+        `depth` in flight, from `depth` workers per primary (not a task per object): a
+        dataloader's thousands of small objects reach every OSD at once without flooding one.
+        Each object is one `put`, retried across map changes like any other. On the first
+        error the rest are cancelled and it is raised, unless `return_exceptions`: then an
+        object that failed maps to its exception."""
+        pairs = list(items.items() if isinstance(items, dict) else items)
+        return await self._many(pairs, self.put, depth, return_exceptions)
+
+    async def get_many(self, names, *, depth=MANY_DEPTH_PER_OSD, return_exceptions=False):
+        """Read many whole objects: {name: bytes}, grouped by primary as `put_many` does (a
+        missing object raises ObjectNotFound, or maps to it with `return_exceptions`)."""
+        return await self._many([(name,) for name in names], self.get, depth,
+                                return_exceptions)
+
+    async def _many(self, calls, function, depth, return_exceptions):
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer (was {depth!r})")
+        pool = self.cluster.map.pools.get(self.name)
+        if pool is None:
+            raise PoolNotFound(f"pool {self.name!r} does not exist")
+        by_primary = {}
+        for call in calls:
+            primary = self.cluster._acting(
+                self.name, stable_pg(call[0], pool["pg_num"])).primary
+            by_primary.setdefault(primary, collections.deque()).append(call)
+        results = {}
+
+        async def worker(queue):
+            while queue:
+                call = queue.popleft()
+                try:
+                    results[call[0]] = await function(*call)
+                except Exception as exc:
+                    if not return_exceptions:
+                        raise
+                    results[call[0]] = exc
+        try:
+            async with asyncio.TaskGroup() as group:
+                for queue in by_primary.values():
+                    for _ in range(min(depth, len(queue))):
+                        group.create_task(worker(queue))
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None         # the typed error, as put/get raise
+        return {call[0]: results[call[0]] for call in calls}
 
     async def get_view(self, name):
         """A plain (not striped) object's bytes as they were received: a read-only buffer, not

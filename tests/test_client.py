@@ -11,6 +11,7 @@ import pytest
 
 from cairn.client import errors
 from cairn.client.cluster import Cluster
+from cairn.common.placement import stable_pg
 from tests.helpers import run
 
 pytestmark = pytest.mark.cluster
@@ -157,3 +158,42 @@ def test_writes_below_min_size_are_refused_and_reads_continue(local_cluster):
                          text=True, timeout=60)
     assert seq.returncode == 0, seq.stderr
     assert json.loads(seq.stdout.strip().splitlines()[-1])["ops"] > 0
+
+
+def test_put_many_and_get_many_group_by_primary_with_bounded_depth(local_cluster):
+    """A dataloader's batch: `from cairn.client import connect` (the name one guesses first),
+    many small objects stored and read back grouped by primary OSD, never more than `depth`
+    in flight to one primary, typed errors raised or returned per object."""
+    from cairn.client import connect
+    cluster = local_cluster(hosts=3, osds_per_host=1)
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "16")
+    objects = {f"sample-{index:04d}": os.urandom(index % 7 * 1000 + 1) for index in range(200)}
+
+    async def main():
+        async with await connect(cluster.dir) as client:
+            pool = client.pool("data")
+            in_flight, most = {}, {}
+            put = pool.put
+
+            async def counted(name, data):
+                primary = client._acting("data", stable_pg(name, 16)).primary
+                in_flight[primary] = in_flight.get(primary, 0) + 1
+                most[primary] = max(most.get(primary, 0), in_flight[primary])
+                try:
+                    return await put(name, data)
+                finally:
+                    in_flight[primary] -= 1
+            pool.put = counted
+            versions = await pool.put_many(objects, depth=3)
+            assert list(versions) == list(objects) and all(v > 0 for v in versions.values())
+            assert len(most) == 3 and max(most.values()) == 3        # every primary, depth 3
+            assert await pool.get_many(list(objects)) == objects
+            with pytest.raises(errors.ObjectNotFound):
+                await pool.get_many(["sample-0001", "missing"])
+            got = await pool.get_many(["sample-0002", "missing"], return_exceptions=True)
+            assert got["sample-0002"] == objects["sample-0002"]
+            assert isinstance(got["missing"], errors.ObjectNotFound)
+            with pytest.raises(ValueError, match="depth"):
+                await pool.put_many({"x": b"1"}, depth=0)
+            assert await pool.put_many({}) == {}
+    run(main())
