@@ -1,14 +1,21 @@
 """`cairn bench cluster`: object throughput and latency through the client library, like
-`rados bench`.
+`rados bench`, and a dataloader's small-object load.
 
     cairn bench cluster --pool P --op write|seq|rand --size 4M --concurrency 16 --seconds 20
-                        [--json] [--cleanup]
+                        [--size-dist 10K-100K] [--objects N [--fill]] [--json] [--cleanup]
 
-`write` puts objects `bench.RUN.N` for the given time and records what it wrote in the object
+`write` puts objects `bench.RUN.N` for the given time and records the run in the object
 `bench.last` so `seq` (reads them in order, cycling) and `rand` (reads them at random) find them;
-`--cleanup` deletes them afterwards. Each op is one whole object. The JSON line has op,
-size_bytes, ops, seconds, MBps (10^6 bytes/s), iops, lat_ms_avg, lat_ms_p50, lat_ms_p99,
-lat_ms_max.
+`--cleanup` deletes them afterwards. Each op is one whole object, of `--size` bytes or, with
+`--size-dist LO-HI`, of a size drawn uniformly from LO..HI for each object (the same sizes on
+every read: they follow from the run and the object's number). `--objects N` cycles writes over N
+names; with `--fill` the write stores each of the N once and stops (no time limit; progress on
+stderr), the random-read set for `--op rand`.
+
+The JSON line has op, size_bytes (the mean with --size-dist), ops, seconds, MBps (10^6 bytes/s),
+iops, lat_ms_avg, lat_ms_p50, lat_ms_p99, lat_ms_p999, lat_ms_max, and cpu_s_per_1000_ops: CPU
+seconds per 1,000 ops of the client and, where the cluster is a local `cairn-cluster` directory
+whose daemons this machine can see in /proc, of all its OSDs and all its monitors.
 """
 
 import argparse
@@ -16,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import resource
 import sys
 import time
 
@@ -51,21 +59,77 @@ def add_parser(kinds):
     bench.add_argument("--objects", type=int, default=0, metavar="N",
                        help="write: cycle over N object names, overwriting them (a steady load "
                        "that does not fill the OSDs; default 0: a new object per op)")
+    bench.add_argument("--fill", action="store_true", help="write: store each of the --objects "
+                       "N objects once and stop (the set --op rand reads from)")
+    bench.add_argument("--size-dist", type=_size_range, default=None, metavar="LO-HI",
+                       help="object sizes drawn uniformly from LO..HI (e.g. 10K-100K) instead "
+                       "of --size")
+
+
+def _size_range(text):
+    low, sep, high = text.partition("-")
+    try:
+        low, high = parse_size(low), parse_size(high)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"a size range is LO-HI, e.g. 10K-100K (was {text!r})")
+    if not sep or not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"a size range is LO-HI with 0 < LO <= HI (was {text!r})")
+    return low, high
+
+
+class Sizes:
+    """The size of each object of a run: `size`, or drawn from `dist` (LO, HI) by the object's
+    number, so a reader finds the same sizes without a list."""
+
+    def __init__(self, size, dist=None, seed=0):
+        self.size, self.dist, self.seed = size, tuple(dist) if dist else None, seed
+
+    def __call__(self, index):
+        if self.dist is None:
+            return self.size
+        low, high = self.dist
+        mixed = (self.seed ^ (index * 0x9E3779B97F4A7C15)) & (1 << 64) - 1
+        mixed = (mixed ^ (mixed >> 31)) * 0xBF58476D1CE4E5B9 & (1 << 64) - 1
+        return low + (mixed ^ (mixed >> 29)) % (high - low + 1)
+
+    @property
+    def largest(self):
+        return self.dist[1] if self.dist else self.size
+
+    @property
+    def mean(self):
+        return (self.dist[0] + self.dist[1]) / 2 if self.dist else self.size
 
 
 async def run(args, say):
     if args.objects < 0:
         raise SystemExit(f"cairn bench cluster: --objects must be 0 or more (was {args.objects})")
+    if args.fill and (args.op != "write" or not args.objects):
+        raise SystemExit("cairn bench cluster: --fill writes the --objects N objects once; give "
+                         "--op write and --objects N")
+    if args.concurrency < 1:
+        raise SystemExit(f"cairn bench cluster: --concurrency must be 1 or more (was "
+                         f"{args.concurrency})")
     cluster = await Cluster.connect(args.cluster)
+    cpu = CpuMeter(args.cluster)
     try:
         pool = cluster.pool(args.pool)
-        say(f"cairn bench cluster: {args.op} {format_size(args.size)} x {args.concurrency} in "
-            f"flight for {args.seconds:g} s on pool {args.pool}")
         if args.op == "write":
-            result, names = await _write(pool, args)
-            await pool.put(LAST_RUN_OBJECT, msgpack.packb({"names": names, "size": args.size}))
+            sizes = Sizes(args.size, args.size_dist, random.getrandbits(64))
+            what = (f"{format_size(sizes.dist[0])}-{format_size(sizes.dist[1])}"
+                    if sizes.dist else format_size(args.size))
+            span = (f"each of {args.objects} objects once" if args.fill else
+                    f"for {args.seconds:g} s")
+            say(f"cairn bench cluster: write {what} x {args.concurrency} in flight {span} on "
+                f"pool {args.pool}")
+            cpu.start()
+            run_id, count, result = await _write(pool, args, sizes, say)
+            result.update(cpu.per_1000(result["ops"]))
+            last = {"run": run_id, "count": count, "size": sizes.size, "dist": sizes.dist,
+                    "seed": sizes.seed}
+            await pool.put(LAST_RUN_OBJECT, msgpack.packb(last))
             if args.cleanup:
-                await _delete_all(pool, names)
+                await _delete_all(pool, _names(last))
                 await pool.delete(LAST_RUN_OBJECT)
         else:
             try:
@@ -73,13 +137,83 @@ async def run(args, say):
             except ObjectNotFound:
                 raise SystemExit(f"cairn bench cluster: no objects to read in pool {args.pool}; "
                                  "run --op write first") from None
-            result = await _read(pool, args, last["names"], last["size"])
+            names = _names(last)
+            sizes = Sizes(last["size"], last.get("dist"), last.get("seed", 0))
+            say(f"cairn bench cluster: {args.op} of {len(names)} objects x {args.concurrency} "
+                f"in flight for {args.seconds:g} s on pool {args.pool}")
+            cpu.start()
+            result = await _read(pool, args, names, sizes, "names" not in last)
+            result.update(cpu.per_1000(result["ops"]))
             if args.cleanup:
-                await _delete_all(pool, last["names"])
+                await _delete_all(pool, names)
                 await pool.delete(LAST_RUN_OBJECT)
         return result
     finally:
         await cluster.close()
+
+
+def _names(last):
+    """The object names of a recorded write run (older runs recorded the list itself)."""
+    if "names" in last:
+        return last["names"]
+    return [f"bench.{last['run']}.{index}" for index in range(last["count"])]
+
+
+class CpuMeter:
+    """CPU seconds used between start() and per_1000(): by this process, and by the OSDs and
+    monitors of a local cluster directory whose processes /proc shows (pids from cluster.json,
+    each checked to be that cluster's daemon by its command line)."""
+
+    def __init__(self, where):
+        self.daemons = {"osd": [], "mon": []}
+        where = where or os.environ.get("CAIRN_CLUSTER") or ""
+        path = os.path.join(where, "cluster.json") if os.path.isdir(where) else None
+        try:
+            with open(path) as handle:
+                description = json.load(handle)
+            for kind in ("osd", "mon"):
+                for entry in description.get(kind + "s", []):
+                    pid = entry.get("pid")
+                    if isinstance(pid, int) and self._is_daemon(pid, where):
+                        self.daemons[kind].append(pid)
+        except (OSError, TypeError, ValueError, AttributeError):
+            pass                    # not a local cluster directory: the client's CPU only
+        self._before = None
+
+    @staticmethod
+    def _is_daemon(pid, directory):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                return os.path.abspath(directory).encode() in handle.read()
+        except OSError:
+            return False
+
+    def _sample(self):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        sample = {"client": usage.ru_utime + usage.ru_stime}
+        ticks = os.sysconf("SC_CLK_TCK")
+        for kind, pids in self.daemons.items():
+            if not pids:
+                continue
+            total = 0.0
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/stat") as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                    total += (int(fields[11]) + int(fields[12])) / ticks
+                except (OSError, IndexError, ValueError):
+                    pass            # a daemon that stopped: what it used is lost
+            sample[kind] = total
+        return sample
+
+    def start(self):
+        self._before = self._sample()
+
+    def per_1000(self, ops):
+        after = self._sample()
+        used = {kind: after[kind] - self._before.get(kind, 0.0) for kind in after}
+        return {"cpu_s_per_1000_ops": {kind: round(1000 * seconds / ops, 3) if ops else None
+                                       for kind, seconds in used.items()}}
 
 
 async def _timed(args, op):
@@ -100,35 +234,66 @@ async def _timed(args, op):
     return len(latencies), time.perf_counter() - started, latencies
 
 
-async def _write(pool, args):
+async def _write(pool, args, sizes, say):
+    """(run id, objects written, result) of a timed write, or of a fill of --objects N."""
     run_id = os.urandom(3).hex()
-    data = os.urandom(args.size)
-    names = []
+    data = memoryview(os.urandom(sizes.largest))
+    written = [0]
 
     async def put(index):
-        name = f"bench.{run_id}.{index % args.objects if args.objects else index}"
-        await pool.put(name, data)
-        if not args.objects:
-            names.append(name)
+        number = index % args.objects if args.objects else index
+        size = sizes(number)
+        await pool.put(f"bench.{run_id}.{number}", data[:size])
+        written[0] += size
 
-    ops, elapsed, latencies = await _timed(args, put)
-    if args.objects:            # every op ran to its end, so the first `ops` names exist
-        names = [f"bench.{run_id}.{index}" for index in range(min(ops, args.objects))]
-    return _result("write", args.size, ops, elapsed, latencies), names
+    if args.fill:
+        ops, elapsed, latencies = await _filled(args, put, say)
+    else:
+        ops, elapsed, latencies = await _timed(args, put)
+    # Every op ran to its end, so objects 0 .. count - 1 exist.
+    count = min(ops, args.objects) if args.objects else ops
+    return run_id, count, _result("write", sizes.mean, ops, elapsed, latencies, written[0])
 
 
-async def _read(pool, args, names, size):
+async def _filled(args, op, say, progress_s=2.0):
+    """Run `op(index)` for index 0 .. --objects - 1 once each, `concurrency` at a time."""
+    latencies = []
+    counter = iter(range(args.objects))
+    began = last_said = time.perf_counter()
+
+    async def worker():
+        nonlocal last_said
+        for index in counter:
+            started = time.perf_counter()
+            await op(index)
+            now = time.perf_counter()
+            latencies.append(now - started)
+            if now - last_said >= progress_s:
+                last_said = now
+                print(f"  filled {len(latencies)}/{args.objects} objects "
+                      f"({len(latencies) / (now - began):.0f}/s)", file=sys.stderr)
+
+    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    return len(latencies), time.perf_counter() - began, latencies
+
+
+async def _read(pool, args, names, sizes, numbered):
     if not names:
         raise SystemExit("cairn bench cluster: the last write run left no objects")
     chooser = random.Random(1)
+    read = [0]
 
     async def get(index):
-        name = names[index % len(names)] if args.op == "seq" else chooser.choice(names)
-        data = await pool.get(name)
-        assert len(data) == size, (name, len(data), size)
+        number = index % len(names) if args.op == "seq" else chooser.randrange(len(names))
+        data = await pool.get(names[number])
+        expected = sizes(number) if numbered else sizes.size
+        if len(data) != expected:
+            raise errors.ProtocolError(f"{names[number]} is {len(data)} bytes; the write run "
+                                       f"stored {expected}")
+        read[0] += len(data)
 
     ops, elapsed, latencies = await _timed(args, get)
-    return _result(args.op, size, ops, elapsed, latencies)
+    return _result(args.op, sizes.mean, ops, elapsed, latencies, read[0])
 
 
 async def _delete_all(pool, names):
@@ -136,13 +301,14 @@ async def _delete_all(pool, names):
         await asyncio.gather(*(pool.delete(name) for name in names[start:start + 64]))
 
 
-def _result(op, size, ops, elapsed, latencies):
+def _result(op, size, ops, elapsed, latencies, nbytes):
     lat = np.array(latencies) * 1000 if latencies else np.zeros(1)
-    return {"op": op, "size_bytes": size, "ops": ops, "seconds": round(elapsed, 3),
-            "MBps": round(ops * size / elapsed / 1e6, 1), "iops": round(ops / elapsed, 1),
+    return {"op": op, "size_bytes": int(size), "ops": ops, "seconds": round(elapsed, 3),
+            "MBps": round(nbytes / elapsed / 1e6, 1), "iops": round(ops / elapsed, 1),
             "lat_ms_avg": round(float(lat.mean()), 3),
             "lat_ms_p50": round(float(np.percentile(lat, 50)), 3),
             "lat_ms_p99": round(float(np.percentile(lat, 99)), 3),
+            "lat_ms_p999": round(float(np.percentile(lat, 99.9)), 3),
             "lat_ms_max": round(float(lat.max()), 3)}
 
 
@@ -166,8 +332,10 @@ def main(args):
         return fail(args, "unavailable", str(exc), 2)
     line = (f"{result['op']} {format_size(result['size_bytes'])}: {result['ops']} ops in "
             f"{result['seconds']} s = {result['MBps']} MB/s, {result['iops']} IOPS, latency avg "
-            f"{result['lat_ms_avg']} ms, p99 {result['lat_ms_p99']} ms, max "
-            f"{result['lat_ms_max']} ms")
+            f"{result['lat_ms_avg']} ms, p99 {result['lat_ms_p99']} ms, p999 "
+            f"{result['lat_ms_p999']} ms, max {result['lat_ms_max']} ms; CPU s per 1000 ops "
+            + ", ".join(f"{kind} {value}" for kind, value in
+                        result["cpu_s_per_1000_ops"].items()))
     print(line, file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result))

@@ -159,6 +159,33 @@ def test_writes_below_min_size_are_refused_and_reads_continue(local_cluster):
     assert seq.returncode == 0, seq.stderr
     assert json.loads(seq.stdout.strip().splitlines()[-1])["ops"] > 0
 
+    # A dataloader's set: 60 objects of 1-20 KiB written once each, then random reads of them
+    # (each read checks the size its number gives); CPU per 1,000 ops by daemon kind.
+    def bench(*args):
+        done = subprocess.run([sys.executable, "-m", "cairn.client.cli", "bench", "cluster",
+                               "--cluster", cluster.dir, "--pool", "data", "--json", *args],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    filled = bench("--op", "write", "--size-dist", "1K-20K", "--objects", "60", "--fill")
+    assert filled["ops"] == 60 and 512 <= filled["size_bytes"] <= 20480
+    assert set(filled["cpu_s_per_1000_ops"]) == {"client", "osd", "mon"}
+    assert filled["cpu_s_per_1000_ops"]["osd"] > 0
+    assert filled["lat_ms_p50"] <= filled["lat_ms_p99"] <= filled["lat_ms_p999"]
+    rand = bench("--op", "rand", "--seconds", "1", "--concurrency", "4")
+    assert rand["ops"] > 0 and rand["size_bytes"] == filled["size_bytes"]
+    async def listed():
+        async with await Cluster.connect(cluster.dir) as client:
+            names, _ = await client.pool("data").list(prefix="bench.")
+            return [name for name in names if name != "bench.last"]
+    assert len(run(listed())) == 60
+    bench("--op", "seq", "--seconds", "0.5", "--cleanup")
+    assert run(listed()) == []
+    refused = subprocess.run([sys.executable, "-m", "cairn.client.cli", "bench", "cluster",
+                              "--cluster", cluster.dir, "--pool", "data", "--op", "rand",
+                              "--fill"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "--fill writes the --objects N objects" in refused.stderr
+
 
 def test_put_many_and_get_many_group_by_primary_with_bounded_depth(local_cluster):
     """A dataloader's batch: `from cairn.client import connect` (the name one guesses first),
