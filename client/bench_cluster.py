@@ -123,7 +123,7 @@ async def run(args, say):
             say(f"cairn bench cluster: write {what} x {args.concurrency} in flight {span} on "
                 f"pool {args.pool}")
             cpu.start()
-            run_id, count, result = await _write(pool, args, sizes, say)
+            run_id, count, result = await _write(pool, args, sizes)
             result.update(cpu.per_1000(result["ops"]))
             last = {"run": run_id, "count": count, "size": sizes.size, "dist": sizes.dist,
                     "seed": sizes.seed}
@@ -165,28 +165,17 @@ class CpuMeter:
     each checked to be that cluster's daemon by its command line)."""
 
     def __init__(self, where):
+        from cairn.cluster.cli import ClusterError, is_ours, load
         self.daemons = {"osd": [], "mon": []}
         where = where or os.environ.get("CAIRN_CLUSTER") or ""
-        path = os.path.join(where, "cluster.json") if os.path.isdir(where) else None
         try:
-            with open(path) as handle:
-                description = json.load(handle)
-            for kind in ("osd", "mon"):
-                for entry in description.get(kind + "s", []):
-                    pid = entry.get("pid")
-                    if isinstance(pid, int) and self._is_daemon(pid, where):
-                        self.daemons[kind].append(pid)
-        except (OSError, TypeError, ValueError, AttributeError):
-            pass                    # not a local cluster directory: the client's CPU only
+            description = load(where) if os.path.isdir(where) else {}
+        except ClusterError:
+            description = {}            # not a local cluster directory: the client's CPU only
+        for kind in self.daemons:
+            self.daemons[kind] = [entry["pid"] for entry in description.get(kind + "s", [])
+                                  if is_ours(entry.get("pid"), where)]
         self._before = None
-
-    @staticmethod
-    def _is_daemon(pid, directory):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                return os.path.abspath(directory).encode() in handle.read()
-        except OSError:
-            return False
 
     def _sample(self):
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -234,7 +223,7 @@ async def _timed(args, op):
     return len(latencies), time.perf_counter() - started, latencies
 
 
-async def _write(pool, args, sizes, say):
+async def _write(pool, args, sizes):
     """(run id, objects written, result) of a timed write, or of a fill of --objects N."""
     run_id = os.urandom(3).hex()
     data = memoryview(os.urandom(sizes.largest))
@@ -247,7 +236,7 @@ async def _write(pool, args, sizes, say):
         written[0] += size
 
     if args.fill:
-        ops, elapsed, latencies = await _filled(args, put, say)
+        ops, elapsed, latencies = await _filled(args, put)
     else:
         ops, elapsed, latencies = await _timed(args, put)
     # Every op ran to its end, so objects 0 .. count - 1 exist.
@@ -255,7 +244,7 @@ async def _write(pool, args, sizes, say):
     return run_id, count, _result("write", sizes.mean, ops, elapsed, latencies, written[0])
 
 
-async def _filled(args, op, say, progress_s=2.0):
+async def _filled(args, op, progress_s=2.0):
     """Run `op(index)` for index 0 .. --objects - 1 once each, `concurrency` at a time."""
     latencies = []
     counter = iter(range(args.objects))

@@ -174,10 +174,16 @@ def _buffer_address(view):
 
 
 def aligned_copy(pool, data):
-    """Copy `data` into a pool buffer padded with zeros to whole blocks; returns the view."""
-    length = len(data)
+    """Copy `data` (a buffer, or a tuple of buffers to join) into a pool buffer padded with
+    zeros to whole blocks; returns the view."""
+    pieces = data if isinstance(data, tuple) else (data,)
+    length = sum(memoryview(piece).nbytes for piece in pieces)
     view = pool.get(max(length, 1))
-    view[:length] = data
+    at = 0
+    for piece in pieces:
+        size = memoryview(piece).nbytes
+        view[at:at + size] = piece
+        at += size
     if length < len(view):
         view[length:] = bytes(len(view) - length)
     return view

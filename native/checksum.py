@@ -74,7 +74,10 @@ if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
 else:
     try:
         from cairn.native._blockcrc import block_crcs, fold  # noqa: F401 (the selected twins)
+        from cairn.native._blockcrc import FOLD_BLOCK_BYTES as _NATIVE_FOLD_BLOCK_BYTES
     except ImportError as exc:
         raise ImportError("cairn's native checksum extension (cairn.native._blockcrc) is not "
                           "built; run 'pip install -e .' in the source tree, or set "
                           "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc
+    assert _NATIVE_FOLD_BLOCK_BYTES == FOLD_BLOCK_BYTES, "the native fold's tables are for " \
+        f"{_NATIVE_FOLD_BLOCK_BYTES}-byte blocks"

@@ -79,7 +79,6 @@ static int cairn_crc32c_hw_available(void) { return 0; }
  * payload checked this way is read once for both its frame checksum and the store's per-block
  * ones. */
 static uint32_t cairn_crc32c_zeros[4][256];
-static size_t cairn_crc32c_zeros_block = 0;
 
 static void cairn_crc32c_init_zeros(size_t block) {
     uint32_t basis[32];
@@ -96,7 +95,6 @@ static void cairn_crc32c_init_zeros(size_t block) {
             cairn_crc32c_zeros[j][b] = v;
         }
     }
-    cairn_crc32c_zeros_block = block;
 }
 
 /* The crc of `count` blocks (of the size given to cairn_crc32c_init_zeros) after bytes whose

@@ -199,18 +199,12 @@ class Codec:
             for shard, fragment in zip(shards, self.encode(data), strict=True):
                 memoryview(shard)[offset:offset + len(fragment)] = fragment
             return
-        view = memoryview(data).cast("B")
-        payload = payload_bytes(size, self.k)
-        start = offset + self.header_bytes
-        for index, shard in enumerate(shards):
-            self._write_header(shard, offset, index, payload, size)
-            if index < self.k:
-                piece = view[index * payload:(index + 1) * payload]
-                target = memoryview(shard)
-                target[start:start + len(piece)] = piece
-                if len(piece) < payload:
-                    target[start + len(piece):start + payload] = bytes(payload - len(piece))
-        self._encode_parity(self._tables, self.k, self.m, shards, start, payload)
+        for shard, fragment in zip(shards, self.encode_pieces(data, shards[self.k:], offset)):
+            target, at = memoryview(shard)[offset:], 0
+            for piece in fragment:
+                length = memoryview(piece).nbytes
+                target[at:at + length] = piece
+                at += length
 
     def encode_pieces(self, data, parity, offset):
         """One stripe without a copy of its bytes (native codecs only): the k data fragments,

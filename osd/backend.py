@@ -39,6 +39,7 @@ from cairn.common import config, pg as pgs
 from cairn.common.limits import BLOCK_SIZE_BYTES, OMAP_UPDATE_BYTES_MAX
 from cairn.common.messenger import (ConnectionClosed, RequestFailed, RequestTimeout,
                                     received_checksums)
+from cairn.native.bufpool import aligned_copy
 from cairn.native.erasure import DEFAULT_BACKEND, BadFragment, Codec, NotEnoughFragments
 from cairn.osd import ecstripe
 from cairn.osd.errors import ChecksumError, ObjectNotFound, StoreError
@@ -215,16 +216,10 @@ def slow_osds(cmap):
 _slow_cache = (None, frozenset())
 
 
-def padded(shard):
-    """A shard to send to a member: its bytes, then zeros up to whole blocks, as two pieces of
-    one payload (no copy here; the receiver stores its receive buffer as it is)."""
-    padding = -len(shard) % BLOCK_SIZE_BYTES
-    return (shard, _PADDING[:padding]) if padding else shard
-
-
-def padded_pieces(pieces):
-    """A shard given as a tuple of pieces, to send to a member: the pieces, then zeros up to
-    whole blocks (`padded`)."""
+def padded(pieces):
+    """A shard to send to a member, given as a tuple of pieces: the pieces, then zeros up to
+    whole blocks, as one payload (no copy here; the receiver stores its receive buffer as it
+    is)."""
     padding = -sum(memoryview(piece).nbytes for piece in pieces) % BLOCK_SIZE_BYTES
     return pieces + (_PADDING[:padding],) if padding else pieces
 
@@ -486,31 +481,21 @@ class ErasureBackend(PgBackend):
             pieces = shards[target.position] if shards is not None else (b"",)
             if target.osd == self.me:
                 local = self.apply(pg, plan.name, None if plan.delete else
-                                   self._joined(pieces, layout.shard_bytes), plan.version,
+                                   self._joined(pieces), plan.version,
                                    plan.delete, plan.manifest, target.complete,
                                    target.position, geometry, acked_to,
                                    None if plan.delete else layout.shard_bytes)
             else:
                 remote.append(self._replicate(
                     target.osd, {**header, "complete": target.complete,
-                                 "shard": target.position}, padded_pieces(pieces)))
+                                 "shard": target.position}, padded(pieces)))
         assert local is not None, "the primary is always a target of its writes"
         return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
 
-    def _joined(self, pieces, shard_bytes):
+    def _joined(self, pieces):
         """A shard given as pieces, as one whole-block buffer the store can write as it is
         (the primary's own data shard: a copy of 1/k of the object)."""
-        if len(pieces) == 1:
-            return pieces[0]
-        buffer = self.store.device.pool.get(max(shard_bytes, 1))
-        at = 0
-        for piece in pieces:
-            size = memoryview(piece).nbytes
-            buffer[at:at + size] = piece
-            at += size
-        if at < len(buffer):
-            buffer[at:] = _PADDING[:len(buffer) - at]
-        return buffer
+        return pieces[0] if len(pieces) == 1 else aligned_copy(self.store.device.pool, pieces)
 
     async def apply(self, pg, name, payload, version, delete, manifest, complete, shard_index,
                     geometry, acked_to=None, shard_bytes=None):
@@ -887,7 +872,7 @@ class ErasureBackend(PgBackend):
         await call(target, header_of(pg, "pg_push", epoch, name=name, version=version,
                                      manifest=header.get("manifest", False), shard=position,
                                      ec=[size, unit]),
-                   shard if target == self.me else padded(shard))  # a local call: no wire
+                   shard if target == self.me else padded((shard,)))  # a local call: no wire
         return "copied"
 
 

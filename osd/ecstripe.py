@@ -142,11 +142,17 @@ def encode_shards(codec, layout, data, shards=None):
     view = memoryview(data).cast("B")
     for stripe, start, data_bytes in layout.stripes():
         codec.encode_into(shards, layout.fragment_offset(stripe), view[start:start + data_bytes])
-    for shard in shards:
-        tail = memoryview(shard)[layout.shard_bytes:]
+    _zero_tails(shards, layout.shard_bytes)
+    return shards
+
+
+def _zero_tails(buffers, shard_bytes):
+    """Zero what follows the shard in each buffer, so it goes to the device and the network as
+    it is."""
+    for buffer in buffers:
+        tail = memoryview(buffer)[shard_bytes:]
         if tail.nbytes:
             tail[:] = bytes(tail.nbytes)
-    return shards
 
 
 def encode_pieces(codec, layout, data, parity):
@@ -165,10 +171,7 @@ def encode_pieces(codec, layout, data, parity):
                                         layout.fragment_offset(stripe))
         for shard, fragment in zip(pieces, fragments, strict=True):
             shard.extend(fragment)
-    for buffer in parity:
-        tail = memoryview(buffer)[layout.shard_bytes:]
-        if tail.nbytes:
-            tail[:] = bytes(tail.nbytes)
+    _zero_tails(parity, layout.shard_bytes)
     return [tuple(shard) for shard in pieces] + [(buffer,) for buffer in parity]
 
 
