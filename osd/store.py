@@ -63,8 +63,6 @@ META_ROOT_DEFAULT = "/var/lib/cairn"
 # Decoded object records kept in memory (BlueStore's onode cache). A 4 MiB object's record is
 # about 4.1 KiB (its crcs), so 16,384 entries cost at most ~70 MiB; small objects far less.
 RECORD_CACHE_ENTRIES_MAX = 16_384
-# The record cache's entry for a key with no record (a sentinel: records are never falsy).
-_ABSENT = object()
 
 
 class StoreFailed(StoreError):
@@ -314,8 +312,8 @@ class Store:
     def _record(self, collection, name):
         """The committed record of an object, or None; through the record cache.
 
-        The cache holds decoded records of committed state only, and absences: `_finish_group`
-        replaces the entries of every key it commits, right after the RocksDB write and before
+        The cache holds decoded records of committed state only: `_finish_group` replaces or
+        drops the entries of every key it commits, right after the RocksDB write and before
         anything else runs on the loop, so a lookup can never see a stale entry. (A lookup
         racing the write in the metadata thread may cache the old record, which the commit's
         update then overwrites.)"""
@@ -323,13 +321,9 @@ class Store:
         record = self._cache.get(key)
         if record is not None:
             self._cache.move_to_end(key)
-            return None if record is _ABSENT else record
+            return record
         raw = self._db.get(key)
         if raw is None:
-            # Absence is cached too: a new object is looked up several times on its way in
-            # (exists, the stash or log, the transaction's own `before`), and a RocksDB miss
-            # searches every level (3% of an OSD's samples under 4 KiB writes).
-            self._cache_put(key, _ABSENT)
             return None
         record = ObjectRecord.decode(raw)
         self._cache_put(key, record)
@@ -1022,7 +1016,10 @@ class Store:
         self.sequence = sequence
         for plan in group:
             for key, record in plan.records.items():
-                self._cache_put(key, _ABSENT if record is None else record)
+                if record is None:
+                    self._cache.pop(key, None)
+                else:
+                    self._cache_put(key, record)
             for key, created in plan.collections.items():
                 name = key[len(records.PREFIX_COLLECTION):].decode()
                 if created:

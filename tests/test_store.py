@@ -223,39 +223,6 @@ def test_block_crcs_known_from_receipt_are_used_only_for_the_buffer_written_as_i
     run(body())
 
 
-def test_absent_records_are_cached_and_commits_replace_them(open_twin, tmp_path):
-    """A new object is looked up several times on its way in; RocksDB is asked once. Commits
-    replace what the cache says, absence included, so it is never stale."""
-    async def body():
-        device, meta, store = await fresh_store(open_twin, tmp_path)
-
-        class Counting:
-            def __init__(self, db):
-                self.db, self.gets = db, 0
-
-            def get(self, key):
-                self.gets += 1
-                return self.db.get(key)
-
-            def __getattr__(self, name):
-                return getattr(self.db, name)
-        store._db = counting = Counting(store._db)
-        for _ in range(3):
-            with pytest.raises(ObjectNotFound):
-                store.stat("c", "new")
-        assert counting.gets == 1
-        await store.put("c", "new", b"one")
-        assert store.stat("c", "new").size == 3 and counting.gets == 1
-        await store.delete("c", "new")
-        with pytest.raises(ObjectNotFound):
-            store.stat("c", "new")
-        await store.put("c", "new", b"again")
-        assert await store.read_bytes("c", "new") == b"again" and counting.gets == 1
-        await store.close()
-        await device.aclose()
-    run(body())
-
-
 def test_collections_and_listing(open_twin, tmp_path):
     async def body():
         device, meta, store = await fresh_store(open_twin, tmp_path)
