@@ -514,7 +514,11 @@ class PgRegistry:
             outcomes = collections.Counter()
             for name in names:
                 outcomes[await self.sync_object(pg, source, target, name, epoch, locked)] += 1
-                pg.remaining[target] -= 1
+                # A progress count only: a new interval resets the PG's counts, and another
+                # recovery to this target may have ended meanwhile (a KeyError here once
+                # stopped an OSD in CI).
+                if target in pg.remaining:
+                    pg.remaining[target] -= 1
             await self.call(target, self.header(pg, "pg_mark", epoch, version=mark))
         finally:
             pg.remaining.pop(target, None)
