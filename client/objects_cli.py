@@ -23,16 +23,23 @@ PROGRESS_EVERY_S = 1.0
 COMMANDS = ("put", "get", "ls", "rm", "stat", "pg")
 
 
+def _path_or_std(text):
+    """A file argument: "-" means standard input or output, as for most Unix tools."""
+    return None if text == "-" else text
+
+
 def add_parsers(commands, common):
     put = commands.add_parser("put", parents=[common], help="store a file (or stdin) as an object")
     put.add_argument("pool")
     put.add_argument("name")
-    put.add_argument("file", nargs="?", help="default: standard input")
+    put.add_argument("file", nargs="?", type=_path_or_std,
+                     help="default (or -): standard input")
     get = commands.add_parser("get", parents=[common], help="read an object into a file (or "
                               "stdout)")
     get.add_argument("pool")
     get.add_argument("name")
-    get.add_argument("file", nargs="?", help="default: standard output")
+    get.add_argument("file", nargs="?", type=_path_or_std,
+                     help="default (or -): standard output")
     listing = commands.add_parser("ls", parents=[common], help="list object names in a pool")
     listing.add_argument("pool")
     listing.add_argument("--prefix", default="")

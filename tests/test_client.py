@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cluster
 FAST = ("mon.osd_grace_s=3", "osd.heartbeat_interval_s=0.5")
 
 
-def test_objects_round_trip_with_stripes_ranges_listing_and_typed_errors(local_cluster):
+def test_objects_round_trip_with_stripes_ranges_listing_and_typed_errors(local_cluster, tmp_path):
     cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST)
     cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "16")
 
@@ -113,6 +113,15 @@ def test_objects_round_trip_with_stripes_ranges_listing_and_typed_errors(local_c
     out = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
                           "get", "data", "piped"], capture_output=True, timeout=60)
     assert out.stdout == b"from stdin"
+    # "-" names standard input and output too, never a file called "-"
+    dashed = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
+                             "put", "data", "dashed", "-"], input=b"dash in", capture_output=True,
+                            timeout=60, cwd=str(tmp_path))
+    assert dashed.returncode == 0, dashed.stderr
+    out = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
+                          "get", "data", "dashed", "-"], capture_output=True, timeout=60,
+                         cwd=str(tmp_path))
+    assert out.stdout == b"dash in" and not os.path.exists(os.path.join(tmp_path, "-"))
 
 
 def test_writes_below_min_size_are_refused_and_reads_continue(local_cluster):

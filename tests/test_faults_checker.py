@@ -13,6 +13,7 @@ At the end every OSD is up, every PG active, and every object reads back as the 
 """
 
 import asyncio
+import hashlib
 import os
 import random
 import time
@@ -40,22 +41,29 @@ class Model:
     def note(self, name, event):
         if self.history is None:
             self.history = {}
-        self.history.setdefault(name, []).append((round(time.monotonic(), 2), event))
+        now = time.time()        # wall clock, to match the daemons' logs
+        stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f"{now % 1:.2f}"[1:]
+        self.history.setdefault(name, []).append((stamp, event))
 
     def possible(self, name):
         return {self.values.get(name)} | self.candidates.get(name, set())
 
     def acknowledged(self, name, value):
-        self.note(name, ("ack", None if value is None else len(value)))
+        self.note(name, ("ack", tag(value)))
         self.values[name] = value
         self.candidates.pop(name, None)
 
     def failed(self, name, value):
-        self.note(name, ("failed", None if value is None else len(value)))
+        self.note(name, ("failed", tag(value)))
         self.candidates.setdefault(name, set()).add(value)
 
 
 WORKERS = 6
+
+
+def tag(value):
+    """A value as the history shows it: its length and the start of its hash."""
+    return None if value is None else f"{len(value)}:{hashlib.sha1(value).hexdigest()[:8]}"
 
 
 async def worker(index, pool, model, rng, stop_at, stats):
@@ -96,8 +104,11 @@ async def worker(index, pool, model, rng, stop_at, stats):
                 except (errors.Timeout, errors.DataUnavailable):
                     stats["failed"] += 1
                     continue
-                assert got in model.possible(name), \
-                    f"read of {name} returned {len(got) if got else got} bytes nobody wrote"
+                assert got in model.possible(name), (
+                    f"read of {name} returned {tag(got)} nobody wrote; history "
+                    f"{(model.history or {}).get(name, [])[-8:]}; "
+                    f"kills {(model.history or {}).get('kills', [])[-6:]}")
+                model.note(name, ("read", tag(got)))
                 if len(model.possible(name)) > 1:
                     model.acknowledged(name, got)    # a read settles what is there
                 stats["reads"] += 1

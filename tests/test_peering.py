@@ -685,3 +685,57 @@ def test_a_primary_recovers_its_own_missing_copy_before_it_copies_it_to_another_
         await registry.sync_object(pg, 1, 2, "gone", 7, locked=True)   # from the authority
         assert copies[-1] == (1, 2, "gone") and "gone" in pg.missing
     run(main())
+
+
+def test_two_recoveries_to_one_target_and_a_new_interval_keep_the_progress_count_sane():
+    """PgRegistry._recover (the shipped loop): a second recovery to the same target that ends
+    first drops the target's progress count, and a new interval resets every count, while the
+    first recovery is still copying. It goes on to the end and marks the target (a KeyError
+    here once stopped an OSD in CI), and the counts it reports are never negative."""
+    from cairn.common.pg import Acting
+    from tests.helpers import run
+
+    daemon = types.SimpleNamespace(id=0, store=None, monc=None)
+    registry = PgRegistry(daemon)
+    pg = registry.shell((1, 0))
+    pg.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
+    gate = asyncio.Event()
+    copied, marks, seen = [], [], []
+
+    async def plan(pg, source, target, epoch):
+        return (["a", "b", "c"] if source == 0 else ["z"]), 40, "log"
+
+    async def sync_object(pg, source, target, name, epoch, locked):
+        if name == "b":
+            await gate.wait()
+        copied.append(name)
+        seen.append(dict(pg.remaining))
+        return "copied"
+
+    async def call(osd_id, header, payload=b""):
+        marks.append(osd_id)
+        return {}, b""
+
+    async def slot():
+        pass
+
+    async def release():
+        pass
+
+    registry._plan, registry.sync_object, registry.call = plan, sync_object, call
+    registry.throttle = types.SimpleNamespace(slot=slot, release=release)
+
+    async def main():
+        first = asyncio.create_task(registry._recover(pg, 0, 2, 7))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert pg.remaining == {2: 2}                 # "a" copied, "b" waits
+        await registry._recover(pg, 1, 2, 7)          # ends first: drops the count
+        assert 2 not in pg.remaining
+        pg.new_interval(8, Acting((0, 1, 3), 0, 3, 2))
+        gate.set()
+        await first
+        assert copied == ["a", "z", "b", "c"] and marks == [2, 2]
+        assert all(count >= 0 for counts in seen for count in counts.values())
+        assert pg.remaining == {}
+    run(main())
