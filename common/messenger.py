@@ -382,6 +382,7 @@ class _ServerConnection:
         self.protocol.connection_made = self._connection_made
         self.peer = None
         self._tasks = set()
+        self._to_finish = set()             # of those, the ones a lost connection does not cancel
         self.partial_since = None           # monotonic time: a frame is held unfinished since
         self.stalled_since = None           # monotonic time: our replies wait unread since
         self.active_at = self.opened        # monotonic time: last frame in or out, or a request
@@ -528,6 +529,7 @@ class _ServerConnection:
 
     def _done(self, task, received):
         self._tasks.discard(task)
+        self._to_finish.discard(task)
         self.protocol.receiver.release(received)
         if len(self._tasks) < SERVER_REQUESTS_PER_CONNECTION_MAX // 2 and not self.peer.closed:
             self.protocol.resume_reading("requests")
@@ -575,7 +577,7 @@ class _ServerConnection:
             self._server.unauthenticated -= 1
         self._server.connections.discard(self)
         self.protocol.receiver.close()
-        for task in list(self._tasks):
+        for task in list(self._tasks - self._to_finish):
             task.cancel()
         if self.peer is not None:
             self.peer.closed = True
@@ -650,6 +652,17 @@ async def reserve_reply(nbytes):
     connection, slot = serving[:2]
     await connection.reserve_reply(nbytes)
     slot[0] += nbytes
+
+
+def finish_even_if_lost():
+    """The request being served runs to its end even if its connection is lost (its reply is
+    then dropped). A lost connection cancels its requests; one that changes the store must not
+    stop between the store's commit and the daemon's record of it (a replica once committed a
+    write, was cancelled before it counted it, and told the next primary it did not have it),
+    nor free its received buffer while the store still writes from it."""
+    serving, task = _serving.get(), asyncio.current_task()
+    if serving is not None and task in serving[0]._tasks:   # not a local call in another task
+        serving[0]._to_finish.add(task)
 
 
 def received_checksums(payload):

@@ -267,8 +267,7 @@ class ReplicatedBackend(PgBackend):
         elif self.registry.present(pg, name):
             txn.delete(pg.collection, name)
         self.registry.log_ops(pg, txn, version, name, delete, complete)
-        await self.store.apply(txn)
-        pg.applied(version, complete)
+        await self.store.apply(txn, then=lambda: pg.applied(version, complete))
 
     async def apply_message(self, pg, header, payload, delete):
         await self.apply(pg, header["name"], None if delete else payload, header["version"],
@@ -376,8 +375,7 @@ class ReplicatedBackend(PgBackend):
                 txn.set_attrs(pg.collection, name, version_attr)
             txn.omap_update(pg.collection, name, update.sets, update.removes, update.clear)
         self.registry.log_ops(pg, txn, version, name, False, complete)
-        await self.store.apply(txn)
-        pg.applied(version, complete)
+        await self.store.apply(txn, then=lambda: pg.applied(version, complete))
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -515,9 +513,11 @@ class ErasureBackend(PgBackend):
                 version, manifest, pgs.ec_attrs(shard_index, *geometry)),
                 crcs=received_checksums(payload)[0])
         self.registry.log_ops(pg, txn, version, name, delete, complete, acked_to)
-        await self.store.apply(txn)
-        pg.stashed(entry)
-        pg.applied(version, complete)
+
+        def applied():
+            pg.stashed(entry)
+            pg.applied(version, complete)
+        await self.store.apply(txn, then=applied)
 
     async def apply_message(self, pg, header, payload, delete):
         shard_index, geometry = header.get("shard"), header.get("ec")

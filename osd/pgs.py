@@ -436,8 +436,10 @@ class PgRegistry:
             txn = Transaction()
             for name in self._all_names(pg.log_collection):
                 txn.delete(pg.log_collection, name)
-            await self.store.apply(txn.remove_collection(pg.log_collection))
-        pg.log_forgotten()
+            await self.store.apply(txn.remove_collection(pg.log_collection),
+                                   then=pg.log_forgotten)
+        else:
+            pg.log_forgotten()
         pg.stash_names = None
         for collection in (pg.stash_collection, pg.collection):
             while self.store.has_collection(collection) and pg.state == "stray":

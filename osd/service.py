@@ -107,6 +107,12 @@ class ObjectService:
     CLIENT_OPS = frozenset(("put", "get", "stat", "delete", "list", "omap", "omap_get",
                             "omap_list", "shard_read"))
 
+    # Ops that change nothing: a lost connection cancels them. Every other op runs to its end
+    # (messenger.finish_even_if_lost): the store and the PG's record of it stay in step.
+    READ_ONLY_OPS = frozenset(("get", "stat", "list", "omap_get", "omap_list", "shard_read",
+                               "pg_query", "pg_list", "pg_log", "pg_stat", "pg_read", "pg_info",
+                               "pg_versions"))
+
     def ops_older_than(self, age_s):
         """How many client ops in progress started more than `age_s` ago."""
         oldest = time.monotonic() - age_s
@@ -114,6 +120,8 @@ class ObjectService:
 
     async def handle(self, header, payload):
         op = header["op"]
+        if op not in self.READ_ONLY_OPS:
+            messenger.finish_even_if_lost()
         if op not in self.CLIENT_OPS:
             return await self._handle(op, header, payload)
         serial = next(self._serial)
@@ -628,8 +636,7 @@ class ObjectService:
             await self.registry.ensure_collections(pg)
             txn = Transaction()
             self.registry.mark_ops(pg, txn, version)
-            await self.store.apply(txn)
-            pg.marked(version)
+            await self.store.apply(txn, then=lambda: pg.marked(version))
         return {}, b""
 
     async def _pg_versions(self, header, payload):

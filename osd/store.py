@@ -33,6 +33,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import shutil
 import stat
@@ -57,6 +58,8 @@ from cairn.osd.records import ObjectRecord
 from cairn.osd.txn import (CreateCollection, Delete, OmapUpdate, Put,  # noqa: F401
                            RemoveCollection, Rename, SetAttrs, Transaction, Write)
 from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
+
+log = logging.getLogger("cairn.osd")
 
 META_ROOT_DEFAULT = "/var/lib/cairn"
 
@@ -567,18 +570,37 @@ class Store:
 
     # -- transactions -----------------------------------------------------------------------
 
-    async def apply(self, txn):
+    async def apply(self, txn, then=None):
         """Apply `txn` atomically and durably; returns its sequence number (the version of
         every object it changed). Raises the errors named in `read()` plus CollectionExists,
-        CollectionNotEmpty, NoSpace (nothing changed) and StoreFailed."""
+        CollectionNotEmpty, NoSpace (nothing changed) and StoreFailed.
+
+        `then()` is called once the transaction is durable, before this returns: the caller's
+        own record of what it did (a PG's last_update) is kept there, because the transaction
+        runs to its end in a task of its own even when the caller is cancelled (a dropped
+        request, a peering stopped by a new map). A cancelled caller must not leave key locks
+        half taken, blocks half written, or a change on the device that the daemon does not
+        know of (a replica that did not count a write it holds once told the next primary it
+        lacked it, and that primary served an older value)."""
         self._check_usable()
         if not txn.ops:
             raise InvalidArgument("empty transaction")
+        task = asyncio.get_running_loop().create_task(self._apply_counted(txn, then))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_outcome_unwanted)
+            raise
+
+    async def _apply_counted(self, txn, then):
         self._applying += 1
         try:
-            return await self._apply(txn)
+            sequence = await self._apply(txn)
         finally:
             self._applying -= 1
+        if then is not None:
+            then()
+        return sequence
 
     async def _apply(self, txn):
         keys = {records.object_key(op.collection, op.name) for op in txn.ops
@@ -1123,6 +1145,12 @@ def _remove_blocks(extents, start, length):
         if last > end:
             out.append((end, last - end))
     extents[:] = out
+
+
+def _outcome_unwanted(task):
+    """A transaction whose caller was cancelled: its outcome is logged, not left unretrieved."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("a transaction whose caller went away failed: %r", task.exception())
 
 
 async def _gather_all(awaitables):

@@ -72,6 +72,40 @@ def test_request_reply_errors_and_pushes():
     run(main())
 
 
+def test_a_lost_connection_cancels_its_requests_except_those_that_must_finish():
+    """A dropped client cancels what its requests were doing, unless a request declared it
+    must finish (messenger.finish_even_if_lost: OSD ops that change the store); that one runs
+    to its end, with its received payload still held, and its reply is dropped."""
+    events = []
+
+    async def handler(peer, received):
+        if received.header["op"] == "change":
+            messenger.finish_even_if_lost()
+        try:
+            await asyncio.sleep(0.3)
+            events.append((received.header["op"], "finished", bytes(received.payload[:3])))
+        except asyncio.CancelledError:
+            events.append((received.header["op"], "cancelled"))
+            raise
+        return {}, b""
+
+    async def main():
+        server = await messenger.serve("127.0.0.1:0", handler)
+        connection = await messenger.connect(addr_of(server))
+        try:
+            requests = [asyncio.ensure_future(connection.request({"op": op}, b"abc" * 30_000))
+                        for op in ("change", "look")]
+            await asyncio.sleep(0.1)
+            await connection.close()
+            await asyncio.gather(*requests, return_exceptions=True)
+            await asyncio.sleep(0.4)
+            assert sorted(events) == [("change", "finished", b"abc"), ("look", "cancelled")]
+        finally:
+            server.close()
+            await server.wait_closed()
+    run(main())
+
+
 def test_garbage_gets_a_protocol_error_and_the_server_lives_on():
     async def main():
         server = await echo_server()

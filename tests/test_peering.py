@@ -739,3 +739,40 @@ def test_two_recoveries_to_one_target_and_a_new_interval_keep_the_progress_count
         assert all(count >= 0 for counts in seen for count in counts.values())
         assert pg.remaining == {}
     run(main())
+
+
+@pytest.mark.parametrize("cancel_after_steps", [1, 2, 3, 5, 8])
+def test_a_replica_write_whose_request_is_cancelled_is_counted_once_it_is_stored(
+        tmp_path, cancel_after_steps):
+    """A replica applying a write whose connection drops (the messenger cancels the request's
+    task) at any point: either nothing is stored, or the write is stored and the PG's
+    last_update and log count it. A replica once committed a write, was cancelled before it
+    counted it, answered the next primary's query with the older last_update, and that
+    primary, taking its own older copy as up to date, served an older value (the replicated
+    checker, 2026-11-25)."""
+    from tests.helpers import run
+
+    async def main():
+        device = MemoryBlockDevice(16 << 20)
+        await mkfs(device, str(tmp_path / "meta"))
+        store = await Store.open(device, str(tmp_path / "meta"))
+        member = Member(2, store)
+        member.pg.new_interval(16, pgs.Acting((1, 2), 1, 3, 2))
+        version = pgs.make_version(16, 1)
+        task = asyncio.create_task(member.backend.apply(member.pg, "obj", b"x", version,
+                                                        delete=False, complete=True))
+        for _ in range(cancel_after_steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for _ in range(200):                     # the store finishes what it accepted
+            if not store._applying:
+                break
+            await asyncio.sleep(0.005)
+        stored = member.version("obj")
+        assert stored in (None, version)
+        assert member.pg.last_update == (version if stored else 0)
+        assert member.log()["last_update"] == member.pg.last_update
+        assert member.pg.complete_to == member.pg.last_update
+        await store.close()
+    run(main())
