@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import statistics
 import subprocess
 import tempfile
@@ -108,6 +109,20 @@ async def _timed_run(concurrency, seconds, one_op):
 
 def fio_available():
     return shutil.which("fio") is not None
+
+
+def _fio_room(fio_file, region):
+    """Make `fio_file` hold `region` bytes for fio: a file grows (sparse); a block device must
+    already be that large (its size is not what fstat says, so ask it by seeking)."""
+    if os.path.exists(fio_file) and stat.S_ISBLK(os.stat(fio_file).st_mode):
+        with open(fio_file, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+        if size < region:
+            raise ValueError(f"--fio-file {fio_file} holds {size} bytes; fio needs {region}")
+        return
+    with open(fio_file, "ab") as handle:
+        if os.fstat(handle.fileno()).st_size < region:
+            handle.truncate(region)
 
 
 def run_fio(filename, rw, block_size, iodepth, seconds, region_bytes, fdatasync=0):
@@ -289,9 +304,7 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
                     "same kind of disk) for a block device")
             else:
                 region = min(REGION_BYTES_DEFAULT, device.size_bytes)
-                with open(fio_file, "ab") as handle:
-                    if os.fstat(handle.fileno()).st_size < region:
-                        handle.truncate(region)
+                _fio_room(fio_file, region)
                 if "read" in fio_rw:
                     log(f"laying out {format_size(region)} of {fio_file} for fio's read test ...")
                     lay_out(fio_file, region)
