@@ -131,6 +131,28 @@ def test_bench_store_put_also_compares_with_durable_fio(disk_dir):
     assert not os.path.exists(path + ".fio-scratch")
 
 
+def test_fio_scratch_may_be_a_block_device(disk_dir):
+    """`--fio-file` on a block device: used as it is when large enough (it was truncated, which
+    a block device refuses), refused with its size when too small; a file grows sparse."""
+    from cairn.osd.bench import _fio_room
+    grown = os.path.join(str(disk_dir), "scratch")
+    _fio_room(grown, 1 << 20)
+    assert os.path.getsize(grown) == 1 << 20
+    if os.geteuid() != 0:
+        pytest.skip("a loop device needs root (losetup)")
+    backing = make_file(disk_dir, 8 << 20)
+    loop = subprocess.run(["losetup", "-f", "--show", backing], capture_output=True, text=True)
+    if loop.returncode != 0:
+        pytest.skip(f"no loop device here: {loop.stderr.strip()}")
+    device = loop.stdout.strip()
+    try:
+        _fio_room(device, 8 << 20)
+        with pytest.raises(ValueError, match="holds 8388608 bytes"):
+            _fio_room(device, 16 << 20)
+    finally:
+        subprocess.run(["losetup", "-d", device])
+
+
 def test_local_monitor_ports_are_below_the_ephemeral_range_and_distinct():
     """An ephemeral port (the kernel's pick for port 0) can be handed to another monitor's
     outgoing connection before its own monitor binds it ('address in use' in CI)."""
