@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 
-from cairn.cluster import bench_auth, demo, isolated
+from cairn.cluster import bench_auth, demo, hosts, isolated, remote
 from cairn.common import auth, sessions, tls
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
@@ -690,12 +690,62 @@ def build_parser():
     faults.add_argument("--bps", type=_size, default=parse_size("10M"),
                         help="throttle: bytes per second (default 10M)")
     faults.add_argument("--json", action="store_true")
+    check = commands.add_parser(
+        "validate", help="check a hosts file, and its machines over ssh, changing nothing",
+        description="Check HOSTS (a TOML hosts file: README, 'Bring-up on real machines'): "
+        "its keys, names, addresses, monitor count and devices; then, over ssh, that every host "
+        "answers and every device exists (a file device: its folder) and holds no filesystem "
+        "or cairn store. Exit status 1 when anything is wrong; every problem is listed.")
+    check.add_argument("hosts_file", metavar="HOSTS")
+    check.add_argument("--offline", action="store_true", help="check the file only, not the "
+                       "machines")
+    check.add_argument("--force-wipe", action="store_true", help="devices that hold a "
+                       "filesystem or a cairn store may be overwritten by 'up' (reported, not "
+                       "refused)")
+    check.add_argument("--json", action="store_true")
     bench_auth.add_parser(commands)
     return parser
 
 
+def validate(args):
+    """`cairn-cluster validate HOSTS`: the file, then each machine over ssh."""
+    say = (lambda message: print(message, file=sys.stderr)) if args.json else print
+    try:
+        spec = hosts.load(args.hosts_file)
+    except hosts.HostsError as exc:
+        raise ClusterError(str(exc)) from None
+    devices = sum(len(host.devices) for host in spec.hosts)
+    say(f"{args.hosts_file}: {len(spec.hosts)} hosts, {len(spec.monitors)} monitors "
+        f"({', '.join(h.name for h in spec.monitors)}), {devices} devices")
+    checks = []
+    if not args.offline:
+        def shown(check):
+            mark = "ok" if not check.problems else f"{len(check.problems)} problem(s)"
+            devices_seen = ", ".join(f"{d.path} ({d.kind}"
+                                     f"{', ' + format_size(d.size_bytes) if d.size_bytes else ''}"
+                                     f"{', holds ' + d.holds if d.holds else ''})"
+                                     for d in check.devices)
+            say(f"  {check.name} ({check.address}): {mark}"
+                + (f": {devices_seen}" if devices_seen else ""))
+            for problem in check.problems:
+                say(f"    - {problem}")
+        checks = remote.validate(spec, force_wipe=args.force_wipe, progress=shown)
+    problems = [problem for check in checks for problem in check.problems]
+    if args.json:
+        print(json.dumps({"hosts_file": args.hosts_file, "hosts": len(spec.hosts),
+                          "checked": [check.to_json() for check in checks],
+                          "ok": not problems}))
+    if problems:
+        say(f"not usable: {len(problems)} problem(s) above")
+        return 1
+    say("ok: the file is valid" + ("" if args.offline else " and every host and device is "
+                                   "ready"))
+    return 0
+
+
 COMMANDS = {"up": up, "down": down, "status": status, "kill": kill, "restart": restart,
-            "fault": fault, "demo": lambda args: demo.demo(args), "bench-auth": bench_auth.main}
+            "fault": fault, "demo": lambda args: demo.demo(args), "bench-auth": bench_auth.main,
+            "validate": validate}
 
 
 def main(argv=None):

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SYSTEM_PACKAGES=(liburing-dev liberasurecode-dev libisal-dev fio gcc python3-dev python3-venv iproute2
-                 nftables mount fuse3 libfuse3-dev pkg-config openssl)
+                 nftables mount fuse3 libfuse3-dev pkg-config openssl openssh-client
+                 openssh-server)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
@@ -16,8 +17,17 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing system packages: ${missing[*]}"
   as_root apt-get update -qq
+  # openssh-server is for the bring-up tests, which run their own sshd inside network
+  # namespaces: its package must not start one on this machine (policy-rc.d says "not now").
+  made_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
+    as_root chmod +x /usr/sbin/policy-rc.d
+    made_policy=1
+  fi
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
+  if [ -n "$made_policy" ]; then as_root rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 PYTHON=${PYTHON:-python3}

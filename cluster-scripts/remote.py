@@ -1,0 +1,152 @@
+"""Hosts over ssh: run commands on the machines a hosts file names (cluster-scripts/hosts.py),
+and `cairn-cluster validate`, which checks them without changing anything.
+
+Plain OpenSSH client, key authentication only (BatchMode: never a password prompt), the user,
+port, identity and sudo the hosts file gives. Each remote command is a POSIX shell line, so a
+host needs nothing of ours installed to be checked.
+"""
+
+import concurrent.futures
+import dataclasses
+import shlex
+import subprocess
+
+SSH_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 5
+STORE_MAGIC = "CAIRNOSD"                 # osd/superblock.py: the first bytes of an OSD store
+
+# One line per device: path|kind|size|magic|filesystem. kind: block, file, absent (a file
+# device not made yet, its folder exists), missing (neither), other (not a block device or a
+# regular file). Only the first 8 bytes and blkid's signature scan are read.
+_PROBE = r"""
+for d in "$@"; do
+  kind=missing; size=0; magic=; fs=
+  if [ -b "$d" ]; then kind=block; size=$(blockdev --getsize64 "$d" 2>/dev/null || echo 0)
+  elif [ -f "$d" ]; then kind=file; size=$(stat -c %s "$d")
+  elif [ -e "$d" ]; then kind=other
+  elif [ -d "$(dirname "$d")" ]; then kind=absent
+  fi
+  if [ "$kind" = block ] || [ "$kind" = file ]; then
+    magic=$(head -c 8 "$d" 2>/dev/null | tr -dc 'A-Z')
+    fs=$(blkid -p -o value -s TYPE "$d" 2>/dev/null || true)
+  fi
+  echo "$d|$kind|$size|$magic|$fs"
+done
+"""
+
+
+class RemoteError(Exception):
+    """An ssh command failed; the message names the host and the step."""
+
+
+def ssh_argv(host, options=(), command=""):
+    """The ssh command line that runs `command` (a shell line) on `host`."""
+    argv = ["ssh", "-p", str(host.port), "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
+    if host.identity:
+        argv += ["-i", host.identity]
+    argv += list(options) + [f"{host.user}@{host.address}", "--"]
+    if host.sudo:
+        command = f"sudo -n sh -c {shlex.quote(command)}"
+    return argv + [command]
+
+
+def run(host, command, options=(), step="command", timeout_s=SSH_TIMEOUT_S):
+    """Run `command` on `host`; its stdout. RemoteError naming host and step on failure."""
+    try:
+        result = subprocess.run(ssh_argv(host, options, command), capture_output=True,
+                                text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise RemoteError(f"host {host.name} ({host.address}): {step}: no answer in "
+                          f"{timeout_s:g} s") from None
+    except FileNotFoundError:
+        raise RemoteError("the ssh client is not installed (apt-get install -y "
+                          "openssh-client)") from None
+    if result.returncode != 0:
+        reason = (result.stderr.strip() or result.stdout.strip()).splitlines()
+        reason = reason[-1] if reason else f"exit status {result.returncode}"
+        if result.returncode == 255:
+            reason = f"ssh to {host.user}@{host.address}:{host.port} failed: {reason}"
+        raise RemoteError(f"host {host.name} ({host.address}): {step}: {reason}")
+    return result.stdout
+
+
+@dataclasses.dataclass
+class DeviceCheck:
+    path: str
+    kind: str
+    size_bytes: int
+    holds: str = None                   # "cairn OSD store", "ext4 filesystem", ... or None
+    problem: str = None
+
+
+@dataclasses.dataclass
+class HostCheck:
+    name: str
+    address: str
+    reachable: bool = False
+    devices: list = dataclasses.field(default_factory=list)
+    problems: list = dataclasses.field(default_factory=list)
+
+    def to_json(self):
+        return {"name": self.name, "address": self.address, "reachable": self.reachable,
+                "devices": [dataclasses.asdict(d) for d in self.devices],
+                "problems": self.problems}
+
+
+def check_host(host, options=(), force_wipe=False):
+    """What `validate` finds on one host: reachable over ssh, and each device present (or, for
+    a file device, its folder) and empty, or wiping it allowed."""
+    check = HostCheck(host.name, host.address)
+    try:
+        run(host, "true", options, step="ssh")
+        check.reachable = True
+        paths = [device.path for device in host.devices]
+        output = run(host, f"sh -c {shlex.quote(_PROBE)} probe "
+                     + " ".join(shlex.quote(p) for p in paths), options,
+                     step="device probe") if paths else ""
+    except RemoteError as exc:
+        check.problems.append(str(exc))
+        return check
+    found = {}
+    for line in output.splitlines():
+        parts = line.split("|")
+        if len(parts) == 5:
+            found[parts[0]] = parts
+    for device in host.devices:
+        path, kind, size, magic, fs = found.get(device.path, (device.path, "?", "0", "", ""))
+        result = DeviceCheck(path, kind, int(size) if size.isdigit() else 0)
+        if magic == STORE_MAGIC:
+            result.holds = "a cairn OSD store"
+        elif fs:
+            result.holds = f"a {fs} signature"
+        if kind == "?":
+            result.problem = "the probe did not report it"
+        elif device.is_file and kind not in ("file", "absent"):
+            result.problem = (f"is a file device in the hosts file but {kind} on the host"
+                              if kind != "missing" else "its folder does not exist")
+        elif not device.is_file and kind != "block":
+            result.problem = {"missing": "does not exist", "absent": "does not exist",
+                              "file": "is a regular file: give it a size to use it as a file "
+                                      "device"}.get(kind, f"is not a block device ({kind})")
+        elif result.holds and not force_wipe:
+            result.problem = (f"holds {result.holds}; it is never overwritten without "
+                              "--force-wipe")
+        if result.problem:
+            check.problems.append(f"host {host.name}: device {path} {result.problem}")
+        check.devices.append(result)
+    return check
+
+
+def validate(hosts_file, force_wipe=False, progress=None):
+    """Every host checked over ssh, in parallel; [HostCheck] in the file's order."""
+    workers = max(1, min(16, len(hosts_file.hosts)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(check_host, host, hosts_file.ssh_options, force_wipe)
+                   for host in hosts_file.hosts]
+        checks = []
+        for future in futures:
+            checks.append(future.result())
+            if progress is not None:
+                progress(checks[-1])
+    return checks

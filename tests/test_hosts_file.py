@@ -1,0 +1,119 @@
+"""The hosts file of `cairn-cluster validate|up --hosts-file` (cluster-scripts/hosts.py): what a
+valid one gives, and that every mistake in a bad one is named at once."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cairn.cluster import hosts
+
+pytestmark = pytest.mark.unit
+
+EXAMPLE = """
+[cluster]
+user = "cairn"
+sudo = true
+identity = "/root/.ssh/id_ed25519"
+ssh_options = ["-o", "ConnectTimeout=3"]
+
+[[host]]
+name = "store1"
+address = "10.0.0.11"
+location = { rack = "r1", room = "a" }
+mon = true
+devices = ["/dev/nvme0n1", "/dev/nvme1n1"]
+
+[[host]]
+name = "store2"
+address = "10.0.0.12"
+location = { rack = "r2" }
+devices = [{ path = "/srv/cairn/osd0.img", size = "64G" }]
+user = "root"
+sudo = false
+port = 2222
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "hosts.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_valid_hosts_file_gives_hosts_with_defaults_and_overrides(tmp_path):
+    spec = hosts.load(write(tmp_path, EXAMPLE))
+    first, second = spec.hosts
+    assert (first.name, first.address, first.user, first.sudo, first.port) == \
+        ("store1", "10.0.0.11", "cairn", True, 22)
+    assert first.location == {"rack": "r1", "room": "a"} and first.mon
+    assert [d.path for d in first.devices] == ["/dev/nvme0n1", "/dev/nvme1n1"]
+    assert not any(d.is_file for d in first.devices)
+    assert (second.user, second.sudo, second.port, second.mon) == ("root", False, 2222, False)
+    assert second.devices[0].is_file and second.devices[0].size_bytes == 64 << 30
+    assert second.identity == "/root/.ssh/id_ed25519"
+    assert spec.monitors == (first,) and spec.ssh_options == ("-o", "ConnectTimeout=3")
+    assert (spec.install_dir, spec.data_dir) == ("/opt/cairn", "/var/lib/cairn")
+
+
+def test_a_bad_hosts_file_names_every_problem_at_once(tmp_path):
+    bad = """
+[cluster]
+colour = "blue"
+port = 70000
+
+[[host]]
+name = "a"
+address = "10.0.0.1:22"
+mon = true
+devices = ["relative/path", "/srv/x.img", "/dev/sdb", "/dev/sdb"]
+speed = 3
+
+[[host]]
+name = "a"
+address = "10.0.0.2"
+mon = true
+location = { shelf = "s1" }
+devices = [{ path = "/srv/y.img", size = "1M" }]
+
+[[host]]
+name = "c"
+address = "10.0.0.2"
+mon = "yes"
+"""
+    with pytest.raises(hosts.HostsError) as caught:
+        hosts.load(write(tmp_path, bad))
+    message = str(caught.value)
+    for expected in ("unknown keys ['colour']", "port must be 1-65535 (was 70000)",
+                     "must not carry a port", "device path must be absolute",
+                     "/srv/x.img is not under /dev: a file device needs a size",
+                     "duplicate device on host a '/dev/sdb'", "unknown keys ['speed']",
+                     "duplicate host name 'a'", "duplicate host address '10.0.0.2'",
+                     "location is a table of rack", "below the 256M minimum",
+                     "mon must be true or false", "a cluster needs 1, 3 or 5 monitors"):
+        assert expected in message, (expected, message)
+
+
+def test_hosts_file_syntax_and_emptiness_are_clear_errors(tmp_path):
+    with pytest.raises(hosts.HostsError, match="not valid TOML"):
+        hosts.load(write(tmp_path, "[[host]\nname = 1"))
+    with pytest.raises(hosts.HostsError, match="no hosts: add a"):
+        hosts.load(write(tmp_path, "[cluster]\nuser = 'x'\n"))
+    with pytest.raises(hosts.HostsError, match="no hosts file at"):
+        hosts.load(str(tmp_path / "missing.toml"))
+    with pytest.raises(hosts.HostsError, match="no host lists devices"):
+        hosts.load(write(tmp_path, "[[host]]\nname = 'a'\naddress = 'x'\nmon = true\n"))
+
+
+def test_validate_offline_checks_the_hosts_file_only(tmp_path):
+    def validate(*args):
+        return subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "validate", *args],
+                              capture_output=True, text=True, timeout=60)
+    good = validate(write(tmp_path, EXAMPLE), "--offline", "--json")
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout.strip().splitlines()[-1])["ok"] is True
+    assert "2 hosts, 1 monitors (store1), 3 devices" in good.stderr
+    bad = validate(write(tmp_path, EXAMPLE.replace('name = "store2"', 'name = "store1"')),
+                   "--offline")
+    assert bad.returncode == 1 and "duplicate host name 'store1'" in bad.stderr
