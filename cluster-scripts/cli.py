@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 
-from cairn.cluster import bench_auth, demo, hosts, isolated, remote
+from cairn.cluster import bench_auth, demo, fleet, hosts, isolated, remote
 from cairn.common import auth, sessions, tls
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
@@ -289,8 +289,19 @@ def python_argv(module, *args):
     return [sys.executable, "-m", module, *args]
 
 
+def _cluster_dir(args):
+    """--dir, or for a hosts file HOSTS.toml its default, HOSTS.cluster beside it."""
+    if args.dir:
+        return os.path.abspath(args.dir)
+    if getattr(args, "hosts_file", None):
+        return os.path.splitext(os.path.abspath(args.hosts_file))[0] + ".cluster"
+    raise ClusterError("give --dir DIR (a local cluster) or --hosts-file HOSTS (real machines)")
+
+
 def up(args):
-    directory = os.path.abspath(args.dir)
+    if args.hosts_file:
+        return up_hosts(args)
+    directory = _cluster_dir(args)
     if os.path.exists(description_path(directory)):
         existing = load(directory)
         alive = [entry["name"] for entry in daemons(existing) if is_ours(entry.get("pid"),
@@ -397,6 +408,75 @@ def up(args):
     return 0
 
 
+def _load_hosts(path):
+    try:
+        return hosts.load(path)
+    except hosts.HostsError as exc:
+        raise ClusterError(str(exc)) from None
+
+
+def up_hosts(args):
+    """`up --hosts-file HOSTS`: the cluster on the machines the file names, over ssh (see
+    cluster-scripts/fleet.py for the steps); running it again changes nothing."""
+    say = (lambda message: print(message, file=sys.stderr)) if args.json else print
+    spec = _load_hosts(args.hosts_file)
+    directory = _cluster_dir(args)
+    existing = load(directory) if os.path.exists(description_path(directory)) else None
+    if existing is not None and existing.get("mode") != "ssh":
+        raise ClusterError(f"{directory} holds a local cluster, not one on the hosts of "
+                           f"{args.hosts_file}; give another --dir")
+    started = time.monotonic()
+    os.makedirs(directory, exist_ok=True)
+    description = fleet.plan(spec, existing)
+    ours = {(o["host"], o["device"]) for o in (existing or {}).get("osds", [])}
+    say(f"checking {len(spec.hosts)} hosts over ssh ...")
+    checks = remote.validate(spec, force_wipe=args.force_wipe, ours=ours)
+    problems = [problem for check in checks for problem in check.problems]
+    if problems:
+        raise ClusterError("not started, nothing changed: " + "; ".join(problems))
+    if args.auth == "hmac":
+        if not os.path.exists(os.path.join(directory, "keys", "bootstrap.keyring")):
+            _make_keys(directory, [osd["id"] for osd in description["osds"]])
+        missing = [o["name"] for o in description["osds"]
+                   if not os.path.exists(_keyring_path(directory, o["name"]))]
+        if missing:
+            raise ClusterError(f"no keys for {', '.join(missing)} in {directory}/keys: devices "
+                               "added to an existing cluster's hosts file are not supported yet")
+    description["auth"] = args.auth
+    fleet.save_description(directory, description)
+    try:
+        folder, build = fleet.wheelhouse(directory, say)
+        installed = 0
+        for host in spec.hosts:
+            installed += fleet.install(spec, host, folder, build, say)
+            if args.auth == "hmac":
+                fleet.ship_keys(spec, host, description, _keyring_path, directory)
+        say(f"cairn installed on {installed} hosts ({len(spec.hosts) - installed} had build "
+            f"{build})")
+        fleet.start_monitors(spec, description, args.auth, say)
+        leader = wait_quorum([m["addr"] for m in description["mons"]], fleet.READY_S_MAX,
+                             directory)
+        say(f"monitors in quorum: leader {leader}")
+        fleet.start_osds(spec, description, args.auth, args.force_wipe, say)
+
+        def progress(up_count, total):
+            say(f"  OSDs up and in: {up_count}/{total}")
+        fleet.wait_for_osds(directory, len(description["osds"]), progress=progress)
+    except fleet.FleetError as exc:
+        raise ClusterError(f"{exc} (hosts done before it are left as they are; fix it and run "
+                           "up again)") from None
+    elapsed = time.monotonic() - started
+    say(f"cluster up in {elapsed:.1f} s: {len(description['mons'])} monitors, "
+        f"{len(description['osds'])} OSDs on {len(spec.hosts)} hosts")
+    say(f"  use it: export CAIRN_CLUSTER={directory}; cairn status")
+    if args.json:
+        print(json.dumps({"dir": directory, "seconds": round(elapsed, 2),
+                          "mons": [m["addr"] for m in description["mons"]],
+                          "osds": len(description["osds"]), "hosts": len(spec.hosts),
+                          "installed": installed}))
+    return 0
+
+
 def _keyring_path(directory, entity):
     if entity == "client.admin":
         return os.path.join(directory, "client.admin.keyring")
@@ -483,8 +563,18 @@ def _apply_config(directory, pairs):
 # -- down, status, kill, restart -----------------------------------------------------------------
 
 def down(args):
-    directory = os.path.abspath(args.dir)
+    directory = _cluster_dir(args)
     description = load(directory)
+    if description.get("mode") == "ssh":
+        spec = _load_hosts(args.hosts_file or description["hosts_file"])
+        try:
+            fleet.stop(spec, description, print, purge=args.purge)
+        except fleet.FleetError as exc:
+            raise ClusterError(str(exc)) from None
+        if args.purge:
+            shutil.rmtree(directory)
+            print(f"removed {directory}")
+        return 0
     # OSDs first, and all of them at once, so each can still tell the monitor it is leaving;
     # then the monitors.
     stopped = 0
@@ -503,8 +593,10 @@ def down(args):
 
 
 def status(args):
-    directory = os.path.abspath(args.dir)
+    directory = _cluster_dir(args)
     description = load(directory)
+    if description.get("mode") == "ssh":
+        return _status_hosts(args, directory, description)
     rows = [{"name": entry["name"], "pid": entry.get("pid"), "host": entry.get("host"),
              "addr": entry.get("addr"), "running": is_ours(entry.get("pid"), directory)}
             for entry in daemons(description)]
@@ -516,6 +608,42 @@ def status(args):
               f"{row['pid'] or '-':<8} {row['host'] or '-':6} {row['addr'] or '-'}")
     running = sum(row["running"] for row in rows)
     print(f"{running} of {len(rows)} daemons running")
+    return 0
+
+
+def _status_hosts(args, directory, description):
+    """Each daemon on the hosts running or not (its supervisor's pid file, over ssh), and the
+    monitors' view: OSDs up and in."""
+    spec = _load_hosts(args.hosts_file or description["hosts_file"])
+    rows = []
+    for host in spec.hosts:
+        names = [d["name"] for d in description["mons"] + description["osds"]
+                 if d["host"] == host.name]
+        try:
+            running = fleet.running(spec, host, names)
+        except fleet.FleetError as exc:
+            rows += [{"name": name, "host": host.name, "running": None, "error": str(exc)}
+                     for name in names]
+            continue
+        rows += [{"name": name, "host": host.name, "running": name in running}
+                 for name in names]
+    try:
+        cmap = fleet.wait_for_osds(directory, 0, timeout_s=0)
+        osds = {"up": sum(1 for o in cmap.osds.values() if o["up"]), "total": len(cmap.osds),
+                "epoch": cmap.epoch}
+    except fleet.FleetError as exc:
+        osds = {"error": str(exc)}
+    if args.json:
+        print(json.dumps({"dir": directory, "daemons": rows, "osds": osds}))
+        return 0
+    for row in rows:
+        state = {True: "running", False: "stopped", None: "unknown"}[row["running"]]
+        print(f"{row['name']:8} {state:8} {row['host']}"
+              + (f"  ({row['error']})" if row.get("error") else ""))
+    running = sum(1 for row in rows if row["running"])
+    print(f"{running} of {len(rows)} daemons running; "
+          + (f"{osds['up']} of {osds['total']} OSDs up (epoch {osds['epoch']})" if "up" in osds
+             else f"monitors: {osds['error']}"))
     return 0
 
 
@@ -628,8 +756,16 @@ def build_parser():
                                      "cairn cluster up on this machine, inspect it, fault it, "
                                      "and bring it down.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    start = commands.add_parser("up", help="make and start a new cluster")
-    start.add_argument("--dir", required=True, help="directory for the cluster (created)")
+    start = commands.add_parser("up", help="make and start a new cluster (here, or on the "
+                                "machines of a hosts file over ssh)")
+    start.add_argument("--dir", help="directory for the cluster (created; with --hosts-file "
+                       "HOSTS.toml, default HOSTS.cluster beside it)")
+    start.add_argument("--hosts-file", metavar="HOSTS", help="bring the cluster up on the "
+                       "machines this TOML file names, over ssh (README: 'Bring-up on real "
+                       "machines'); --hosts, --osds-per-host, --racks, --mons, --isolated do "
+                       "not apply")
+    start.add_argument("--force-wipe", action="store_true", help="with --hosts-file: devices "
+                       "holding a filesystem or another cluster's store are overwritten")
     start.add_argument("--hosts", type=_bounded(1, HOSTS_MAX), default=3)
     start.add_argument("--osds-per-host", type=_bounded(1, OSDS_PER_HOST_MAX), default=1)
     start.add_argument("--racks", type=_bounded(0, HOSTS_MAX), default=0,
@@ -653,10 +789,13 @@ def build_parser():
                        "through --cluster DIR, or $CAIRN_TLS_CA)")
     start.add_argument("--json", action="store_true", help="print one JSON object at the end")
     finish = commands.add_parser("down", help="stop every daemon the cluster started")
-    finish.add_argument("--dir", required=True)
-    finish.add_argument("--purge", action="store_true", help="also delete the directory")
+    finish.add_argument("--dir")
+    finish.add_argument("--hosts-file", metavar="HOSTS")
+    finish.add_argument("--purge", action="store_true", help="also delete the directory (and "
+                        "on hosts: the data folders and file devices)")
     show = commands.add_parser("status", help="which daemons run, with pids and addresses")
-    show.add_argument("--dir", required=True)
+    show.add_argument("--dir")
+    show.add_argument("--hosts-file", metavar="HOSTS")
     show.add_argument("--json", action="store_true")
     signal_one = commands.add_parser("kill", help="signal one daemon (default SIGKILL)")
     signal_one.add_argument("--dir", required=True)

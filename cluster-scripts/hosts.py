@@ -23,7 +23,8 @@ A TOML file (docs: README, "Bring-up on real machines"):
     address = "10.0.0.12"
     location = { rack = "r2" }
     devices = [{ path = "/srv/cairn/osd0.img", size = "64G" }]   # a file device
-    user = "cairn"                       # per-host overrides: user, sudo, port, identity
+    user = "cairn"                       # per-host overrides: user, sudo, port, identity,
+                                         # install_dir, data_dir
     sudo = true
 
 `load(path)` returns a `HostsFile`; every problem found is raised at once as one HostsError whose
@@ -42,7 +43,8 @@ MONITOR_COUNTS = (1, 3, 5)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 LOCATION_TYPES = ("rack", "room", "row", "datacenter")
 CLUSTER_KEYS = {"user", "sudo", "port", "identity", "ssh_options", "install_dir", "data_dir"}
-HOST_KEYS = {"name", "address", "location", "mon", "devices", "user", "sudo", "port", "identity"}
+HOST_KEYS = {"name", "address", "location", "mon", "devices", "user", "sudo", "port", "identity",
+             "install_dir", "data_dir"}
 DEVICE_KEYS = {"path", "size"}
 FILE_DEVICE_BYTES_MIN = 256 << 20
 
@@ -72,6 +74,8 @@ class Host:
     sudo: bool
     port: int
     identity: str = None
+    install_dir: str = None             # per-host overrides of [cluster]'s (None: those)
+    data_dir: str = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +200,9 @@ def _host(problems, index, entry, defaults):
                 user=_text(problems, where, entry, "user", defaults["user"]),
                 sudo=_flag(problems, where, entry, "sudo", defaults["sudo"]),
                 port=_port(problems, where, entry, defaults["port"]),
-                identity=_text(problems, where, entry, "identity", defaults["identity"]))
+                identity=_text(problems, where, entry, "identity", defaults["identity"]),
+                install_dir=_absolute(problems, where, entry, "install_dir", None),
+                data_dir=_absolute(problems, where, entry, "data_dir", None))
 
 
 def _device(problems, where, device):
@@ -271,6 +277,8 @@ def _port(problems, where, table, default):
 
 def _absolute(problems, where, table, key, default):
     value = table.get(key, default)
+    if value is None:
+        return None
     if not isinstance(value, str) or not value.startswith("/"):
         problems.append(f"{where}: {key} must be an absolute path (was {value!r})")
         return default

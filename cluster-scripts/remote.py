@@ -51,24 +51,28 @@ def ssh_argv(host, options=(), command=""):
     return argv + [command]
 
 
-def run(host, command, options=(), step="command", timeout_s=SSH_TIMEOUT_S):
-    """Run `command` on `host`; its stdout. RemoteError naming host and step on failure."""
+def run(host, command, options=(), step="command", timeout_s=SSH_TIMEOUT_S, stdin=None):
+    """Run `command` on `host` (`stdin`: a binary file to feed it); its stdout. RemoteError
+    naming host and step on failure."""
     try:
         result = subprocess.run(ssh_argv(host, options, command), capture_output=True,
-                                text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+                                timeout=timeout_s,
+                                stdin=subprocess.DEVNULL if stdin is None else stdin)
     except subprocess.TimeoutExpired:
         raise RemoteError(f"host {host.name} ({host.address}): {step}: no answer in "
                           f"{timeout_s:g} s") from None
     except FileNotFoundError:
         raise RemoteError("the ssh client is not installed (apt-get install -y "
                           "openssh-client)") from None
+    stdout = result.stdout.decode(errors="replace")
     if result.returncode != 0:
-        reason = (result.stderr.strip() or result.stdout.strip()).splitlines()
+        stderr = result.stderr.decode(errors="replace")
+        reason = (stderr.strip() or stdout.strip()).splitlines()
         reason = reason[-1] if reason else f"exit status {result.returncode}"
         if result.returncode == 255:
             reason = f"ssh to {host.user}@{host.address}:{host.port} failed: {reason}"
         raise RemoteError(f"host {host.name} ({host.address}): {step}: {reason}")
-    return result.stdout
+    return stdout
 
 
 @dataclasses.dataclass
@@ -94,9 +98,10 @@ class HostCheck:
                 "problems": self.problems}
 
 
-def check_host(host, options=(), force_wipe=False):
+def check_host(host, options=(), force_wipe=False, ours=()):
     """What `validate` finds on one host: reachable over ssh, and each device present (or, for
-    a file device, its folder) and empty, or wiping it allowed."""
+    a file device, its folder) and empty, or wiping it allowed. `ours`: (host, device) pairs
+    of a cluster being brought up again, whose devices hold its own stores."""
     check = HostCheck(host.name, host.address)
     try:
         run(host, "true", options, step="ssh")
@@ -129,7 +134,8 @@ def check_host(host, options=(), force_wipe=False):
             result.problem = {"missing": "does not exist", "absent": "does not exist",
                               "file": "is a regular file: give it a size to use it as a file "
                                       "device"}.get(kind, f"is not a block device ({kind})")
-        elif result.holds and not force_wipe:
+        elif result.holds and not force_wipe and not (
+                magic == STORE_MAGIC and (host.name, path) in ours):
             result.problem = (f"holds {result.holds}; it is never overwritten without "
                               "--force-wipe")
         if result.problem:
@@ -138,11 +144,11 @@ def check_host(host, options=(), force_wipe=False):
     return check
 
 
-def validate(hosts_file, force_wipe=False, progress=None):
+def validate(hosts_file, force_wipe=False, progress=None, ours=()):
     """Every host checked over ssh, in parallel; [HostCheck] in the file's order."""
     workers = max(1, min(16, len(hosts_file.hosts)))
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(check_host, host, hosts_file.ssh_options, force_wipe)
+        futures = [pool.submit(check_host, host, hosts_file.ssh_options, force_wipe, ours)
                    for host in hosts_file.hosts]
         checks = []
         for future in futures:

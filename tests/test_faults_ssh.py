@@ -101,13 +101,18 @@ class Machines:
             self.stop_sshd(host)
         isolated.destroy_network(self.tag, self.names)
 
-    def hosts_file(self, hosts, path=None):
-        """A hosts file naming `hosts` {name: {"mon": bool, "devices": [...]}} by address."""
+    def hosts_file(self, hosts, path=None, install_dir=None, data_root=None):
+        """A hosts file naming `hosts` {name: {"mon": bool, "devices": [...]}} by address; the
+        machines share this filesystem, so each gets its own data folder under `data_root`."""
         lines = ["[cluster]", 'user = "root"', f'identity = "{self.key}"',
                  'ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", '
-                 '"UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]', ""]
+                 '"UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]']
+        if install_dir:
+            lines.append(f'install_dir = "{install_dir}"')
+        lines.append("")
         for name, spec in hosts.items():
             lines += ["[[host]]", f'name = "{name}"', f'address = "{self.names[name]}"',
+                      *([f'data_dir = "{data_root}/{name}"'] if data_root else []),
                       f'location = {{ rack = "r{name[1:]}" }}',
                       f"mon = {'true' if spec.get('mon') else 'false'}",
                       "devices = [" + ", ".join(
@@ -180,3 +185,67 @@ def test_validate_checks_hosts_and_devices_over_ssh_and_names_each_problem(machi
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every host and device is ready" in done.stdout
     assert "h2 (" in done.stdout and "holds a cairn OSD store" in done.stdout
+
+
+def test_up_over_ssh_brings_a_cluster_up_that_stores_data_and_a_second_up_changes_nothing(
+        machines, tmp_path):
+    """`up --hosts-file` on four ssh machines (three monitors): a host that cannot be reached
+    stops it before anything is touched, naming the host; then wheels are shipped and
+    installed (once: the machines share one install folder, as an NFS /opt would), monitors
+    and OSDs start under the supervisor, objects go in and come back through the cluster
+    directory; `status` sees every daemon; `up` again installs and starts nothing; `down`
+    stops them all."""
+    import asyncio
+    from cairn.client.cluster import Cluster
+    group = machines(4)
+    disks = tmp_path / "disks"
+    spec = {name: {"mon": name != "h4", "devices": [str(disks / name / "osd0.img")]}
+            for name in ("h1", "h2", "h3", "h4")}
+    for name in spec:
+        (disks / name).mkdir(parents=True)
+    path = group.hosts_file(spec, install_dir=str(tmp_path / "opt"),
+                            data_root=str(tmp_path / "data"))
+    directory = str(tmp_path / "hosts.cluster")
+    group.stop_sshd("h3")
+    refused = cluster_cli("up", "--hosts-file", path, timeout=300)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "nothing changed" in refused.stderr and f"host h3 ({group.names['h3']})" in \
+        refused.stderr
+    assert not (tmp_path / "opt").exists() and not (tmp_path / "data").exists()
+    group.start_sshd("h3")
+    try:
+        started = time.monotonic()
+        done = cluster_cli("up", "--hosts-file", path, "--json", timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        first = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"up over ssh, 4 hosts: {time.monotonic() - started:.1f} s")
+        assert first["dir"] == directory and first["osds"] == 4 and first["installed"] == 1
+        assert len(first["mons"]) == 3
+
+        made = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", directory,
+                               "pool", "create", "data", "--replicated", "3", "--pg-num", "16"],
+                              capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+
+        async def store_and_read():
+            async with await Cluster.connect(directory) as cluster:
+                pool = cluster.pool("data")
+                blobs = {f"obj-{i}": os.urandom(1000 * i + 1) for i in range(20)}
+                await asyncio.gather(*(pool.put(n, b) for n, b in blobs.items()))
+                for name, blob in blobs.items():
+                    assert await pool.get(name) == blob
+        asyncio.run(store_and_read())
+        shown = cluster_cli("status", "--hosts-file", path, "--json")
+        assert shown.returncode == 0, shown.stderr
+        status = json.loads(shown.stdout.strip().splitlines()[-1])
+        assert all(row["running"] for row in status["daemons"]) and len(status["daemons"]) == 7
+        assert status["osds"]["up"] == 4
+        pids = {p.name: p.read_text() for p in (tmp_path / "data").glob("*/run/*.pid")}
+        again = cluster_cli("up", "--hosts-file", path, "--json", timeout=300)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert json.loads(again.stdout.strip().splitlines()[-1])["installed"] == 0
+        assert {p.name: p.read_text() for p in (tmp_path / "data").glob("*/run/*.pid")} == pids
+    finally:
+        stopped = cluster_cli("down", "--hosts-file", path, timeout=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert not list((tmp_path / "data").glob("*/run/*.pid"))

@@ -1,0 +1,279 @@
+"""A cluster on real machines, over ssh: `cairn-cluster up|status|down --hosts-file HOSTS --dir
+DIR` (the hosts file: cluster-scripts/hosts.py; ssh: cluster-scripts/remote.py).
+
+`up`, host by host, each step skipped where it is already done (so a second `up` changes
+nothing):
+  1. validate every host and device (remote.validate); any problem stops it before anything
+     is touched;
+  2. build a wheelhouse here once (cairn and every dependency as wheels, DIR/wheelhouse) and
+     install it on each host into INSTALL_DIR/venv without any index (hosts need no internet),
+     unless the host already has this very build (INSTALL_DIR/installed holds its hash);
+  3. ship keys (DIR/keys: each host gets only the keyrings of its daemons);
+  4. make and start the monitors, wait for their quorum;
+  5. make each OSD's file device if missing, wipe a foreign store only under --force-wipe,
+     and start the OSDs; wait until every OSD is up and in.
+Daemons run under `python -m cairn.cluster.supervise` (restart on failure, a pid file, a log in
+DATA_DIR/logs), started detached with setsid. A failed step raises FleetError naming the host
+and the step; hosts already done are left as they are.
+
+DIR/cluster.json records the cluster (mode "ssh"): the fsid, the monitors' addresses, each
+daemon's host and device, so `cairn --cluster DIR` talks to it and a second `up` keeps the
+same ids and keys.
+"""
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+
+from cairn.cluster import remote
+from cairn.common.monclient import MonitorsUnavailable
+
+MONITOR_PORT = 6789
+READY_S_MAX = 120.0
+STOP_S_MAX = 30.0
+
+
+class FleetError(Exception):
+    """A bring-up step failed on a host; the message names both."""
+
+
+def paths(spec, host):
+    """Where things live on `host`: its install and data folders."""
+    install = host.install_dir or spec.install_dir
+    data = host.data_dir or spec.data_dir
+    return {"install": install, "venv": f"{install}/venv", "data": data,
+            "logs": f"{data}/logs", "run": f"{data}/run", "keys": f"{data}/keys"}
+
+
+def plan(spec, existing=None):
+    """The cluster's layout from the hosts file: fsid, monitors (name, host, addr) and OSDs
+    (id, host, device) numbered in the file's order; an existing description keeps its fsid
+    and the ids of the devices it already had."""
+    known = {(o["host"], o["device"]): o["id"] for o in (existing or {}).get("osds", [])}
+    next_id = max(known.values(), default=-1) + 1
+    osds = []
+    for host in spec.hosts:
+        for device in host.devices:
+            osd_id = known.get((host.name, device.path))
+            if osd_id is None:
+                osd_id, next_id = next_id, next_id + 1
+            osds.append({"name": f"osd.{osd_id}", "id": osd_id, "host": host.name,
+                         "device": device.path, "size_bytes": device.size_bytes})
+    mons = [{"name": f"mon.{index}", "host": host.name,
+             "addr": f"{host.address}:{MONITOR_PORT}"}
+            for index, host in enumerate(spec.monitors)]
+    return {"mode": "ssh", "fsid": (existing or {}).get("fsid") or str(uuid.uuid4()),
+            "hosts_file": os.path.abspath(spec.path), "mons": mons, "osds": osds,
+            "hosts": [{"name": h.name, "address": h.address, "location": h.location}
+                      for h in spec.hosts]}
+
+
+def wheelhouse(directory, say):
+    """DIR/wheelhouse: cairn (built from this checkout) and its dependencies as wheels; built
+    once. Returns (folder, build id: the hash of cairn's wheel)."""
+    folder = os.path.join(directory, "wheelhouse")
+    wheels = [name for name in os.listdir(folder)] if os.path.isdir(folder) else []
+    if not any(name.startswith("cairn-") for name in wheels):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if not os.path.exists(os.path.join(root, "setup.py")):
+            raise FleetError(f"no cairn checkout at {root} to build wheels from")
+        say(f"building wheels for the hosts (cairn and its dependencies) in {folder} ...")
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir",
+                                 folder, root], capture_output=True, text=True, cwd=directory)
+        if result.returncode != 0:
+            raise FleetError(f"building wheels failed: {result.stderr.strip()[-800:]}")
+        say(f"  wheels built in {time.monotonic() - started:.0f} s")
+    cairn_wheel = sorted(name for name in os.listdir(folder) if name.startswith("cairn-"))[-1]
+    with open(os.path.join(folder, cairn_wheel), "rb") as handle:
+        build = hashlib.sha256(handle.read()).hexdigest()[:16]
+    return folder, build
+
+
+def _step(host, step, command, options, timeout_s=remote.SSH_TIMEOUT_S, stdin=None):
+    try:
+        return remote.run(host, command, options, step=step, timeout_s=timeout_s,
+                          stdin=stdin)
+    except remote.RemoteError as exc:
+        raise FleetError(str(exc)) from None
+
+
+def _running(name, where):
+    """Shell test: the supervisor of `name` runs (its pid file names a live process)."""
+    pidfile = f"{where['run']}/{name}.pid"
+    return f"[ -f {pidfile} ] && kill -0 $(cat {pidfile}) 2>/dev/null"
+
+
+def _start(name, where, argv):
+    """Shell line: start `argv` under the supervisor, detached, unless it already runs."""
+    supervised = [f"{where['venv']}/bin/python", "-m", "cairn.cluster.supervise", "--pidfile",
+                  f"{where['run']}/{name}.pid", "--log", f"{where['logs']}/{name}.log", "--",
+                  *argv]
+    return (f"{_running(name, where)} || (cd {shlex.quote(where['data'])} && setsid -f "
+            f"{' '.join(shlex.quote(a) for a in supervised)} </dev/null >/dev/null 2>&1)")
+
+
+def install(spec, host, folder, build, say):
+    where = paths(spec, host)
+    options = spec.ssh_options
+    q = {key: shlex.quote(value) for key, value in where.items()}
+    _step(host, "make folders", f"mkdir -p {q['install']} {q['logs']} {q['run']} && "
+          f"mkdir -p -m 700 {q['keys']}", options)
+    have = _step(host, "installed version", f"cat {q['install']}/installed 2>/dev/null || true",
+                 options).strip()
+    if have == build:
+        return False
+    say(f"  {host.name}: installing cairn (build {build}) into {where['venv']}")
+    with tempfile.TemporaryFile() as archive:
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.add(folder, arcname="wheelhouse")
+        archive.seek(0)
+        _step(host, "ship wheels", f"rm -rf {q['install']}/wheelhouse && "
+              f"tar -x -C {q['install']}", options, stdin=archive)
+    _step(host, "install", f"( [ -x {q['venv']}/bin/python ] || python3 -m venv {q['venv']} ) "
+          f"&& {q['venv']}/bin/python -m pip install -q --no-index --find-links "
+          f"{q['install']}/wheelhouse --force-reinstall --no-deps {q['install']}/wheelhouse/*.whl"
+          f" && echo {build} > {q['install']}/installed", options, timeout_s=900)
+    return True
+
+
+def ship_keys(spec, host, description, keyring_path, directory):
+    """The keyrings this host's daemons need (mode 0600), unless already there."""
+    where = paths(spec, host)
+    # A monitor's mkfs takes the bootstrap keyring (every entity's key: the monitors keep
+    # them); an OSD, its own.
+    entities = ["bootstrap"] if any(m["host"] == host.name for m in description["mons"]) \
+        else []
+    entities += [o["name"] for o in description["osds"] if o["host"] == host.name]
+    for entity in entities:
+        source = os.path.join(directory, "keys", "bootstrap.keyring") if entity == "bootstrap" \
+            else keyring_path(directory, entity)
+        target = f"{where['keys']}/{os.path.basename(source)}"
+        with open(source, "rb") as handle:
+            _step(host, f"ship key {entity}", f"umask 077 && cat > {shlex.quote(target)}",
+                  spec.ssh_options, stdin=handle)
+
+
+def start_monitors(spec, description, auth, say):
+    members = ",".join(f"{m['name']}={m['addr']}" for m in description["mons"])
+    for mon in description["mons"]:
+        host = spec.host(mon["host"])
+        where = paths(spec, host)
+        mon_dir = f"{where['data']}/{mon['name']}"
+        keys = (["--keyring", f"{where['keys']}/bootstrap.keyring"] if auth == "hmac"
+                else ["--auth", "none"])
+        mkfs = [f"{where['venv']}/bin/cairn-mon", "mkfs", "--dir", mon_dir, "--fsid",
+                description["fsid"], "--name", mon["name"], "--members", members, *keys]
+        _step(host, f"make {mon['name']}", f"[ -d {shlex.quote(mon_dir)}/store.db ] || "
+              + " ".join(shlex.quote(a) for a in mkfs), spec.ssh_options)
+        run = [f"{where['venv']}/bin/cairn-mon", "run", "--dir", mon_dir, "--bind", mon["addr"],
+               "--name", mon["name"]]
+        _step(host, f"start {mon['name']}", _start(mon["name"], where, run), spec.ssh_options)
+        say(f"  {mon['name']} on {host.name} at {mon['addr']}")
+
+
+def start_osds(spec, description, auth, force_wipe, say):
+    mon_addrs = ",".join(m["addr"] for m in description["mons"])
+    for osd in description["osds"]:
+        host = spec.host(osd["host"])
+        where = paths(spec, host)
+        device, meta = osd["device"], f"{where['data']}/{osd['name']}.meta"
+        q = shlex.quote
+        prepare = []
+        if osd["size_bytes"]:
+            prepare.append(f"[ -e {q(device)} ] || truncate -s {osd['size_bytes']} {q(device)}")
+        if force_wipe:
+            # A device that holds a store this cluster did not make (no metadata here) is
+            # wiped: its superblock and first blocks zeroed.
+            prepare.append(f"[ -d {q(meta)} ] || dd if=/dev/zero of={q(device)} bs=1M count=4 "
+                           "conv=notrunc status=none")
+        keys = ["--keyring", f"{where['keys']}/{osd['name']}.keyring"] if auth == "hmac" else []
+        location = [arg for kind, value in host.location.items() if kind in ("rack", "room")
+                    for arg in (f"--{kind}", value)]
+        run = [f"{where['venv']}/bin/cairn-osd", "run", "--device", device, "--meta", meta,
+               "--mkfs", "--mon", mon_addrs, "--bind", f"{host.address}:0", "--host",
+               host.name, "--id", str(osd["id"]), *location, *keys]
+        _step(host, f"start {osd['name']}",
+              " && ".join(prepare + [_start(osd["name"], where, run)]), spec.ssh_options)
+
+
+def running(spec, host, names):
+    """The names among `names` whose supervisor runs on `host`."""
+    where = paths(spec, host)
+    command = "; ".join(f"{_running(name, where)} && echo {name}" for name in names) + "; true"
+    return set(_step(host, "status", command, spec.ssh_options).split())
+
+
+def stop(spec, description, say, purge=False):
+    """Stop every daemon on every host (SIGTERM to its supervisor, which stops it); `purge`
+    also removes the data folders and the file devices. Hosts that cannot be reached are
+    named; the others are stopped anyway."""
+    failures = []
+    for host in spec.hosts:
+        where = paths(spec, host)
+        names = [d["name"] for d in description["mons"] + description["osds"]
+                 if d["host"] == host.name]
+        pidfiles = " ".join(shlex.quote(f"{where['run']}/{name}.pid") for name in names)
+        command = (f"for f in {pidfiles}; do [ -f $f ] && kill -TERM $(cat $f) 2>/dev/null; "
+                   f"done; for i in $(seq {int(STOP_S_MAX * 10)}); do left=0; for f in "
+                   f"{pidfiles}; do [ -f $f ] && kill -0 $(cat $f) 2>/dev/null && left=1; done;"
+                   f" [ $left = 0 ] && break; sleep 0.1; done; [ $left = 0 ]") if names else "true"
+        if purge:
+            files = [d["device"] for d in description["osds"]
+                     if d["host"] == host.name and d.get("size_bytes")]
+            command += f" && rm -rf {shlex.quote(where['data'])} " + " ".join(
+                shlex.quote(path) for path in files)
+        try:
+            _step(host, "stop daemons" + (" and purge" if purge else ""), command,
+                  spec.ssh_options, timeout_s=STOP_S_MAX + 15)
+            say(f"  {host.name}: stopped {len(names)} daemons" + (", purged" if purge else ""))
+        except FleetError as exc:
+            failures.append(str(exc))
+    if failures:
+        raise FleetError("; ".join(failures))
+
+
+def wait_for_osds(directory, count, timeout_s=READY_S_MAX, progress=None):
+    """Until `count` OSDs are up and in in the monitors' map, asked as the administrator
+    through DIR (FleetError on timeout); the map."""
+    import asyncio
+    from cairn.client.cluster import Cluster
+    from cairn.client.errors import ClientError
+
+    async def ask():
+        async with await Cluster.connect(directory) as cluster:
+            return cluster.map
+
+    deadline = time.monotonic() + timeout_s
+    last, seen = None, None
+    while True:
+        try:
+            cmap = asyncio.run(ask())
+            up = sum(1 for osd in cmap.osds.values() if osd["up"] and osd.get("in", True))
+        except (ClientError, MonitorsUnavailable, OSError) as exc:
+            cmap, up, last = None, 0, str(exc)
+        if progress is not None and up != seen:
+            progress(up, count)
+            seen = up
+        if up >= count:
+            return cmap
+        if time.monotonic() > deadline:
+            raise FleetError(f"only {up} of {count} OSDs up and in after {timeout_s:g} s"
+                             + (f" (last: {last})" if last else "") + "; see each host's "
+                             "DATA_DIR/logs")
+        time.sleep(1.0)
+
+
+def save_description(directory, description):
+    path = os.path.join(directory, "cluster.json")
+    with open(path + ".tmp", "w") as handle:
+        json.dump(description, handle, indent=1)
+        handle.write("\n")
+    os.replace(path + ".tmp", path)
