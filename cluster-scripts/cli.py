@@ -662,14 +662,52 @@ def kill(args):
 
 
 def restart(args):
-    directory = os.path.abspath(args.dir)
+    directory = _cluster_dir(args)
     description = load(directory)
+    if description.get("mode") == "ssh":
+        if args.name:
+            raise ClusterError("a cluster on hosts restarts host by host: 'cairn-cluster "
+                               "restart --hosts-file HOSTS' (no daemon name)")
+        return _rolling(args, directory, description, upgrade=False)
+    if not args.name:
+        raise ClusterError("name the daemon to restart (osd.N or mon.N)")
     entry = find(description, args.name)
     stop(directory, entry, signal.SIGTERM)
     process = launch(directory, entry)
     wait_ready([process], [entry], DAEMON_READY_S_MAX)
     save(directory, description)
     print(f"restarted {args.name}: pid {entry['pid']}, {entry['addr']}")
+    return 0
+
+
+def upgrade(args):
+    """`upgrade --hosts-file HOSTS`: build the wheels again from this checkout and install
+    them host by host, each host's daemons restarted and the cluster clean before the next."""
+    directory = _cluster_dir(args)
+    description = load(directory)
+    if description.get("mode") != "ssh":
+        raise ClusterError(f"{directory} is a local cluster: it runs this checkout's code "
+                           "already (restart its daemons)")
+    return _rolling(args, directory, description, upgrade=True)
+
+
+def _rolling(args, directory, description, upgrade):
+    spec = _load_hosts(args.hosts_file or description["hosts_file"])
+    started = time.monotonic()
+    new_build = None
+    try:
+        if upgrade:
+            shutil.rmtree(os.path.join(directory, "wheelhouse"), ignore_errors=True)
+            new_build = fleet.wheelhouse(directory, print)
+            print(f"upgrading to build {new_build[1]}, one host at a time")
+        else:
+            print("restarting one host at a time, each once the cluster is clean")
+        fleet.rolling(spec, description, directory, description.get("auth", "hmac"), print,
+                      upgrade=new_build)
+    except fleet.FleetError as exc:
+        raise ClusterError(f"{exc} (hosts before it are done; run it again to go on)") from None
+    print(f"{'upgraded' if upgrade else 'restarted'} {len(spec.hosts)} hosts in "
+          f"{time.monotonic() - started:.1f} s; the cluster is clean")
     return 0
 
 
@@ -801,9 +839,15 @@ def build_parser():
     signal_one.add_argument("--dir", required=True)
     signal_one.add_argument("name", help="osd.N or mon.N")
     signal_one.add_argument("--signal", choices=sorted(_SIGNALS), default="KILL")
-    again = commands.add_parser("restart", help="stop (if running) and start one daemon")
-    again.add_argument("--dir", required=True)
-    again.add_argument("name", help="osd.N or mon.N")
+    again = commands.add_parser("restart", help="stop (if running) and start one daemon; "
+                                "with --hosts-file, every host in turn (rolling)")
+    again.add_argument("--dir")
+    again.add_argument("--hosts-file", metavar="HOSTS")
+    again.add_argument("name", nargs="?", help="osd.N or mon.N (a local cluster)")
+    newer = commands.add_parser("upgrade", help="--hosts-file: install this checkout's build "
+                                "on every host in turn, restarting its daemons (rolling)")
+    newer.add_argument("--dir")
+    newer.add_argument("--hosts-file", metavar="HOSTS")
     show_off = commands.add_parser("demo", help="bring up a local cluster, show it working, "
                                    "fault it, store real data, bring it down")
     show_off.add_argument("--dir", help="cluster directory (default: a new one under "
@@ -884,7 +928,7 @@ def validate(args):
 
 COMMANDS = {"up": up, "down": down, "status": status, "kill": kill, "restart": restart,
             "fault": fault, "demo": lambda args: demo.demo(args), "bench-auth": bench_auth.main,
-            "validate": validate}
+            "validate": validate, "upgrade": upgrade}
 
 
 def main(argv=None):

@@ -161,9 +161,12 @@ def ship_keys(spec, host, description, keyring_path, directory):
                   spec.ssh_options, stdin=handle)
 
 
-def start_monitors(spec, description, auth, say):
+def start_monitors(spec, description, auth, say, only=None):
+    """Make (once) and start each monitor, or only those on the hosts named in `only`."""
     members = ",".join(f"{m['name']}={m['addr']}" for m in description["mons"])
     for mon in description["mons"]:
+        if only is not None and mon["host"] not in only:
+            continue
         host = spec.host(mon["host"])
         where = paths(spec, host)
         mon_dir = f"{where['data']}/{mon['name']}"
@@ -179,9 +182,12 @@ def start_monitors(spec, description, auth, say):
         say(f"  {mon['name']} on {host.name} at {mon['addr']}")
 
 
-def start_osds(spec, description, auth, force_wipe, say):
+def start_osds(spec, description, auth, force_wipe, say, only=None):
+    """Start each OSD (its file device made first), or only those on the hosts in `only`."""
     mon_addrs = ",".join(m["addr"] for m in description["mons"])
     for osd in description["osds"]:
+        if only is not None and osd["host"] not in only:
+            continue
         host = spec.host(osd["host"])
         where = paths(spec, host)
         device, meta = osd["device"], f"{where['data']}/{osd['name']}.meta"
@@ -211,33 +217,102 @@ def running(spec, host, names):
     return set(_step(host, "status", command, spec.ssh_options).split())
 
 
+def names_on(description, host):
+    return [d["name"] for d in description["mons"] + description["osds"]
+            if d["host"] == host.name]
+
+
+def stop_host(spec, host, description, purge=False):
+    """Stop the host's daemons (SIGTERM to each supervisor, which stops its daemon) and wait
+    until they are gone; `purge` also removes its data folder and file devices."""
+    where = paths(spec, host)
+    names = names_on(description, host)
+    pidfiles = " ".join(shlex.quote(f"{where['run']}/{name}.pid") for name in names)
+    command = (f"for f in {pidfiles}; do [ -f $f ] && kill -TERM $(cat $f) 2>/dev/null; "
+               f"done; for i in $(seq {int(STOP_S_MAX * 10)}); do left=0; for f in "
+               f"{pidfiles}; do [ -f $f ] && kill -0 $(cat $f) 2>/dev/null && left=1; done;"
+               f" [ $left = 0 ] && break; sleep 0.1; done; [ $left = 0 ]") if names else "true"
+    if purge:
+        files = [d["device"] for d in description["osds"]
+                 if d["host"] == host.name and d.get("size_bytes")]
+        command += f" && rm -rf {shlex.quote(where['data'])} " + " ".join(
+            shlex.quote(path) for path in files)
+    _step(host, "stop daemons" + (" and purge" if purge else ""), command, spec.ssh_options,
+          timeout_s=STOP_S_MAX + 15)
+    return names
+
+
 def stop(spec, description, say, purge=False):
-    """Stop every daemon on every host (SIGTERM to its supervisor, which stops it); `purge`
-    also removes the data folders and the file devices. Hosts that cannot be reached are
-    named; the others are stopped anyway."""
+    """Stop every daemon on every host; hosts that cannot be reached are named, the others are
+    stopped anyway."""
     failures = []
     for host in spec.hosts:
-        where = paths(spec, host)
-        names = [d["name"] for d in description["mons"] + description["osds"]
-                 if d["host"] == host.name]
-        pidfiles = " ".join(shlex.quote(f"{where['run']}/{name}.pid") for name in names)
-        command = (f"for f in {pidfiles}; do [ -f $f ] && kill -TERM $(cat $f) 2>/dev/null; "
-                   f"done; for i in $(seq {int(STOP_S_MAX * 10)}); do left=0; for f in "
-                   f"{pidfiles}; do [ -f $f ] && kill -0 $(cat $f) 2>/dev/null && left=1; done;"
-                   f" [ $left = 0 ] && break; sleep 0.1; done; [ $left = 0 ]") if names else "true"
-        if purge:
-            files = [d["device"] for d in description["osds"]
-                     if d["host"] == host.name and d.get("size_bytes")]
-            command += f" && rm -rf {shlex.quote(where['data'])} " + " ".join(
-                shlex.quote(path) for path in files)
         try:
-            _step(host, "stop daemons" + (" and purge" if purge else ""), command,
-                  spec.ssh_options, timeout_s=STOP_S_MAX + 15)
+            names = stop_host(spec, host, description, purge)
             say(f"  {host.name}: stopped {len(names)} daemons" + (", purged" if purge else ""))
         except FleetError as exc:
             failures.append(str(exc))
     if failures:
         raise FleetError("; ".join(failures))
+
+
+def rolling(spec, description, directory, auth, say, upgrade=None, on_step=None):
+    """Restart the cluster's daemons one host at a time, each host only once the cluster is
+    clean, and the next only once it is clean again; `upgrade` (wheel folder, build): install
+    that build on each host before its daemons start again. `on_step(host)` after each."""
+    total = len(description["osds"])
+    for host in spec.hosts:
+        if not names_on(description, host):
+            continue
+        wait_clean(directory, total)
+        started = time.monotonic()
+        names = stop_host(spec, host, description)
+        if upgrade is not None:
+            install(spec, host, *upgrade, say)
+        start_monitors(spec, description, auth, say, only={host.name})
+        start_osds(spec, description, auth, False, say, only={host.name})
+        wait_for_osds(directory, total)
+        wait_clean(directory, total)
+        say(f"  {host.name}: {len(names)} daemons {'upgraded' if upgrade else 'restarted'}, "
+            f"cluster clean again in {time.monotonic() - started:.1f} s")
+        if on_step is not None:
+            on_step(host)
+
+
+def _status(directory):
+    import asyncio
+    from cairn.client.cluster import Cluster
+
+    async def ask():
+        async with await Cluster.connect(directory) as cluster:
+            reply = await cluster.monc.request({"op": "status"})
+            return reply.header, cluster.map
+    return asyncio.run(ask())
+
+
+def is_clean(status, cmap, osds):
+    """Every OSD up and in, every PG of every pool active and nothing degraded."""
+    pgs = sum(pool["pg_num"] for pool in cmap.pools.values())
+    return (status["osds"]["up"] == status["osds"]["in"] == osds
+            and status["pg_states"] == ({"active": pgs} if pgs else {})
+            and not status["objects"].get("degraded"))
+
+
+def wait_clean(directory, osds, timeout_s=READY_S_MAX):
+    from cairn.client.errors import ClientError
+    deadline = time.monotonic() + timeout_s
+    status = None
+    while True:
+        try:
+            status, cmap = _status(directory)
+            if is_clean(status, cmap, osds):
+                return status
+        except (ClientError, MonitorsUnavailable, OSError) as exc:
+            status = str(exc)
+        if time.monotonic() > deadline:
+            raise FleetError(f"the cluster is not clean after {timeout_s:g} s (last: "
+                             f"{status if isinstance(status, str) else status.get('pg_states')})")
+        time.sleep(0.5)
 
 
 def wait_for_osds(directory, count, timeout_s=READY_S_MAX, progress=None):
