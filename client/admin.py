@@ -40,7 +40,8 @@ def add_parsers(commands, common):
     health.add_argument("--limit", type=int, default=50, help="history: how many of the newest "
                         "events (default 50)")
 
-    osd = commands.add_parser("osd", help="OSD commands: tree, out, in, down")
+    osd = commands.add_parser("osd", help="OSD commands: tree, out, in, down, reweight, "
+                              "weight")
     osd_commands = osd.add_subparsers(dest="osd_command", required=True, metavar="SUBCOMMAND")
     osd_commands.add_parser("tree", parents=[common], help="OSDs by host and rack, with up/in")
     for state, text in (("out", "take an OSD out of placement (stays out until 'osd in')"),
@@ -48,6 +49,16 @@ def add_parsers(commands, common):
                         ("down", "mark an OSD down (a running OSD boots again at once)")):
         sub = osd_commands.add_parser(state, parents=[common], help=text)
         sub.add_argument("osd", help="OSD id: 3 or osd.3")
+    reweight = osd_commands.add_parser("reweight", parents=[common], help="the share of its "
+                                       "PGs an OSD keeps, 0..1 (1: all its weight gives it; "
+                                       "data moves gently in steps: 'cairn-cluster add-host')")
+    reweight.add_argument("osd", help="OSD id: 3 or osd.3")
+    reweight.add_argument("reweight", type=float, help="0.0 to 1.0")
+    weight = osd_commands.add_parser("weight", parents=[common], help="an OSD's placement "
+                                     "weight (its capacity's share; changing it moves data "
+                                     "only to or from that OSD)")
+    weight.add_argument("osd", help="OSD id: 3 or osd.3")
+    weight.add_argument("weight", type=float, help="0 or more (1.0 by default)")
 
     pool = commands.add_parser("pool", help="pool commands: create, ls, rm")
     pool_commands = pool.add_subparsers(dest="pool_command", required=True, metavar="SUBCOMMAND")
@@ -184,6 +195,12 @@ def _request_for(args):
         return {"op": "health"}, lambda reply: _format_health(reply, bool(args.detail))
     if args.command == "osd" and args.osd_command == "tree":
         return {"op": "osd_tree"}, _format_tree
+    if args.command == "osd" and args.osd_command in ("reweight", "weight"):
+        osd_id, field = _osd_id(args.osd), args.osd_command
+        value = getattr(args, field)
+        return ({"op": "osd_mark", "id": osd_id, "state": field, field: value},
+                lambda reply: f"osd.{osd_id} {field} set to {value:g} (epoch "
+                              f"{reply['epoch']})")
     if args.command == "osd":
         osd_id = _osd_id(args.osd)
         return ({"op": "osd_mark", "id": osd_id, "state": args.osd_command},

@@ -711,6 +711,90 @@ def _rolling(args, directory, description, upgrade):
     return 0
 
 
+def add_host(args):
+    """`add-host HOSTS NEWHOST`: NEWHOST (a host of the hosts file not yet in the cluster)
+    gets cairn, keys and its OSDs at weight 0; then their weight is raised in steps, each once
+    the cluster is clean, each small enough that the placement itself says at most
+    --max-misplaced of the PG copies move; the data moves under the recovery budget of the
+    window in force (recovery.windows). Run again after an interruption, it goes on from the
+    weights the map holds."""
+    spec = _load_hosts(args.hosts_file)
+    directory = _cluster_dir(args)
+    description = load(directory)
+    if description.get("mode") != "ssh":
+        raise ClusterError(f"{directory} is not a cluster on hosts ('up --hosts-file' makes one)")
+    try:
+        host = spec.host(args.new_host)
+    except hosts.HostsError as exc:
+        raise ClusterError(f"{exc}: add its [[host]] table first") from None
+    auth_mode = description.get("auth", "hmac")
+    started = time.monotonic()
+    new = [osd for osd in description["osds"] if osd["host"] == host.name]
+    try:
+        if not new:
+            new = _join_host(args, spec, host, directory, description, auth_mode)
+        total = len(description["osds"])
+        fleet.wait_for_osds(directory, total)
+        ids, steps = [osd["id"] for osd in new], 0
+        while True:
+            status = fleet.wait_clean(directory, total, timeout_s=args.clean_timeout)
+            cmap = fleet._status(directory)[1]
+            weights = fleet.next_weights(cmap, ids, args.weight, args.step, args.max_misplaced)
+            if weights is None:
+                break
+            moving = fleet.moved_fraction(cmap, weights)
+            for osd_id, weight in weights.items():
+                _cairn(directory, "osd", "weight", str(osd_id), f"{weight:.6f}")
+            steps += 1
+            print(f"step {steps}: {host.name}'s OSDs at weight {min(weights.values()):.3f} of "
+                  f"{args.weight:g} ({moving:.1%} of PG copies move, under the recovery "
+                  f"{fleet.budget_in_force(status)})")
+    except fleet.FleetError as exc:
+        raise ClusterError(f"{exc} (run add-host again to go on from here)") from None
+    print(f"{host.name} is in at weight {args.weight:g} after {steps} steps, "
+          f"{time.monotonic() - started:.1f} s; the cluster is clean")
+    return 0
+
+
+def _join_host(args, spec, host, directory, description, auth_mode):
+    """Check the new host, give it cairn and keys, start its OSDs at weight 0."""
+    if not host.devices:
+        raise ClusterError(f"host {host.name} lists no devices: nothing to add")
+    check = remote.check_host(host, spec.ssh_options, args.force_wipe)
+    if check.problems:
+        raise ClusterError("not added, nothing changed: " + "; ".join(check.problems))
+    first = max((osd["id"] for osd in description["osds"]), default=-1) + 1
+    new = [{"name": f"osd.{first + index}", "id": first + index, "host": host.name,
+            "device": device.path, "size_bytes": device.size_bytes, "join_weight": 0.0}
+           for index, device in enumerate(host.devices)]
+    if auth_mode == "hmac":
+        for osd in new:
+            path = _keyring_path(directory, osd["name"])
+            if not os.path.exists(path):
+                _cairn(directory, "auth", "add", osd["name"], "--caps", "mon=rw", "--caps",
+                       "osd=rw", "--keyring-out", path)
+    description["osds"] += new
+    description["hosts"].append({"name": host.name, "address": host.address,
+                                 "location": host.location})
+    save(directory, description)
+    folder, build = fleet.wheelhouse(directory, print)
+    fleet.install(spec, host, folder, build, print)
+    if auth_mode == "hmac":
+        fleet.ship_keys(spec, host, description, _keyring_path, directory)
+    fleet.start_osds(spec, description, auth_mode, args.force_wipe, print, only={host.name})
+    print(f"{host.name}: {len(new)} OSDs started at weight 0")
+    return new
+
+
+def _cairn(directory, *args):
+    """Run `cairn --cluster DIR ARGS` as the administrator; ClusterError with its message."""
+    result = subprocess.run(python_argv("cairn.client.cli", "--cluster", directory, *args),
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ClusterError(f"cairn {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
+
+
 def fault(args):
     directory = os.path.abspath(args.dir)
     description = load(directory)
@@ -844,6 +928,20 @@ def build_parser():
     again.add_argument("--dir")
     again.add_argument("--hosts-file", metavar="HOSTS")
     again.add_argument("name", nargs="?", help="osd.N or mon.N (a local cluster)")
+    grow = commands.add_parser("add-host", help="bring a new host of the hosts file in at "
+                               "weight 0 and raise its weight in steps (resumable)")
+    grow.add_argument("hosts_file", metavar="HOSTS")
+    grow.add_argument("new_host", metavar="NEWHOST", help="its name in HOSTS")
+    grow.add_argument("--dir")
+    grow.add_argument("--step", type=float, default=0.25, help="the most one step raises each "
+                      "new OSD's weight (default 0.25)")
+    grow.add_argument("--weight", type=float, default=1.0, help="the weight to reach "
+                      "(default 1.0, as every OSD starts with)")
+    grow.add_argument("--max-misplaced", type=float, default=0.05, help="the largest share of "
+                      "PG copies one step may move (default 0.05)")
+    grow.add_argument("--clean-timeout", type=float, default=600.0, help="seconds to wait for "
+                      "the cluster to be clean before each step (default 600)")
+    grow.add_argument("--force-wipe", action="store_true")
     newer = commands.add_parser("upgrade", help="--hosts-file: install this checkout's build "
                                 "on every host in turn, restarting its daemons (rolling)")
     newer.add_argument("--dir")
@@ -928,7 +1026,7 @@ def validate(args):
 
 COMMANDS = {"up": up, "down": down, "status": status, "kill": kill, "restart": restart,
             "fault": fault, "demo": lambda args: demo.demo(args), "bench-auth": bench_auth.main,
-            "validate": validate, "upgrade": upgrade}
+            "validate": validate, "upgrade": upgrade, "add-host": add_host}
 
 
 def main(argv=None):

@@ -203,9 +203,12 @@ def start_osds(spec, description, auth, force_wipe, say, only=None):
         keys = ["--keyring", f"{where['keys']}/{osd['name']}.keyring"] if auth == "hmac" else []
         location = [arg for kind, value in host.location.items() if kind in ("rack", "room")
                     for arg in (f"--{kind}", value)]
+        # An OSD of a host added to a running cluster joins at weight 0 (add-host raises it);
+        # the weight only counts at its first boot.
+        weight = ["--weight", str(osd["join_weight"])] if "join_weight" in osd else []
         run = [f"{where['venv']}/bin/cairn-osd", "run", "--device", device, "--meta", meta,
                "--mkfs", "--mon", mon_addrs, "--bind", f"{host.address}:0", "--host",
-               host.name, "--id", str(osd["id"]), *location, *keys]
+               host.name, "--id", str(osd["id"]), *location, *weight, *keys]
         _step(host, f"start {osd['name']}",
               " && ".join(prepare + [_start(osd["name"], where, run)]), spec.ssh_options)
 
@@ -298,6 +301,16 @@ def is_clean(status, cmap, osds):
             and not status["objects"].get("degraded"))
 
 
+def budget_in_force(status):
+    """The recovery budget the monitors have in force now, in words (a step's data moves
+    under it: recovery.windows, common/throttle.py)."""
+    recovery = status["recovery"]
+    rate = recovery["max_bytes_per_s"]
+    return (f"window {recovery['window']}: "
+            f"{'unlimited' if not rate else f'{rate / 1e6:g} MB/s'}, "
+            f"{recovery['max_active']} PGs at once per OSD")
+
+
 def wait_clean(directory, osds, timeout_s=READY_S_MAX):
     from cairn.client.errors import ClientError
     deadline = time.monotonic() + timeout_s
@@ -352,3 +365,42 @@ def save_description(directory, description):
         json.dump(description, handle, indent=1)
         handle.write("\n")
     os.replace(path + ".tmp", path)
+
+
+# -- progressive reweighting (add-host) ----------------------------------------------------------
+
+def moved_fraction(cmap, changes):
+    """The share of every pool's PG member slots that the weight `changes` ({osd id: weight})
+    would move, computed with the placement itself on the map as it would be."""
+    from cairn.common import pg as pgs
+    from cairn.common.clustermap import Incremental
+    after = cmap.apply(Incremental(cmap.epoch + 1, tuple(
+        {"op": "osd_weight", "id": osd_id, "weight": weight}
+        for osd_id, weight in changes.items())))
+    slots = moved = 0
+    for name, pool in cmap.pools.items():
+        for old, new in zip(pgs.acting_sets(cmap, name), pgs.acting_sets(after, name)):
+            slots += len(old.members)
+            if pool["kind"] == "erasure":       # shard i lives at position i
+                moved += sum(1 for position, member in enumerate(new.members)
+                             if position >= len(old.members) or old.members[position] != member)
+            else:                               # a copy is a copy wherever it is listed
+                moved += len(set(new.members) - set(old.members))
+    return moved / slots if slots else 0.0
+
+
+def next_weights(cmap, osd_ids, target, step, max_misplaced):
+    """The weights of the next step for `osd_ids` (all raised together, at most `step` each
+    and not past `target`), as large as keeps the share of data set moving within
+    `max_misplaced` (halved until it does; at least the smallest step that moves anything)."""
+    current = min(cmap.osds[osd_id]["weight"] for osd_id in osd_ids)
+    raise_by = min(step, target - current)
+    if raise_by <= 0:
+        return None
+    for _ in range(12):
+        weights = {osd_id: min(target, cmap.osds[osd_id]["weight"] + raise_by)
+                   for osd_id in osd_ids}
+        if moved_fraction(cmap, weights) <= max_misplaced:
+            return weights
+        raise_by /= 2
+    return weights

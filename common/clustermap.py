@@ -20,6 +20,8 @@ Operations (each a dict with "op"):
     osd_out      id, [manual]         (manual: stays out on boot until osd_in)
     osd_in       id
     osd_reweight id, reweight
+    osd_weight   id, weight           (its placement weight: a new host's OSDs join at 0 and
+                                       are raised in steps, cairn-cluster add-host)
     pool_create  name, kind (replicated|erasure), size, min_size | k, m, failure_domain, pg_num,
                  [osds_per_domain]
     pool_delete  name
@@ -301,6 +303,11 @@ def _osd_reweight(new, op):
     osd["reweight"] = _number(op, "reweight", 0.0, 1.0)
 
 
+def _osd_weight(new, op):
+    osd = _osd(new, op)
+    osd["weight"] = _number(op, "weight", 0.0, 1_000_000.0)
+
+
 def _pool_create(new, op):
     name = op.get("name")
     if not isinstance(name, str) or not name or len(name) > 64 or "/" in name:
@@ -463,6 +470,7 @@ def _config_set(new, op):
 
 _HANDLERS = {"osd_add": _osd_add, "osd_boot": _osd_boot, "osd_down": _osd_down,
              "osd_out": _osd_out, "osd_in": _osd_in, "osd_reweight": _osd_reweight,
+             "osd_weight": _osd_weight,
              "pool_create": _pool_create, "pool_delete": _pool_delete,
              "pool_set_quota": _pool_set_quota, "pool_quota_full": _pool_quota_full,
              "pool_allow_from": _pool_allow_from,

@@ -42,7 +42,8 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     pool_set_quota {name, [max_objects], [max_bytes]}
     pool_allow_from {name, [prefix], networks}   ([]: remove the prefix's allowlist)
     osd_tree, pool_ls                     -> views for the CLI
-    osd_mark {id, state: out|in|down}, pool_create {...}, pool_delete {name},
+    osd_mark {id, state: out|in|down|reweight|weight, [reweight], [weight]}, pool_create {...},
+    pool_delete {name},
     config_set {key, value}, config_get {key}
     pg_last_active {pool, pg}             -> record [epoch, acting, complete] or None
     pg_set_active {pool, pg, epoch, acting, complete}  (committed before the reply; peering.py)
@@ -966,11 +967,17 @@ class Monitor:
         state = header.get("state")
         ops = {"out": [{"op": "osd_out", "id": osd_id, "manual": True}],
                "in": [{"op": "osd_in", "id": osd_id}],
-               "down": [{"op": "osd_down", "id": osd_id}]}.get(state)
+               "down": [{"op": "osd_down", "id": osd_id}],
+               "reweight": [{"op": "osd_reweight", "id": osd_id,
+                             "reweight": header.get("reweight")}],
+               "weight": [{"op": "osd_weight", "id": osd_id,
+                           "weight": header.get("weight")}]}.get(state)
         if ops is None:
-            raise RequestFailed("invalid", f"state must be out, in or down (was {state!r})")
-        new_map = await self.propose(ops, why=f"operator marks osd.{osd_id} {state}",
-                                     rid=header.get("rid"))
+            raise RequestFailed("invalid", f"state must be out, in, down, reweight or weight "
+                                f"(was {state!r})")
+        what = f"sets osd.{osd_id}'s {state} to {header.get(state)}" \
+            if state in ("reweight", "weight") else f"marks osd.{osd_id} {state}"
+        new_map = await self.propose(ops, why=f"operator {what}", rid=header.get("rid"))
         return {"epoch": new_map.epoch}, b""
 
     async def _pool_create(self, peer, header):

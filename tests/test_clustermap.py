@@ -134,3 +134,32 @@ def test_map_and_incrementals_round_trip_through_json():
         Incremental.from_dict({"epoch": "x"})
     with pytest.raises(MapError, match="not a cluster map"):
         ClusterMap.from_dict({"fsid": "x"})
+
+
+def test_an_osd_weight_moves_data_only_to_that_osd_and_add_host_plans_bounded_steps():
+    """osd_weight (cairn osd weight; add-host's steps): a bad weight is refused; a new OSD at
+    weight 0 holds nothing; raising it moves PG members only onto it (straw2); and add-host's
+    planner raises it in steps that each move at most the share asked for."""
+    from cairn.cluster import fleet
+    from cairn.common import pg as pgs
+    cmap = booted(hosts=5, per_host=1, racks=5)
+    cmap = step(cmap, {"op": "pool_create", "name": "data", "kind": "replicated", "size": 3,
+                       "min_size": 2, "pg_num": 64})
+    with pytest.raises(MapError, match="weight must be a number"):
+        step(cmap, {"op": "osd_weight", "id": 4, "weight": -1})
+    cmap = step(cmap, {"op": "osd_weight", "id": 4, "weight": 0.0})
+    before = pgs.acting_sets(cmap, "data")
+    assert not any(4 in acting.members for acting in before)
+    half = step(cmap, {"op": "osd_weight", "id": 4, "weight": 0.5})
+    after = pgs.acting_sets(half, "data")
+    changed = [(b.members, a.members) for b, a in zip(before, after) if b.members != a.members]
+    assert changed and all(4 in a and len(set(b) - set(a)) == 1 for b, a in changed)
+    assert fleet.moved_fraction(cmap, {4: 0.5}) == pytest.approx(
+        sum(len(set(b) - set(a)) for b, a in changed) / (64 * 3))
+    weights, steps = cmap, 0
+    while (plan := fleet.next_weights(weights, [4], 1.0, 0.25, 0.05)) is not None:
+        assert fleet.moved_fraction(weights, plan) <= 0.05
+        weights = step(weights, *({"op": "osd_weight", "id": i, "weight": w}
+                                  for i, w in plan.items()))
+        steps += 1
+    assert weights.osds[4]["weight"] == 1.0 and steps >= 4

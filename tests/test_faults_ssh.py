@@ -187,24 +187,41 @@ def test_validate_checks_hosts_and_devices_over_ssh_and_names_each_problem(machi
     assert "h2 (" in done.stdout and "holds a cairn OSD store" in done.stdout
 
 
-def rolling_restart_under_load(directory, path):
-    """`restart --hosts-file` while a client writes and reads: every host's daemons restart
-    in turn (new pids), no read returns a value that was not written, every acknowledged write
-    reads back at the end, and no PG went below min_size (PG_UNAVAILABLE never raised)."""
-    import asyncio
-    import random
-    import threading
-    from cairn.client import errors
-    from cairn.client.cluster import Cluster
-    stop = threading.Event()
-    seen = {"ops": 0, "failed": 0, "unavailable": [], "wrong": []}
+class ClientLoad:
+    """A client writing and reading objects in a thread while the cluster is changed: reads
+    are checked against what was written (or may have been: writes that failed), misplaced
+    object shares and PG_UNAVAILABLE are sampled from the monitors' status."""
 
-    async def load():
-        rng = random.Random(18)
+    def __init__(self, directory):
+        import threading
+        self.directory = directory
+        self.stop = threading.Event()
+        self.seen = {"ops": 0, "failed": 0, "unavailable": [], "wrong": [], "misplaced": []}
+        self.thread = threading.Thread(target=self._run)
+
+    def __enter__(self):
+        self.thread.start()
+        time.sleep(2)
+        return self.seen
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=180)
+        assert not self.thread.is_alive(), "the client load did not stop"
+
+    def _run(self):
+        import asyncio
+        asyncio.run(self._load())
+
+    async def _load(self):
+        import random
+        from cairn.client import errors
+        from cairn.client.cluster import Cluster
+        rng, seen = random.Random(18), self.seen
         acked, maybe = {}, {}
-        async with await Cluster.connect(directory, op_timeout_s=30) as cluster:
+        async with await Cluster.connect(self.directory, op_timeout_s=30) as cluster:
             pool = cluster.pool("data")
-            while not stop.is_set():
+            while not self.stop.is_set():
                 name = f"load-{rng.randrange(40)}"
                 if rng.random() < 0.6:
                     value = os.urandom(rng.choice([10, 5000, 70000]))
@@ -223,32 +240,61 @@ def rolling_restart_under_load(directory, path):
                     if got != acked[name] and got not in maybe.get(name, ()):
                         seen["wrong"].append(name)
                 seen["ops"] += 1
-                status = await cluster.monc.request({"op": "status"})
-                if "PG_UNAVAILABLE" in status.header["checks"]:
-                    seen["unavailable"].append(status.header["checks"]["PG_UNAVAILABLE"])
+                status = (await cluster.monc.request({"op": "status"})).header
+                if "PG_UNAVAILABLE" in status["checks"]:
+                    seen["unavailable"].append(status["checks"]["PG_UNAVAILABLE"])
+                objects = status["objects"]
+                if objects.get("total"):
+                    seen["misplaced"].append(objects.get("misplaced", 0) / objects["total"])
             for name, value in acked.items():
                 got = await pool.get(name)
                 if got != value and got not in maybe.get(name, ()):
                     seen["wrong"].append(name)
 
-    worker = threading.Thread(target=lambda: asyncio.run(load()))
-    worker.start()
-    try:
-        time.sleep(2)
-        before = {p.name: p.read_text() for p in (tmp_path_of(directory) / "data").glob(
-            "*/run/*.pid")}
+
+def pid_files(directory):
+    return {p.name: p.read_text() for p in (tmp_path_of(directory) / "data").glob("*/run/*.pid")}
+
+
+def rolling_restart_under_load(directory, path):
+    """`restart --hosts-file` while a client writes and reads: every host's daemons restart
+    in turn (new pids), no read returns a value that was not written, every acknowledged write
+    reads back at the end, and no PG went below min_size (PG_UNAVAILABLE never raised)."""
+    with ClientLoad(directory) as seen:
+        before = pid_files(directory)
         started = time.monotonic()
         done = cluster_cli("restart", "--hosts-file", path, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
         print(f"rolling restart of 4 hosts under load: {time.monotonic() - started:.1f} s")
-        after = {p.name: p.read_text() for p in (tmp_path_of(directory) / "data").glob(
-            "*/run/*.pid")}
+        after = pid_files(directory)
         assert set(after) == set(before) and all(after[n] != before[n] for n in before)
         assert done.stdout.count("restarted, cluster clean again") == 4
-    finally:
-        stop.set()
-        worker.join(timeout=120)
     assert seen["ops"] > 50 and not seen["wrong"] and not seen["unavailable"], seen
+
+
+def add_host_under_load(directory, group, spec, tmp_path):
+    """`add-host HOSTS h5` while a client writes and reads: h5's OSD joins at weight 0 and
+    reaches 1.0 in several steps, the misplaced share sampled from the monitors never passes
+    the 5% limit, no read is wrong, and the cluster ends clean."""
+    spec = dict(spec, h5={"devices": [str(tmp_path / "disks" / "h5" / "osd0.img")]})
+    (tmp_path / "disks" / "h5").mkdir(parents=True)
+    path = group.hosts_file(spec, install_dir=str(tmp_path / "opt"),
+                            data_root=str(tmp_path / "data"))
+    with ClientLoad(directory) as seen:
+        started = time.monotonic()
+        done = cluster_cli("add-host", path, "h5", "--dir", directory, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        print(f"add-host under load: {time.monotonic() - started:.1f} s, "
+              f"{done.stdout.count('step ')} steps")
+    assert "h5: 1 OSDs started at weight 0" in done.stdout
+    assert done.stdout.count("step ") >= 3 and "is in at weight 1 after" in done.stdout
+    assert seen["ops"] > 50 and not seen["wrong"] and not seen["unavailable"], seen
+    assert max(seen["misplaced"]) <= 0.05, sorted(seen["misplaced"])[-5:]
+    tree = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", directory,
+                           "--json", "osd", "tree"], capture_output=True, text=True, timeout=60)
+    osds = json.loads(tree.stdout.strip().splitlines()[-1])["osds"]
+    assert len(osds) == 5 and all(o["weight"] == 1.0 and o["up"] for o in osds), osds
+    return path
 
 
 def tmp_path_of(directory):
@@ -256,17 +302,18 @@ def tmp_path_of(directory):
     return Path(directory).parent
 
 
-def test_up_over_ssh_then_up_again_rolling_restart_and_upgrade_lose_nothing(machines,
-                                                                            tmp_path):
+def test_up_over_ssh_then_up_again_rolling_restart_upgrade_and_add_host_lose_nothing(
+        machines, tmp_path):
     """`up --hosts-file` on four ssh machines (three monitors): a host that cannot be reached
     stops it before anything is touched, naming the host; then wheels are shipped and
     installed (once: the machines share one install folder, as an NFS /opt would), monitors
     and OSDs start under the supervisor, objects go in and come back through the cluster
     directory; `status` sees every daemon; `up` again installs and starts nothing; a rolling
-    restart under a client load and an upgrade lose nothing; `down` stops them all."""
+    restart under a client load and an upgrade lose nothing; a fifth machine is added under
+    load in steps; `down` stops them all."""
     import asyncio
     from cairn.client.cluster import Cluster
-    group = machines(4)
+    group = machines(5)
     disks = tmp_path / "disks"
     spec = {name: {"mon": name != "h4", "devices": [str(disks / name / "osd0.img")]}
             for name in ("h1", "h2", "h3", "h4")}
@@ -309,11 +356,11 @@ def test_up_over_ssh_then_up_again_rolling_restart_and_upgrade_lose_nothing(mach
         status = json.loads(shown.stdout.strip().splitlines()[-1])
         assert all(row["running"] for row in status["daemons"]) and len(status["daemons"]) == 7
         assert status["osds"]["up"] == 4
-        pids = {p.name: p.read_text() for p in (tmp_path / "data").glob("*/run/*.pid")}
+        pids = pid_files(directory)
         again = cluster_cli("up", "--hosts-file", path, "--json", timeout=300)
         assert again.returncode == 0, again.stdout + again.stderr
         assert json.loads(again.stdout.strip().splitlines()[-1])["installed"] == 0
-        assert {p.name: p.read_text() for p in (tmp_path / "data").glob("*/run/*.pid")} == pids
+        assert pid_files(directory) == pids
         rolling_restart_under_load(directory, path)
         upgraded = cluster_cli("upgrade", "--hosts-file", path, timeout=900)
         assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
@@ -325,6 +372,8 @@ def test_up_over_ssh_then_up_again_rolling_restart_and_upgrade_lose_nothing(mach
             async with await Cluster.connect(directory) as cluster:
                 for i in range(20):
                     assert len(await cluster.pool("data").get(f"obj-{i}")) == 1000 * i + 1
+        asyncio.run(read_back())
+        path = add_host_under_load(directory, group, spec, tmp_path)
         asyncio.run(read_back())
     finally:
         stopped = cluster_cli("down", "--hosts-file", path, timeout=300)
