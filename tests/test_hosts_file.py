@@ -117,3 +117,27 @@ def test_validate_offline_checks_the_hosts_file_only(tmp_path):
     bad = validate(write(tmp_path, EXAMPLE.replace('name = "store2"', 'name = "store1"')),
                    "--offline")
     assert bad.returncode == 1 and "duplicate host name 'store1'" in bad.stderr
+
+
+def test_any_hosts_file_content_gives_a_hosts_file_or_a_hosts_error():
+    """Whatever a hosts file holds (wrong types anywhere, odd names, empty tables), parsing
+    gives a HostsFile or a HostsError with a message: never another exception."""
+    from hypothesis import given, settings, strategies as st
+    keys = st.sampled_from(sorted(hosts.CLUSTER_KEYS | hosts.HOST_KEYS | hosts.DEVICE_KEYS
+                                  | {"host", "cluster", "rack", "x"}))
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 70000),
+                        st.text(max_size=12), st.sampled_from(["/dev/sda", "/srv/a.img", "1G",
+                                                              "10.0.0.1", "h1"]))
+    values = st.recursive(scalars, lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=4)), max_leaves=12)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.dictionaries(st.sampled_from(["cluster", "host", "other"]), values, max_size=3))
+    def check(raw):
+        try:
+            parsed = hosts.parse(raw)
+        except hosts.HostsError as exc:
+            assert str(exc)
+        else:
+            assert parsed.hosts and len(parsed.monitors) in hosts.MONITOR_COUNTS
+    check()
