@@ -1,4 +1,5 @@
-"""`cairn-cluster`: bring a multi-host cairn cluster up on this machine, and down again.
+"""`cairn-cluster`: bring a multi-host cairn cluster up on this machine, and down again; or on
+real machines over ssh from a hosts file (cluster-scripts/hosts.py, fleet.py).
 
     cairn-cluster up      --dir DIR --hosts H --osds-per-host N [--racks R] [--mons 1|3]
                           [--device-size 2G] [--isolated] [--config KEY=VALUE ...]
@@ -6,6 +7,10 @@
     cairn-cluster status  --dir DIR [--json]
     cairn-cluster kill    --dir DIR NAME [--signal KILL|TERM|STOP|CONT]
     cairn-cluster restart --dir DIR NAME
+
+    cairn-cluster validate HOSTS [--offline] [--force-wipe] [--json]
+    cairn-cluster up|status|down|restart|upgrade --hosts-file HOSTS [--dir DIR]
+    cairn-cluster add-host HOSTS NEWHOST [--step 0.25] [--max-misplaced 0.05]
 
 Local mode (the default, no root): every host is its own loopback address (127.0.0.2, .3, ...;
 the monitor is on 127.0.0.1), every OSD's device is a sparse file under DIR/devices. Each daemon
@@ -876,7 +881,9 @@ def _bounded(low, high):
 def build_parser():
     parser = argparse.ArgumentParser(prog="cairn-cluster", description="Bring a multi-host "
                                      "cairn cluster up on this machine, inspect it, fault it, "
-                                     "and bring it down.")
+                                     "and bring it down; or on real machines from a hosts file "
+                                     "over ssh (validate, up/status/down/restart/upgrade "
+                                     "--hosts-file, add-host).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     start = commands.add_parser("up", help="make and start a new cluster (here, or on the "
                                 "machines of a hosts file over ssh)")
