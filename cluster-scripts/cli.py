@@ -38,6 +38,7 @@ import uuid
 
 from cairn.cluster import bench_auth, demo, fleet, hosts, isolated, remote
 from cairn.common import auth, sessions, tls
+from cairn.client.errors import ClientError
 from cairn.common.monclient import MonClient, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
 
@@ -448,7 +449,7 @@ def up_hosts(args):
             raise ClusterError(f"no keys for {', '.join(missing)} in {directory}/keys: devices "
                                "added to an existing cluster's hosts file are not supported yet")
     description["auth"] = args.auth
-    fleet.save_description(directory, description)
+    save(directory, description)
     try:
         folder, build = fleet.wheelhouse(directory, say)
         installed = 0
@@ -633,10 +634,10 @@ def _status_hosts(args, directory, description):
         rows += [{"name": name, "host": host.name, "running": name in running}
                  for name in names]
     try:
-        cmap = fleet.wait_for_osds(directory, 0, timeout_s=0)
+        cmap = fleet.cluster_status(directory)[1]
         osds = {"up": sum(1 for o in cmap.osds.values() if o["up"]), "total": len(cmap.osds),
                 "epoch": cmap.epoch}
-    except fleet.FleetError as exc:
+    except (ClientError, MonitorsUnavailable, OSError) as exc:
         osds = {"error": str(exc)}
     if args.json:
         print(json.dumps({"dir": directory, "daemons": rows, "osds": osds}))
@@ -743,7 +744,7 @@ def add_host(args):
         ids, steps = [osd["id"] for osd in new], 0
         while True:
             status = fleet.wait_clean(directory, total, timeout_s=args.clean_timeout)
-            cmap = fleet._status(directory)[1]
+            cmap = fleet.cluster_status(directory)[1]
             weights = fleet.next_weights(cmap, ids, args.weight, args.step, args.max_misplaced)
             if weights is None:
                 break

@@ -16,13 +16,12 @@ Daemons run under `python -m cairn.cluster.supervise` (restart on failure, a pid
 DATA_DIR/logs), started detached with setsid. A failed step raises FleetError naming the host
 and the step; hosts already done are left as they are.
 
-DIR/cluster.json records the cluster (mode "ssh"): the fsid, the monitors' addresses, each
+DIR/cluster.json (cairn-cluster's `save`) records the cluster (mode "ssh"): the fsid, the monitors' addresses, each
 daemon's host and device, so `cairn --cluster DIR` talks to it and a second `up` keeps the
 same ids and keys.
 """
 
 import hashlib
-import json
 import os
 import shlex
 import subprocess
@@ -259,10 +258,10 @@ def stop(spec, description, say, purge=False):
         raise FleetError("; ".join(failures))
 
 
-def rolling(spec, description, directory, auth, say, upgrade=None, on_step=None):
+def rolling(spec, description, directory, auth, say, upgrade=None):
     """Restart the cluster's daemons one host at a time, each host only once the cluster is
     clean, and the next only once it is clean again; `upgrade` (wheel folder, build): install
-    that build on each host before its daemons start again. `on_step(host)` after each."""
+    that build on each host before its daemons start again."""
     total = len(description["osds"])
     for host in spec.hosts:
         if not names_on(description, host):
@@ -278,11 +277,10 @@ def rolling(spec, description, directory, auth, say, upgrade=None, on_step=None)
         wait_clean(directory, total)
         say(f"  {host.name}: {len(names)} daemons {'upgraded' if upgrade else 'restarted'}, "
             f"cluster clean again in {time.monotonic() - started:.1f} s")
-        if on_step is not None:
-            on_step(host)
 
 
-def _status(directory):
+def cluster_status(directory):
+    """(the monitors' status reply, the map), asked as the administrator through DIR."""
     import asyncio
     from cairn.client.cluster import Cluster
 
@@ -317,7 +315,7 @@ def wait_clean(directory, osds, timeout_s=READY_S_MAX):
     status = None
     while True:
         try:
-            status, cmap = _status(directory)
+            status, cmap = cluster_status(directory)
             if is_clean(status, cmap, osds):
                 return status
         except (ClientError, MonitorsUnavailable, OSError) as exc:
@@ -329,21 +327,13 @@ def wait_clean(directory, osds, timeout_s=READY_S_MAX):
 
 
 def wait_for_osds(directory, count, timeout_s=READY_S_MAX, progress=None):
-    """Until `count` OSDs are up and in in the monitors' map, asked as the administrator
-    through DIR (FleetError on timeout); the map."""
-    import asyncio
-    from cairn.client.cluster import Cluster
+    """Until `count` OSDs are up and in in the monitors' map (FleetError on timeout); the map."""
     from cairn.client.errors import ClientError
-
-    async def ask():
-        async with await Cluster.connect(directory) as cluster:
-            return cluster.map
-
     deadline = time.monotonic() + timeout_s
     last, seen = None, None
     while True:
         try:
-            cmap = asyncio.run(ask())
+            cmap = cluster_status(directory)[1]
             up = sum(1 for osd in cmap.osds.values() if osd["up"] and osd.get("in", True))
         except (ClientError, MonitorsUnavailable, OSError) as exc:
             cmap, up, last = None, 0, str(exc)
@@ -357,14 +347,6 @@ def wait_for_osds(directory, count, timeout_s=READY_S_MAX, progress=None):
                              + (f" (last: {last})" if last else "") + "; see each host's "
                              "DATA_DIR/logs")
         time.sleep(1.0)
-
-
-def save_description(directory, description):
-    path = os.path.join(directory, "cluster.json")
-    with open(path + ".tmp", "w") as handle:
-        json.dump(description, handle, indent=1)
-        handle.write("\n")
-    os.replace(path + ".tmp", path)
 
 
 # -- progressive reweighting (add-host) ----------------------------------------------------------

@@ -1,31 +1,10 @@
 """The hosts file: which machines a real cluster runs on, read and checked without touching them.
 
-A TOML file (docs: README, "Bring-up on real machines"):
-
-    [cluster]
-    user = "root"                        # ssh user on every host (default root)
-    sudo = false                         # run remote commands under sudo (a non-root user)
-    port = 22                            # sshd's port (default 22)
-    identity = "~/.ssh/id_ed25519"       # private key for ssh (default: ssh's own choice)
-    ssh_options = ["-o", "ConnectTimeout=5"]
-    install_dir = "/opt/cairn"           # where each host gets its virtualenv
-    data_dir = "/var/lib/cairn"          # monitors' stores, OSD metadata, logs
-
-    [[host]]
-    name = "store1"
-    address = "10.0.0.11"                # ssh address; daemons bind here too
-    location = { rack = "r1", room = "a" }
-    mon = true
-    devices = ["/dev/nvme0n1", "/dev/nvme1n1"]
-
-    [[host]]
-    name = "store2"
-    address = "10.0.0.12"
-    location = { rack = "r2" }
-    devices = [{ path = "/srv/cairn/osd0.img", size = "64G" }]   # a file device
-    user = "cairn"                       # per-host overrides: user, sudo, port, identity,
-                                         # install_dir, data_dir
-    sudo = true
+A TOML file; README "Bring-up on real machines" shows a whole one. `[cluster]` holds the
+defaults (CLUSTER_KEYS: ssh user, sudo, port, identity, ssh_options, install_dir, data_dir);
+each `[[host]]` table names one machine (HOST_KEYS): its name, ssh address, location (rack,
+room, ...), whether it runs a monitor, its devices (a block device path, or `{ path, size }`
+for a file device made on first use), and per-host overrides of the defaults.
 
 `load(path)` returns a `HostsFile`; every problem found is raised at once as one HostsError whose
 message lists them all, each naming the host and key. Checks that need the hosts themselves
