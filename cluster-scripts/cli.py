@@ -440,6 +440,12 @@ def up_hosts(args):
     problems = [problem for check in checks for problem in check.problems]
     if problems:
         raise ClusterError("not started, nothing changed: " + "; ".join(problems))
+    # Daemons already running under one manager stay under it (a host that gained systemd
+    # since keeps its supervised daemons); a new host gets what validate found.
+    before = {h["name"]: h.get("service_manager", "supervise")
+              for h in (existing or {}).get("hosts", [])}
+    for entry, check in zip(description["hosts"], checks):
+        entry["service_manager"] = before.get(entry["name"], check.service_manager)
     if args.auth == "hmac":
         if not os.path.exists(os.path.join(directory, "keys", "bootstrap.keyring")):
             _make_keys(directory, [osd["id"] for osd in description["osds"]])
@@ -626,12 +632,14 @@ def _status_hosts(args, directory, description):
         names = [d["name"] for d in description["mons"] + description["osds"]
                  if d["host"] == host.name]
         try:
-            running = fleet.running(spec, host, names)
+            running = fleet.running(spec, description, host, names)
         except fleet.FleetError as exc:
             rows += [{"name": name, "host": host.name, "running": None, "error": str(exc)}
                      for name in names]
             continue
-        rows += [{"name": name, "host": host.name, "running": name in running}
+        control = fleet.manager(spec, description, host)
+        rows += [{"name": name, "host": host.name, "running": name in running,
+                  "service_manager": control.kind, "logs": control.where_logs(name)}
                  for name in names]
     try:
         cmap = fleet.cluster_status(directory)[1]
@@ -644,8 +652,9 @@ def _status_hosts(args, directory, description):
         return 0
     for row in rows:
         state = {True: "running", False: "stopped", None: "unknown"}[row["running"]]
-        print(f"{row['name']:8} {state:8} {row['host']}"
-              + (f"  ({row['error']})" if row.get("error") else ""))
+        print(f"{row['name']:8} {state:8} {row['host']:12} "
+              + (f"({row['error']})" if row.get("error") else
+                 f"{row['service_manager']:9} logs: {row['logs']}"))
     running = sum(1 for row in rows if row["running"])
     print(f"{running} of {len(rows)} daemons running; "
           + (f"{osds['up']} of {osds['total']} OSDs up (epoch {osds['epoch']})" if "up" in osds
@@ -781,7 +790,8 @@ def _join_host(args, spec, host, directory, description, auth_mode):
                        "osd=rw", "--keyring-out", path)
     description["osds"] += new
     description["hosts"].append({"name": host.name, "address": host.address,
-                                 "location": host.location})
+                                 "location": host.location,
+                                 "service_manager": check.service_manager})
     save(directory, description)
     folder, build = fleet.wheelhouse(directory, print)
     fleet.install(spec, host, folder, build, print)
@@ -1014,7 +1024,8 @@ def validate(args):
                                      f"{', ' + format_size(d.size_bytes) if d.size_bytes else ''}"
                                      f"{', holds ' + d.holds if d.holds else ''})"
                                      for d in check.devices)
-            say(f"  {check.name} ({check.address}): {mark}"
+            managed = f", daemons under {check.service_manager}" if check.service_manager else ""
+            say(f"  {check.name} ({check.address}): {mark}{managed}"
                 + (f": {devices_seen}" if devices_seen else ""))
             for problem in check.problems:
                 say(f"    - {problem}")

@@ -12,13 +12,15 @@ nothing):
   4. make and start the monitors, wait for their quorum;
   5. make each OSD's file device if missing, wipe a foreign store only under --force-wipe,
      and start the OSDs; wait until every OSD is up and in.
-Daemons run under `python -m cairn.cluster.supervise` (restart on failure, a pid file, a log in
-DATA_DIR/logs), started detached with setsid. A failed step raises FleetError naming the host
-and the step; hosts already done are left as they are.
+Daemons run as systemd units where systemd runs the host (`Systemd`: restart on failure, logs
+in the journal, enabled for boot) and otherwise under `python -m cairn.cluster.supervise`
+(`Supervised`: restart on failure, a pid file, a log in DATA_DIR/logs), started detached with
+setsid; the hosts file's service_manager can insist on either. A failed step raises FleetError
+naming the host and the step; hosts already done are left as they are.
 
-DIR/cluster.json (cairn-cluster's `save`) records the cluster (mode "ssh"): the fsid, the monitors' addresses, each
-daemon's host and device, so `cairn --cluster DIR` talks to it and a second `up` keeps the
-same ids and keys.
+DIR/cluster.json (cairn-cluster's `save`) records the cluster (mode "ssh"): the fsid, the
+monitors' addresses, each daemon's host and device, each host's service manager, so `cairn
+--cluster DIR` talks to it and a second `up` keeps the same ids, keys and managers.
 """
 
 import hashlib
@@ -104,19 +106,129 @@ def _step(host, step, command, options, timeout_s=remote.SSH_TIMEOUT_S, stdin=No
         raise FleetError(str(exc)) from None
 
 
-def _running(name, where):
-    """Shell test: the supervisor of `name` runs (its pid file names a live process)."""
-    pidfile = f"{where['run']}/{name}.pid"
-    return f"[ -f {pidfile} ] && kill -0 $(cat {pidfile}) 2>/dev/null"
+class Supervised:
+    """Daemons under cluster-scripts/supervise.py on a host without systemd: each started
+    detached (setsid) with a pid file in DATA_DIR/run and its log in DATA_DIR/logs. Each method
+    returns a POSIX shell line to run on the host."""
+
+    kind = "supervise"
+
+    def __init__(self, where):
+        self.where = where
+
+    def where_logs(self, name):
+        return f"{self.where['logs']}/{name}.log"
+
+    def _pidfile(self, name):
+        return shlex.quote(f"{self.where['run']}/{name}.pid")
+
+    def running(self, name):
+        """Shell test: the supervisor of `name` runs (its pid file names a live process)."""
+        pidfile = self._pidfile(name)
+        return f"[ -f {pidfile} ] && kill -0 $(cat {pidfile}) 2>/dev/null"
+
+    def start(self, name, argv):
+        """Start `argv` under the supervisor, detached, unless it already runs."""
+        supervised = [f"{self.where['venv']}/bin/python", "-m", "cairn.cluster.supervise",
+                      "--pidfile", f"{self.where['run']}/{name}.pid", "--log",
+                      self.where_logs(name), "--", *argv]
+        return (f"{self.running(name)} || (cd {shlex.quote(self.where['data'])} && setsid -f "
+                f"{' '.join(shlex.quote(a) for a in supervised)} </dev/null >/dev/null 2>&1)")
+
+    def stop(self, names):
+        """SIGTERM to each supervisor (which stops its daemon), then wait until all are gone."""
+        pidfiles = " ".join(self._pidfile(name) for name in names)
+        return (f"for f in {pidfiles}; do [ -f $f ] && kill -TERM $(cat $f) 2>/dev/null; "
+                f"done; for i in $(seq {int(STOP_S_MAX * 10)}); do left=0; for f in "
+                f"{pidfiles}; do [ -f $f ] && kill -0 $(cat $f) 2>/dev/null && left=1; done;"
+                f" [ $left = 0 ] && break; sleep 0.1; done; [ $left = 0 ]")
+
+    def remove(self, names):
+        return "true"
 
 
-def _start(name, where, argv):
-    """Shell line: start `argv` under the supervisor, detached, unless it already runs."""
-    supervised = [f"{where['venv']}/bin/python", "-m", "cairn.cluster.supervise", "--pidfile",
-                  f"{where['run']}/{name}.pid", "--log", f"{where['logs']}/{name}.log", "--",
-                  *argv]
-    return (f"{_running(name, where)} || (cd {shlex.quote(where['data'])} && setsid -f "
-            f"{' '.join(shlex.quote(a) for a in supervised)} </dev/null >/dev/null 2>&1)")
+class Systemd:
+    """Daemons as systemd units where systemd runs the host: /etc/systemd/system/
+    cairn-FSID8-NAME.service, enabled (they start again at boot), restarted on failure, their
+    output in the journal (`journalctl -u UNIT`). `down` stops and disables them; `down
+    --purge` removes the unit files."""
+
+    kind = "systemd"
+    UNIT_DIR = "/etc/systemd/system"
+
+    def __init__(self, where, fsid):
+        self.where = where
+        self.fsid = fsid
+
+    def unit(self, name):
+        return f"cairn-{self.fsid[:8]}-{name}.service"
+
+    def where_logs(self, name):
+        return f"journalctl -u {self.unit(name)}"
+
+    def running(self, name):
+        return f"systemctl is-active -q {self.unit(name)}"
+
+    def unit_text(self, name, argv):
+        return "\n".join([
+            f"# Made by cairn-cluster up for cluster {self.fsid}; 'cairn-cluster down --purge'",
+            "# removes it.",
+            "[Unit]",
+            f"Description=cairn {name} (cluster {self.fsid})",
+            "Wants=network-online.target",
+            "After=network-online.target",
+            # A daemon that keeps failing stays down (systemctl reset-failed, then start).
+            "StartLimitIntervalSec=600",
+            "StartLimitBurst=10",
+            "",
+            "[Service]",
+            f"WorkingDirectory={self.where['data']}",
+            "ExecStart=" + " ".join(systemd_quote(arg) for arg in argv),
+            "Restart=on-failure",
+            "RestartSec=3",
+            f"TimeoutStopSec={int(STOP_S_MAX)}",
+            "LimitNOFILE=1048576",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            ""])
+
+    def start(self, name, argv):
+        """Write the unit (only if it changed: then systemd reloads), enable it, start it
+        unless it runs."""
+        path = f"{self.UNIT_DIR}/{self.unit(name)}"
+        return (f"printf %s {shlex.quote(self.unit_text(name, argv))} > {path}.new && "
+                f"if cmp -s {path}.new {path}; then rm {path}.new; else mv {path}.new {path} "
+                f"&& systemctl daemon-reload; fi && systemctl enable -q {self.unit(name)} && "
+                f"( {self.running(name)} || systemctl start {self.unit(name)} )")
+
+    def stop(self, names):
+        """Stop and disable (systemctl waits until they are stopped)."""
+        return f"systemctl disable -q --now {' '.join(self.unit(name) for name in names)}"
+
+    def remove(self, names):
+        units = " ".join(f"{self.UNIT_DIR}/{self.unit(name)}" for name in names)
+        return (f"rm -f {units} && systemctl daemon-reload && "
+                f"systemctl reset-failed {' '.join(self.unit(name) for name in names)} "
+                "2>/dev/null; true")
+
+
+def systemd_quote(arg):
+    """One ExecStart argument as systemd.service(5) reads it: `%` and `$` escaped (specifiers,
+    variables), quoted when it holds spaces, quotes or backslashes."""
+    arg = arg.replace("%", "%%").replace("$", "$$")
+    if arg and not any(c.isspace() or c in "\"'\\;" for c in arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def manager(spec, description, host):
+    """How `host`'s daemons run (its entry in the cluster description; supervise for a
+    description written before there was a choice)."""
+    where = paths(spec, host)
+    kind = next((h.get("service_manager") for h in description["hosts"]
+                 if h["name"] == host.name), None)
+    return Systemd(where, description["fsid"]) if kind == "systemd" else Supervised(where)
 
 
 def install(spec, host, folder, build, say):
@@ -177,7 +289,8 @@ def start_monitors(spec, description, auth, say, only=None):
               + " ".join(shlex.quote(a) for a in mkfs), spec.ssh_options)
         run = [f"{where['venv']}/bin/cairn-mon", "run", "--dir", mon_dir, "--bind", mon["addr"],
                "--name", mon["name"]]
-        _step(host, f"start {mon['name']}", _start(mon["name"], where, run), spec.ssh_options)
+        _step(host, f"start {mon['name']}",
+              manager(spec, description, host).start(mon["name"], run), spec.ssh_options)
         say(f"  {mon['name']} on {host.name} at {mon['addr']}")
 
 
@@ -209,13 +322,14 @@ def start_osds(spec, description, auth, force_wipe, say, only=None):
                "--mkfs", "--mon", mon_addrs, "--bind", f"{host.address}:0", "--host",
                host.name, "--id", str(osd["id"]), *location, *weight, *keys]
         _step(host, f"start {osd['name']}",
-              " && ".join(prepare + [_start(osd["name"], where, run)]), spec.ssh_options)
+              " && ".join(prepare + [manager(spec, description, host).start(osd["name"], run)]),
+              spec.ssh_options)
 
 
-def running(spec, host, names):
-    """The names among `names` whose supervisor runs on `host`."""
-    where = paths(spec, host)
-    command = "; ".join(f"{_running(name, where)} && echo {name}" for name in names) + "; true"
+def running(spec, description, host, names):
+    """The names among `names` whose daemon runs on `host` (under its supervisor or unit)."""
+    control = manager(spec, description, host)
+    command = "; ".join(f"{control.running(name)} && echo {name}" for name in names) + "; true"
     return set(_step(host, "status", command, spec.ssh_options).split())
 
 
@@ -225,20 +339,17 @@ def names_on(description, host):
 
 
 def stop_host(spec, host, description, purge=False):
-    """Stop the host's daemons (SIGTERM to each supervisor, which stops its daemon) and wait
-    until they are gone; `purge` also removes its data folder and file devices."""
+    """Stop the host's daemons and wait until they are gone; `purge` also removes their units,
+    the data folder and the file devices."""
     where = paths(spec, host)
+    control = manager(spec, description, host)
     names = names_on(description, host)
-    pidfiles = " ".join(shlex.quote(f"{where['run']}/{name}.pid") for name in names)
-    command = (f"for f in {pidfiles}; do [ -f $f ] && kill -TERM $(cat $f) 2>/dev/null; "
-               f"done; for i in $(seq {int(STOP_S_MAX * 10)}); do left=0; for f in "
-               f"{pidfiles}; do [ -f $f ] && kill -0 $(cat $f) 2>/dev/null && left=1; done;"
-               f" [ $left = 0 ] && break; sleep 0.1; done; [ $left = 0 ]") if names else "true"
+    command = control.stop(names) if names else "true"
     if purge:
         files = [d["device"] for d in description["osds"]
                  if d["host"] == host.name and d.get("size_bytes")]
-        command += f" && rm -rf {shlex.quote(where['data'])} " + " ".join(
-            shlex.quote(path) for path in files)
+        command += (f" && {control.remove(names) if names else 'true'} && rm -rf "
+                    f"{shlex.quote(where['data'])} " + " ".join(shlex.quote(p) for p in files))
     _step(host, "stop daemons" + (" and purge" if purge else ""), command, spec.ssh_options,
           timeout_s=STOP_S_MAX + 15)
     return names

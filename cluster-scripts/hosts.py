@@ -1,10 +1,10 @@
 """The hosts file: which machines a real cluster runs on, read and checked without touching them.
 
 A TOML file; README "Bring-up on real machines" shows a whole one. `[cluster]` holds the
-defaults (CLUSTER_KEYS: ssh user, sudo, port, identity, ssh_options, install_dir, data_dir);
-each `[[host]]` table names one machine (HOST_KEYS): its name, ssh address, location (rack,
-room, ...), whether it runs a monitor, its devices (a block device path, or `{ path, size }`
-for a file device made on first use), and per-host overrides of the defaults.
+defaults (CLUSTER_KEYS: ssh user, sudo, port, identity, ssh_options, install_dir, data_dir,
+service_manager); each `[[host]]` table names one machine (HOST_KEYS): its name, ssh address,
+location (rack, room, ...), whether it runs a monitor, its devices (a block device path, or
+`{ path, size }` for a file device made on first use), and per-host overrides of the defaults.
 
 `load(path)` returns a `HostsFile`; every problem found is raised at once as one HostsError whose
 message lists them all, each naming the host and key. Checks that need the hosts themselves
@@ -21,9 +21,13 @@ from cairn.common.units import parse_size
 MONITOR_COUNTS = (1, 3, 5)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 LOCATION_TYPES = ("rack", "room", "row", "datacenter")
-CLUSTER_KEYS = {"user", "sudo", "port", "identity", "ssh_options", "install_dir", "data_dir"}
+CLUSTER_KEYS = {"user", "sudo", "port", "identity", "ssh_options", "install_dir", "data_dir",
+                "service_manager"}
 HOST_KEYS = {"name", "address", "location", "mon", "devices", "user", "sudo", "port", "identity",
-             "install_dir", "data_dir"}
+             "install_dir", "data_dir", "service_manager"}
+# How daemons run on a host: "systemd" units, cluster-scripts/supervise.py ("supervise"), or
+# "auto": systemd where it runs and cairn-cluster may write units (root or sudo), else supervise.
+SERVICE_MANAGERS = ("auto", "systemd", "supervise")
 DEVICE_KEYS = {"path", "size"}
 FILE_DEVICE_BYTES_MIN = 256 << 20
 
@@ -55,6 +59,7 @@ class Host:
     identity: str = None
     install_dir: str = None             # per-host overrides of [cluster]'s (None: those)
     data_dir: str = None
+    service_manager: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +110,9 @@ def parse(raw, path="<hosts>"):
     defaults = {"user": _text(problems, "[cluster]", cluster, "user", "root"),
                 "sudo": _flag(problems, "[cluster]", cluster, "sudo", False),
                 "port": _port(problems, "[cluster]", cluster, 22),
-                "identity": _text(problems, "[cluster]", cluster, "identity", None)}
+                "identity": _text(problems, "[cluster]", cluster, "identity", None),
+                "service_manager": _choice(problems, "[cluster]", cluster, "service_manager",
+                                           SERVICE_MANAGERS, "auto")}
     install_dir = _absolute(problems, "[cluster]", cluster, "install_dir", "/opt/cairn")
     data_dir = _absolute(problems, "[cluster]", cluster, "data_dir", "/var/lib/cairn")
     options = cluster.get("ssh_options", [])
@@ -181,7 +188,9 @@ def _host(problems, index, entry, defaults):
                 port=_port(problems, where, entry, defaults["port"]),
                 identity=_text(problems, where, entry, "identity", defaults["identity"]),
                 install_dir=_absolute(problems, where, entry, "install_dir", None),
-                data_dir=_absolute(problems, where, entry, "data_dir", None))
+                data_dir=_absolute(problems, where, entry, "data_dir", None),
+                service_manager=_choice(problems, where, entry, "service_manager",
+                                        SERVICE_MANAGERS, defaults["service_manager"]))
 
 
 def _device(problems, where, device):
@@ -242,6 +251,14 @@ def _flag(problems, where, table, key, default):
     value = table.get(key, default)
     if not isinstance(value, bool):
         problems.append(f"{where}: {key} must be true or false (was {value!r})")
+        return default
+    return value
+
+
+def _choice(problems, where, table, key, choices, default):
+    value = table.get(key, default)
+    if value not in choices:
+        problems.append(f"{where}: {key} must be one of {', '.join(choices)} (was {value!r})")
         return default
     return value
 

@@ -35,6 +35,11 @@ done
 """
 
 
+# Whether systemd runs the host (sd_booted(3)'s test) and systemctl is there.
+_SYSTEMD_PROBE = ("if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; "
+                  "then echo systemd; else echo none; fi")
+
+
 class RemoteError(Exception):
     """An ssh command failed; the message names the host and the step."""
 
@@ -89,13 +94,33 @@ class HostCheck:
     name: str
     address: str
     reachable: bool = False
+    service_manager: str = None         # how its daemons will run: "systemd" or "supervise"
     devices: list = dataclasses.field(default_factory=list)
     problems: list = dataclasses.field(default_factory=list)
 
     def to_json(self):
         return {"name": self.name, "address": self.address, "reachable": self.reachable,
+                "service_manager": self.service_manager,
                 "devices": [dataclasses.asdict(d) for d in self.devices],
                 "problems": self.problems}
+
+
+def service_manager(host, has_systemd):
+    """(how daemons will run on `host`, or None; the problem, or None), from the hosts file's
+    service_manager and whether systemd runs there. Units go to /etc/systemd/system, so
+    systemd needs user root or sudo."""
+    may_write_units = host.user == "root" or host.sudo
+    if host.service_manager == "supervise":
+        return "supervise", None
+    if host.service_manager == "systemd":
+        if not has_systemd:
+            return None, (f"host {host.name}: service_manager = systemd, but systemd does not "
+                          "run there (no /run/systemd/system)")
+        if not may_write_units:
+            return None, (f"host {host.name}: service_manager = systemd needs user root or "
+                          "sudo = true (units are written to /etc/systemd/system)")
+        return "systemd", None
+    return ("systemd" if has_systemd and may_write_units else "supervise"), None
 
 
 def check_host(host, options=(), force_wipe=False, ours=()):
@@ -104,8 +129,11 @@ def check_host(host, options=(), force_wipe=False, ours=()):
     of a cluster being brought up again, whose devices hold its own stores."""
     check = HostCheck(host.name, host.address)
     try:
-        run(host, "true", options, step="ssh")
+        found_systemd = run(host, _SYSTEMD_PROBE, options, step="ssh").strip() == "systemd"
         check.reachable = True
+        check.service_manager, problem = service_manager(host, found_systemd)
+        if problem:
+            check.problems.append(problem)
         paths = [device.path for device in host.devices]
         output = run(host, f"sh -c {shlex.quote(_PROBE)} probe "
                      + " ".join(shlex.quote(p) for p in paths), options,

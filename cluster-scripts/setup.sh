@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 SYSTEM_PACKAGES=(liburing-dev liberasurecode-dev libisal-dev fio gcc python3-dev python3-venv iproute2
                  nftables mount fuse3 libfuse3-dev pkg-config openssl openssh-client
-                 openssh-server)
+                 openssh-server systemd systemd-container)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
@@ -17,8 +17,9 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing system packages: ${missing[*]}"
   as_root apt-get update -qq
-  # openssh-server is for the bring-up tests, which run their own sshd inside network
-  # namespaces: its package must not start one on this machine (policy-rc.d says "not now").
+  # openssh-server and systemd-container are for the bring-up tests, which run their own sshd
+  # inside network namespaces and boot systemd in nspawn containers: the packages must not
+  # start services on this machine (policy-rc.d says "not now").
   made_policy=
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null

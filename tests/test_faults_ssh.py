@@ -124,6 +124,147 @@ class Machines:
         return path
 
 
+# A machine that runs systemd: systemd-nspawn boots this machine's own OS as a container, on a
+# copy-on-write overlay of / (the upper layer in memory, gone with the container), in the
+# machine's network namespace, with its own sshd as a unit. Nothing it does reaches this
+# machine's files or services: its /etc/systemd/system starts empty (this machine's enabled
+# services stay off), nspawn keeps /sys and /proc/sys read-only and drops the capabilities
+# that would load modules or set sysctls. Its disks folder is bound from the test's tmp_path.
+_BOOT = r"""
+set -e
+base=$1 ns=$2 name=$3 conf=$4 disks=$5
+mount --make-rprivate /
+mkdir -p "$base/layer" "$base/root"
+mount -t tmpfs tmpfs "$base/layer"
+mkdir "$base/layer/upper" "$base/layer/work"
+mount -t overlay overlay \
+  -o "lowerdir=/,upperdir=$base/layer/upper,workdir=$base/layer/work" "$base/root"
+root=$base/root units=$base/root/etc/systemd/system
+rm -rf "$units"/*
+mkdir -p "$units/multi-user.target.wants" "$root/etc/cairn-test-ssh" "$root/var/lib/cairn-disks"
+cp "$conf"/* "$root/etc/cairn-test-ssh/"
+printf '%s\n' '[Service]' 'RuntimeDirectory=sshd' \
+  'ExecStart=/usr/sbin/sshd -D -e -f /etc/cairn-test-ssh/sshd.conf' \
+  '[Install]' 'WantedBy=multi-user.target' > "$units/cairn-test-sshd.service"
+ln -s ../cairn-test-sshd.service "$units/multi-user.target.wants/"
+# nspawn makes its cgroups below its own: each container gets a group of its own.
+for tree in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified; do
+  if [ -f "$tree/cgroup.procs" ]; then
+    mkdir -p "$tree/$name" && echo $$ > "$tree/$name/cgroup.procs"
+  fi
+done
+exec systemd-nspawn -q -D "$root" --register=no --keep-unit --boot -M "$name" \
+  --network-namespace-path="/run/netns/$ns" --console=passive \
+  --bind="$disks:/var/lib/cairn-disks"
+"""
+SYSTEMD_BOOT_S = 60.0
+
+
+def _systemd_missing():
+    if not shutil.which("systemd-nspawn") or not os.path.exists("/lib/systemd/systemd"):
+        return "needs systemd and systemd-nspawn (systemd-container; cluster-scripts/setup.sh)"
+    if not os.path.isfile("/sys/fs/cgroup/systemd/cgroup.procs"):
+        return ("the systemd machines are made for a hybrid cgroup layout "
+                "(/sys/fs/cgroup/systemd); this machine has another")
+    return None
+
+
+class SystemdMachines(Machines):
+    """Like Machines, but each machine boots systemd (see _BOOT) and its sshd is a unit there;
+    DISKS/hN on this machine is /var/lib/cairn-disks on machine hN."""
+
+    def start_sshd(self, host):
+        ip = self.names[host]
+        conf = os.path.join(self.dir, f"ssh-{host}")
+        os.makedirs(conf, exist_ok=True)
+        for name in ("host_key", "authorized_keys"):
+            shutil.copy(os.path.join(self.dir, name), conf)
+        with open(os.path.join(conf, "sshd.conf"), "w") as handle:
+            handle.write(f"ListenAddress {ip}\nPort 22\n"
+                         "HostKey /etc/cairn-test-ssh/host_key\n"
+                         "AuthorizedKeysFile /etc/cairn-test-ssh/authorized_keys\n"
+                         "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                         "LogLevel ERROR\n")
+        disks = self.disks(host)
+        os.makedirs(disks, exist_ok=True)
+        base = os.path.join(self.dir, f"machine-{host}")
+        name = f"{self.tag}-{host}"
+        process = subprocess.Popen(
+            ["unshare", "--mount", "sh", "-c", _BOOT, "boot", base,
+             isolated.namespace(self.tag, host), name, conf, disks],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.dir, f"machine-{host}.log"), "ab"),
+            start_new_session=True)
+        self.pids[host] = process.pid
+        deadline = time.monotonic() + SYSTEMD_BOOT_S
+        while True:
+            try:
+                socket.create_connection((ip, 22), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise AssertionError(f"machine {host} ({ip}) did not boot: see "
+                                         f"{self.dir}/machine-{host}.log")
+                time.sleep(0.2)
+
+    def disks(self, host):
+        return os.path.join(self.dir, "disks", host)
+
+    def stop_sshd(self, host):
+        """Power the machine off (SIGTERM to nspawn halts it); its init killed if it lingers,
+        which ends every process in it; its cgroups removed."""
+        pid = self.pids.pop(host, None)
+        if pid is None:
+            return
+        leaders = _children(pid)
+        try:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while not os.waitpid(pid, os.WNOHANG)[0]:
+                if time.monotonic() > deadline:
+                    for leader in leaders:
+                        _kill(leader)
+                    _kill(pid)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.1)
+        except ChildProcessError:
+            pass
+        name = f"{self.tag}-{host}"
+        for tree in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"):
+            top = os.path.join(tree, name)
+            for folder, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass
+
+    def ssh(self, host, command, check=True):
+        """Run `command` on machine `host` over ssh as root; its stdout."""
+        done = subprocess.run(
+            ["ssh", "-i", self.key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+             f"root@{self.names[host]}", command], capture_output=True, text=True, timeout=60)
+        assert not check or done.returncode == 0, (command, done.stdout, done.stderr)
+        return done.stdout
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(child) for child in handle.read().split()]
+    except OSError:
+        return []
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.fixture
 def machines(tmp_path):
     """`machines(count)`: that many namespaces with a running sshd each; all stopped (by pid)
@@ -133,8 +274,10 @@ def machines(tmp_path):
         pytest.skip(reason)
     made = []
 
-    def make(count):
-        group = Machines(str(tmp_path), count)
+    def make(count, systemd=False):
+        if systemd and _systemd_missing():
+            pytest.skip(_systemd_missing())
+        group = (SystemdMachines if systemd else Machines)(str(tmp_path), count)
         made.append(group)
         group.start()
         return group
@@ -379,3 +522,93 @@ def test_up_over_ssh_then_up_again_rolling_restart_upgrade_and_add_host_lose_not
         stopped = cluster_cli("down", "--hosts-file", path, timeout=300)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert not list((tmp_path / "data").glob("*/run/*.pid"))
+
+
+def test_up_on_machines_running_systemd_makes_units_that_restart_and_log_to_the_journal(
+        machines, tmp_path):
+    """Where systemd runs, `up` makes each daemon an enabled unit: a SIGKILLed OSD is started
+    again by systemd (the cluster heals and objects read back), the daemon's output is in the
+    journal, `status` names the units' logs, `restart` restarts the units host by host, `down`
+    stops and disables them and `down --purge` removes the unit files."""
+    import asyncio
+    from cairn.client.cluster import Cluster
+    group = machines(2, systemd=True)
+    device = "/var/lib/cairn-disks/osd0.img"
+    path = group.hosts_file({"h1": {"mon": True, "devices": [device]},
+                             "h2": {"devices": [device]}})
+    checked = cluster_cli("validate", path, "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    report = json.loads(checked.stdout.strip().splitlines()[-1])
+    assert [c["service_manager"] for c in report["checked"]] == ["systemd", "systemd"]
+    assert "daemons under systemd" in checked.stderr
+    directory = str(tmp_path / "hosts.cluster")
+    purged = None
+    try:
+        started = time.monotonic()
+        done = cluster_cli("up", "--hosts-file", path, "--json", timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        print(f"up over ssh, 2 systemd hosts: {time.monotonic() - started:.1f} s")
+        with open(os.path.join(directory, "cluster.json")) as handle:
+            fsid = json.load(handle)["fsid"]
+        unit = f"cairn-{fsid[:8]}-osd.1.service"
+        assert group.ssh("h2", f"systemctl is-enabled {unit}").strip() == "enabled"
+        assert "Restart=on-failure" in group.ssh("h2", f"systemctl cat {unit}")
+        assert group.ssh("h1", f"systemctl is-active cairn-{fsid[:8]}-mon.0.service").strip() \
+            == "active"
+        assert os.path.getsize(os.path.join(group.disks("h2"), "osd0.img")) == 1 << 30
+        made = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", directory,
+                               "pool", "create", "data", "--replicated", "2", "--pg-num", "8"],
+                              capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        blobs = {f"obj-{i}": os.urandom(3000 * i + 1) for i in range(12)}
+
+        async def store(check_only=False):
+            async with await Cluster.connect(directory, op_timeout_s=60) as cluster:
+                pool = cluster.pool("data")
+                if not check_only:
+                    await asyncio.gather(*(pool.put(n, b) for n, b in blobs.items()))
+                for name, blob in blobs.items():
+                    assert await pool.get(name) == blob
+        asyncio.run(store())
+
+        def unit_state():
+            shown = group.ssh("h2", f"systemctl show -p MainPID,NRestarts,ActiveState {unit}")
+            return dict(line.split("=", 1) for line in shown.split())
+        killed = int(unit_state()["MainPID"])
+        group.ssh("h2", f"kill -9 {killed}")
+        deadline = time.monotonic() + 60
+        while not (unit_state()["ActiveState"] == "active" and int(unit_state()["NRestarts"]) >= 1
+                   and int(unit_state()["MainPID"]) not in (0, killed)):
+            assert time.monotonic() < deadline, unit_state()
+            time.sleep(0.5)
+        status = None
+        while status is None or status["osds"].get("up") != 2:
+            assert time.monotonic() < deadline + 60, status
+            time.sleep(0.5)
+            shown = cluster_cli("status", "--hosts-file", path, "--json")
+            assert shown.returncode == 0, shown.stderr
+            status = json.loads(shown.stdout.strip().splitlines()[-1])
+        asyncio.run(store(check_only=True))
+        assert all(row["running"] and row["service_manager"] == "systemd"
+                   for row in status["daemons"]) and len(status["daemons"]) == 3
+        assert {row["logs"] for row in status["daemons"] if row["name"] == "osd.1"} == \
+            {f"journalctl -u {unit}"}
+        journal = group.ssh("h2", f"journalctl -u {unit} --no-pager -o cat")
+        assert journal.count(f"Started {unit}") >= 2, journal[-2000:]
+        assert "osd.1 INFO" in journal, journal[-2000:]
+
+        before = {name: unit_state()["MainPID"] for name in ("osd.1",)}
+        restarted = cluster_cli("restart", "--hosts-file", path, timeout=600)
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        assert restarted.stdout.count("restarted, cluster clean again") == 2
+        assert unit_state()["MainPID"] != before["osd.1"]
+        asyncio.run(store(check_only=True))
+    finally:
+        stopped = cluster_cli("down", "--hosts-file", path, timeout=300)
+        if stopped.returncode == 0:
+            purged = cluster_cli("down", "--hosts-file", path, "--purge", timeout=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert purged.returncode == 0, purged.stdout + purged.stderr
+    assert group.ssh("h2", f"systemctl is-active {unit}", check=False).strip() == "inactive"
+    assert group.ssh("h2", f"ls /etc/systemd/system/{unit}", check=False) == ""
+    assert not os.path.exists(os.path.join(group.disks("h2"), "osd0.img"))

@@ -33,6 +33,7 @@ devices = [{ path = "/srv/cairn/osd0.img", size = "64G" }]
 user = "root"
 sudo = false
 port = 2222
+service_manager = "supervise"
 """
 
 
@@ -55,6 +56,7 @@ def test_a_valid_hosts_file_gives_hosts_with_defaults_and_overrides(tmp_path):
     assert second.identity == "/root/.ssh/id_ed25519"
     assert spec.monitors == (first,) and spec.ssh_options == ("-o", "ConnectTimeout=3")
     assert (spec.install_dir, spec.data_dir) == ("/opt/cairn", "/var/lib/cairn")
+    assert (first.service_manager, second.service_manager) == ("auto", "supervise")
 
 
 def test_a_bad_hosts_file_names_every_problem_at_once(tmp_path):
@@ -81,6 +83,7 @@ devices = [{ path = "/srv/y.img", size = "1M" }]
 name = "c"
 address = "10.0.0.2"
 mon = "yes"
+service_manager = "runit"
 """
     with pytest.raises(hosts.HostsError) as caught:
         hosts.load(write(tmp_path, bad))
@@ -91,7 +94,8 @@ mon = "yes"
                      "duplicate device on host a '/dev/sdb'", "unknown keys ['speed']",
                      "duplicate host name 'a'", "duplicate host address '10.0.0.2'",
                      "location is a table of rack", "below the 256M minimum",
-                     "mon must be true or false", "a cluster needs 1, 3 or 5 monitors"):
+                     "mon must be true or false", "a cluster needs 1, 3 or 5 monitors",
+                     "service_manager must be one of auto, systemd, supervise (was 'runit')"):
         assert expected in message, (expected, message)
 
 
@@ -141,3 +145,47 @@ def test_any_hosts_file_content_gives_a_hosts_file_or_a_hosts_error():
         else:
             assert parsed.hosts and len(parsed.monitors) in hosts.MONITOR_COUNTS
     check()
+
+
+def test_the_service_manager_is_systemd_only_where_it_runs_and_units_may_be_written():
+    from cairn.cluster import remote
+    spec = hosts.parse({"host": [
+        {"name": "a", "address": "10.0.0.1", "mon": True, "devices": ["/dev/sdb"]},
+        {"name": "b", "address": "10.0.0.2", "user": "cairn"},
+        {"name": "c", "address": "10.0.0.3", "user": "cairn", "sudo": True,
+         "service_manager": "systemd"},
+        {"name": "d", "address": "10.0.0.4", "user": "cairn", "service_manager": "systemd"},
+        {"name": "e", "address": "10.0.0.5", "service_manager": "supervise"}]})
+    a, b, c, d, e = spec.hosts
+    assert remote.service_manager(a, True) == ("systemd", None)
+    assert remote.service_manager(a, False) == ("supervise", None)
+    assert remote.service_manager(b, True) == ("supervise", None)      # may not write units
+    assert remote.service_manager(c, True) == ("systemd", None)
+    assert remote.service_manager(c, False)[1] == ("host c: service_manager = systemd, but "
+                                                    "systemd does not run there (no "
+                                                    "/run/systemd/system)")
+    assert "needs user root or sudo = true" in remote.service_manager(d, True)[1]
+    assert remote.service_manager(e, True) == ("supervise", None)
+
+
+def test_a_systemd_unit_runs_the_daemon_as_given_and_restarts_it_on_failure():
+    from cairn.cluster import fleet
+    where = {"data": "/var/lib/cairn", "venv": "/opt/cairn/venv"}
+    control = fleet.Systemd(where, "0123456789abcdef")
+    argv = ["/opt/cairn/venv/bin/cairn-osd", "run", "--device", "/srv/disk 1.img", "--host",
+            "100%$HOME", 'say "hi"\\']
+    text = control.unit_text("osd.3", argv)
+    assert control.unit("osd.3") == "cairn-01234567-osd.3.service"
+    lines = text.splitlines()
+    assert ("ExecStart=/opt/cairn/venv/bin/cairn-osd run --device \"/srv/disk 1.img\" --host "
+            '100%%$$HOME "say \\"hi\\"\\\\"') in lines
+    for expected in ("Restart=on-failure", "WorkingDirectory=/var/lib/cairn",
+                     "WantedBy=multi-user.target", "After=network-online.target"):
+        assert expected in lines
+    assert control.where_logs("osd.3") == "journalctl -u cairn-01234567-osd.3.service"
+    start = control.start("osd.3", argv)
+    assert "systemctl enable -q cairn-01234567-osd.3.service" in start
+    assert "systemctl is-active -q cairn-01234567-osd.3.service || systemctl start" in start
+    assert control.stop(["mon.0", "osd.3"]) == ("systemctl disable -q --now "
+                                                "cairn-01234567-mon.0.service "
+                                                "cairn-01234567-osd.3.service")
