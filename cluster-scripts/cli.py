@@ -435,6 +435,15 @@ def up_hosts(args):
     os.makedirs(directory, exist_ok=True)
     description = fleet.plan(spec, existing)
     ours = {(o["host"], o["device"]) for o in (existing or {}).get("osds", [])}
+    added = [o for o in description["osds"] if existing and (o["host"], o["device"]) not in ours]
+    if added:
+        # Devices at full weight at once would move data all at once: add-host does it in steps.
+        raise ClusterError(
+            "not started, nothing changed: the hosts file lists devices the cluster does not "
+            f"have ({', '.join(o['host'] + ':' + o['device'] for o in added)}); bring them in "
+            f"with 'cairn-cluster add-host {args.hosts_file} HOST' for "
+            f"{', '.join(sorted({o['host'] for o in added}))} (they join at weight 0 and take "
+            "data in steps)")
     say(f"checking {len(spec.hosts)} hosts over ssh ...")
     checks = remote.validate(spec, force_wipe=args.force_wipe, ours=ours)
     problems = [problem for check in checks for problem in check.problems]
@@ -727,8 +736,9 @@ def _rolling(args, directory, description, upgrade):
 
 
 def add_host(args):
-    """`add-host HOSTS NEWHOST`: NEWHOST (a host of the hosts file not yet in the cluster)
-    gets cairn, keys and its OSDs at weight 0; then their weight is raised in steps, each once
+    """`add-host HOSTS NEWHOST`: NEWHOST (a host of the hosts file not yet in the cluster, or a
+    member whose entry lists devices the cluster does not have) gets cairn, keys and OSDs for
+    its new devices at weight 0; then their weight is raised in steps, each once
     the cluster is clean, each small enough that the placement itself says at most
     --max-misplaced of the PG copies move; the data moves under the recovery budget of the
     window in force (recovery.windows). Run again after an interruption, it goes on from the
@@ -744,10 +754,28 @@ def add_host(args):
         raise ClusterError(f"{exc}: add its [[host]] table first") from None
     auth_mode = description.get("auth", "hmac")
     started = time.monotonic()
-    new = [osd for osd in description["osds"] if osd["host"] == host.name]
+    known = {osd["device"] for osd in description["osds"] if osd["host"] == host.name}
+    fresh = [device for device in host.devices if device.path not in known]
     try:
+        if fresh:
+            _join_host(args, spec, host, directory, description, auth_mode, fresh)
+        # The OSDs add-host brought in (a resumed run finds them by their join weight).
+        new = [osd for osd in description["osds"]
+               if osd["host"] == host.name and "join_weight" in osd]
         if not new:
-            new = _join_host(args, spec, host, directory, description, auth_mode)
+            raise ClusterError(f"host {host.name} is in the cluster with every device its "
+                               "entry lists: nothing to add (list a new device in its entry, "
+                               "or add a [[host]])")
+        # cairn, keys and the OSDs on the host: each step skipped where done (a run
+        # interrupted before its OSDs started goes on here).
+        folder, build = fleet.wheelhouse(directory, print)
+        fleet.install(spec, host, folder, build, print)
+        if auth_mode == "hmac":
+            fleet.ship_keys(spec, host, description, _keyring_path, directory)
+        fleet.start_osds(spec, description, auth_mode, args.force_wipe, print,
+                         only={host.name})
+        if fresh:
+            print(f"{host.name}: {len(fresh)} OSDs started at weight 0")
         total = len(description["osds"])
         fleet.wait_for_osds(directory, total)
         ids, steps = [osd["id"] for osd in new], 0
@@ -763,7 +791,10 @@ def add_host(args):
             steps += 1
             print(f"step {steps}: {host.name}'s OSDs at weight {min(weights.values()):.3f} of "
                   f"{args.weight:g} ({moving:.1%} of PG copies move, under the recovery "
-                  f"{fleet.budget_in_force(status)})")
+                  f"{fleet.budget_in_force(status)})"
+                  + (f"; more than --max-misplaced {args.max_misplaced:g}, but the smallest "
+                     "move there is: one PG copy is that large a share of this cluster"
+                     if moving > args.max_misplaced else ""))
     except fleet.FleetError as exc:
         raise ClusterError(f"{exc} (run add-host again to go on from here)") from None
     print(f"{host.name} is in at weight {args.weight:g} after {steps} steps, "
@@ -771,17 +802,17 @@ def add_host(args):
     return 0
 
 
-def _join_host(args, spec, host, directory, description, auth_mode):
-    """Check the new host, give it cairn and keys, start its OSDs at weight 0."""
-    if not host.devices:
-        raise ClusterError(f"host {host.name} lists no devices: nothing to add")
-    check = remote.check_host(host, spec.ssh_options, args.force_wipe)
+def _join_host(args, spec, host, directory, description, auth_mode, devices):
+    """Check the host and record an OSD at join weight 0, with its key, for each of `devices`
+    (new to the cluster: a new host's, or devices added to a member's entry)."""
+    ours = {(osd["host"], osd["device"]) for osd in description["osds"]}
+    check = remote.check_host(host, spec.ssh_options, args.force_wipe, ours=ours)
     if check.problems:
         raise ClusterError("not added, nothing changed: " + "; ".join(check.problems))
     first = max((osd["id"] for osd in description["osds"]), default=-1) + 1
     new = [{"name": f"osd.{first + index}", "id": first + index, "host": host.name,
             "device": device.path, "size_bytes": device.size_bytes, "join_weight": 0.0}
-           for index, device in enumerate(host.devices)]
+           for index, device in enumerate(devices)]
     if auth_mode == "hmac":
         for osd in new:
             path = _keyring_path(directory, osd["name"])
@@ -789,17 +820,11 @@ def _join_host(args, spec, host, directory, description, auth_mode):
                 _cairn(directory, "auth", "add", osd["name"], "--caps", "mon=rw", "--caps",
                        "osd=rw", "--keyring-out", path)
     description["osds"] += new
-    description["hosts"].append({"name": host.name, "address": host.address,
-                                 "location": host.location,
-                                 "service_manager": check.service_manager})
+    if not any(entry["name"] == host.name for entry in description["hosts"]):
+        description["hosts"].append({"name": host.name, "address": host.address,
+                                     "location": host.location,
+                                     "service_manager": check.service_manager})
     save(directory, description)
-    folder, build = fleet.wheelhouse(directory, print)
-    fleet.install(spec, host, folder, build, print)
-    if auth_mode == "hmac":
-        fleet.ship_keys(spec, host, description, _keyring_path, directory)
-    fleet.start_osds(spec, description, auth_mode, args.force_wipe, print, only={host.name})
-    print(f"{host.name}: {len(new)} OSDs started at weight 0")
-    return new
 
 
 def _cairn(directory, *args):
@@ -946,10 +971,12 @@ def build_parser():
     again.add_argument("--dir")
     again.add_argument("--hosts-file", metavar="HOSTS")
     again.add_argument("name", nargs="?", help="osd.N or mon.N (a local cluster)")
-    grow = commands.add_parser("add-host", help="bring a new host of the hosts file in at "
-                               "weight 0 and raise its weight in steps (resumable)")
+    grow = commands.add_parser("add-host", help="bring a new host of the hosts file (or new "
+                               "devices listed in a member's entry) in at weight 0 and raise "
+                               "the weight in steps (resumable)")
     grow.add_argument("hosts_file", metavar="HOSTS")
-    grow.add_argument("new_host", metavar="NEWHOST", help="its name in HOSTS")
+    grow.add_argument("new_host", metavar="NEWHOST", help="its name in HOSTS (a new host, or a "
+                      "member whose entry lists new devices)")
     grow.add_argument("--dir")
     grow.add_argument("--step", type=float, default=0.25, help="the most one step raises each "
                       "new OSD's weight (default 0.25)")

@@ -56,17 +56,18 @@ def paths(spec, host):
 def plan(spec, existing=None):
     """The cluster's layout from the hosts file: fsid, monitors (name, host, addr) and OSDs
     (id, host, device) numbered in the file's order; an existing description keeps its fsid
-    and the ids of the devices it already had."""
-    known = {(o["host"], o["device"]): o["id"] for o in (existing or {}).get("osds", [])}
-    next_id = max(known.values(), default=-1) + 1
+    and the entries (ids, join weights) of the devices it already had."""
+    known = {(o["host"], o["device"]): o for o in (existing or {}).get("osds", [])}
+    next_id = max((o["id"] for o in known.values()), default=-1) + 1
     osds = []
     for host in spec.hosts:
         for device in host.devices:
-            osd_id = known.get((host.name, device.path))
-            if osd_id is None:
-                osd_id, next_id = next_id, next_id + 1
-            osds.append({"name": f"osd.{osd_id}", "id": osd_id, "host": host.name,
-                         "device": device.path, "size_bytes": device.size_bytes})
+            osd = known.get((host.name, device.path))
+            if osd is None:
+                osd = {"name": f"osd.{next_id}", "id": next_id, "host": host.name,
+                       "device": device.path, "size_bytes": device.size_bytes}
+                next_id += 1
+            osds.append(dict(osd))
     mons = [{"name": f"mon.{index}", "host": host.name,
              "addr": f"{host.address}:{MONITOR_PORT}"}
             for index, host in enumerate(spec.monitors)]
@@ -484,16 +485,25 @@ def moved_fraction(cmap, changes):
 
 def next_weights(cmap, osd_ids, target, step, max_misplaced):
     """The weights of the next step for `osd_ids` (all raised together, at most `step` each
-    and not past `target`), as large as keeps the share of data set moving within
-    `max_misplaced` (halved until it does; at least the smallest step that moves anything)."""
+    and not past `target`): the largest raise that keeps the share of PG copies moving within
+    `max_misplaced` (bisected). Where even the first copy to move is more than that share (a
+    small cluster), the smallest raise that moves anything: one indivisible move."""
     current = min(cmap.osds[osd_id]["weight"] for osd_id in osd_ids)
-    raise_by = min(step, target - current)
-    if raise_by <= 0:
+    full = min(step, target - current)
+    if full <= 0:
         return None
-    for _ in range(12):
-        weights = {osd_id: min(target, cmap.osds[osd_id]["weight"] + raise_by)
-                   for osd_id in osd_ids}
-        if moved_fraction(cmap, weights) <= max_misplaced:
-            return weights
-        raise_by /= 2
-    return weights
+
+    def raised(by):
+        return {osd_id: min(target, cmap.osds[osd_id]["weight"] + by) for osd_id in osd_ids}
+    if moved_fraction(cmap, raised(full)) <= max_misplaced:
+        return raised(full)
+    within, beyond = 0.0, full              # moved(within) <= max_misplaced < moved(beyond)
+    for _ in range(14):
+        middle = (within + beyond) / 2
+        if moved_fraction(cmap, raised(middle)) <= max_misplaced:
+            within = middle
+        else:
+            beyond = middle
+    if within > 0 and moved_fraction(cmap, raised(within)) > 0:
+        return raised(within)
+    return raised(beyond)

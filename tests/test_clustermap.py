@@ -163,3 +163,17 @@ def test_an_osd_weight_moves_data_only_to_that_osd_and_add_host_plans_bounded_st
                                   for i, w in plan.items()))
         steps += 1
     assert weights.osds[4]["weight"] == 1.0 and steps >= 4
+    # A small cluster where one PG copy is more than the share asked for (8 PGs of size 2: one
+    # copy is 6.25%): each step moves one copy's worth at most, and none is a step that moves
+    # nothing, but the last (to reach the weight exactly).
+    small = booted(hosts=3, per_host=1, racks=3)
+    small = step(small, {"op": "pool_create", "name": "data", "kind": "replicated", "size": 2,
+                         "min_size": 1, "pg_num": 8},
+                 {"op": "osd_weight", "id": 2, "weight": 0.0})
+    moves = []
+    while (plan := fleet.next_weights(small, [2], 1.0, 0.5, 0.05)) is not None:
+        moves.append(fleet.moved_fraction(small, plan))
+        small = step(small, *({"op": "osd_weight", "id": i, "weight": w}
+                              for i, w in plan.items()))
+    assert small.osds[2]["weight"] == 1.0 and len(moves) <= 8, moves
+    assert all(0 < moved <= 2 / 16 for moved in moves[:-1]), moves

@@ -528,8 +528,9 @@ def test_up_on_machines_running_systemd_makes_units_that_restart_and_log_to_the_
         machines, tmp_path):
     """Where systemd runs, `up` makes each daemon an enabled unit: a SIGKILLed OSD is started
     again by systemd (the cluster heals and objects read back), the daemon's output is in the
-    journal, `status` names the units' logs, `restart` restarts the units host by host, `down`
-    stops and disables them and `down --purge` removes the unit files."""
+    journal, `status` names the units' logs, `restart` restarts the units host by host, a disk
+    added to a host's entry comes in through add-host in steps, `down` stops and disables the
+    units and `down --purge` removes the unit files."""
     import asyncio
     from cairn.client.cluster import Cluster
     group = machines(2, systemd=True)
@@ -602,6 +603,34 @@ def test_up_on_machines_running_systemd_makes_units_that_restart_and_log_to_the_
         assert restarted.returncode == 0, restarted.stdout + restarted.stderr
         assert restarted.stdout.count("restarted, cluster clean again") == 2
         assert unit_state()["MainPID"] != before["osd.1"]
+        asyncio.run(store(check_only=True))
+
+        # A second disk in h2's entry: `up` refuses it (it would take data all at once) and
+        # names add-host, which brings it in at weight 0 and raises it in steps.
+        group.hosts_file({"h1": {"mon": True, "devices": [device]},
+                          "h2": {"devices": [device, "/var/lib/cairn-disks/osd1.img"]}})
+        refused = cluster_cli("up", "--hosts-file", path, timeout=120)
+        assert refused.returncode == 1 and "nothing changed" in refused.stderr
+        assert f"h2:/var/lib/cairn-disks/osd1.img" in refused.stderr
+        assert f"cairn-cluster add-host {path} HOST' for h2" in refused.stderr
+        grown = cluster_cli("add-host", path, "h2", "--dir", directory, "--step", "0.5",
+                            timeout=600)
+        assert grown.returncode == 0, grown.stdout + grown.stderr
+        print(grown.stdout)
+        assert "h2: 1 OSDs started at weight 0" in grown.stdout
+        assert "h2 is in at weight 1 after" in grown.stdout, grown.stdout
+        # 8 PGs of size 2: one copy is 6.25% of them, so steps move one copy at a time.
+        assert 2 <= grown.stdout.count("step ") <= 8, grown.stdout
+        assert "the smallest move there is" in grown.stdout, grown.stdout
+        assert group.ssh("h2", f"systemctl is-active cairn-{fsid[:8]}-osd.2.service").strip() \
+            == "active"
+        tree = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", directory,
+                               "--json", "osd", "tree"], capture_output=True, text=True,
+                              timeout=60)
+        osds = json.loads(tree.stdout.strip().splitlines()[-1])["osds"]
+        assert len(osds) == 3 and all(o["weight"] == 1.0 and o["up"] for o in osds), osds
+        again = cluster_cli("add-host", path, "h2", "--dir", directory, timeout=300)
+        assert again.returncode == 0 and "after 0 steps" in again.stdout, again.stdout
         asyncio.run(store(check_only=True))
     finally:
         stopped = cluster_cli("down", "--hosts-file", path, timeout=300)
