@@ -123,7 +123,7 @@ def test_validate_offline_checks_the_hosts_file_only(tmp_path):
     assert bad.returncode == 1 and "duplicate host name 'store1'" in bad.stderr
 
 
-def test_any_hosts_file_content_gives_a_hosts_file_or_a_hosts_error():
+def test_any_hosts_file_content_is_read_or_refused_with_a_clear_message():
     """Whatever a hosts file holds (wrong types anywhere, odd names, empty tables), parsing
     gives a HostsFile or a HostsError with a message: never another exception."""
     from hypothesis import given, settings, strategies as st
