@@ -281,6 +281,18 @@ def wait_quorum(addrs, timeout_s, directory=None):
         raise ClusterError(f"monitors unreachable: {exc}") from None
 
 
+def room_warning(folder, device_bytes):
+    """A warning when the sparse device files to be made in `folder` could outgrow the free
+    space of its filesystem (each OSD would then fail its writes with `no space`), else None."""
+    free = shutil.disk_usage(folder).free
+    if device_bytes <= free:
+        return None
+    return (f"warning: the OSDs' device files total {device_bytes / 2**30:.1f} GiB but their "
+            f"filesystem ({folder}) has {free / 2**30:.1f} GiB free: they are sparse, but filled "
+            "they will fill it and writes will fail with 'no space' (use a smaller "
+            "--device-size or free some space)")
+
+
 def layout(hosts, osds_per_host, racks):
     """[(host name, rack name or None, ip, [osd ids])] for the requested shape."""
     shape = []
@@ -327,6 +339,10 @@ def up(args):
         os.makedirs(os.path.join(directory, sub), exist_ok=True)
     say = (lambda message: print(message, file=sys.stderr)) if args.json else print
     shape = layout(args.hosts, args.osds_per_host, args.racks)
+    warning = room_warning(os.path.join(directory, "devices"),
+                           args.device_size * sum(len(ids) for *_, ids in shape))
+    if warning:
+        print(warning, file=sys.stderr)
     mon_names = [f"mon.{index}" for index in range(args.mons)]
     mon_hosts = {name: "mon" if index == 0 else f"mon{index}"
                  for index, name in enumerate(mon_names)}
@@ -605,8 +621,9 @@ def down(args):
     undone = undo_isolation(description)
     if undone:
         print(undone)
-        description["faults"] = []
-        save(directory, description)
+        if not args.purge:          # (a purge must work on a full disk: nothing to record)
+            description["faults"] = []
+            save(directory, description)
     if args.purge:
         shutil.rmtree(directory)
         print(f"removed {directory}")

@@ -52,6 +52,7 @@ from cairn.osd.backend import OMAP_PAGE_BYTES, PUSH_PREFIX, ErasureBackend, Repl
 from cairn.osd.errors import (ChecksumError, CollectionNotFound, InvalidArgument, NoSpace,
                               ObjectNotFound)
 from cairn.native.checksum import crc32c
+from cairn.native.errors import DeviceNoSpace
 from cairn.osd.pg import Refused, merge_missing
 from cairn.osd.store import Transaction
 
@@ -144,6 +145,10 @@ class ObjectService:
                                 f", epoch {self.map.epoch})") from None
         except NoSpace as exc:
             raise RequestFailed("no_space", str(exc)) from None
+        except DeviceNoSpace as exc:
+            # The device refused a write (a file device whose filesystem is full, a thin
+            # volume out of room): the transaction changed nothing, the store stays usable.
+            raise RequestFailed("no_space", f"osd.{self.daemon.id}: {exc}") from None
         except ChecksumError as exc:
             raise RequestFailed("io_error", f"osd.{self.daemon.id}: {exc}") from None
         except InvalidArgument as exc:

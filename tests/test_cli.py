@@ -169,3 +169,12 @@ def test_local_monitor_ports_are_below_the_ephemeral_range_and_distinct():
         holder.listen()
         for _ in range(50):
             assert cli.free_port() != ports[0]
+
+
+def test_up_warns_when_sparse_device_files_could_outgrow_their_filesystem(tmp_path):
+    from cairn.cluster import cli
+    assert cli.room_warning(str(tmp_path), 1 << 20) is None
+    warning = cli.room_warning(str(tmp_path), 1 << 60)
+    assert warning.startswith("warning: the OSDs' device files total 1073741824.0 GiB but"), \
+        warning
+    assert f"filesystem ({tmp_path})" in warning and "fail with 'no space'" in warning

@@ -484,3 +484,49 @@ def test_collections_count_their_objects_and_bytes_through_every_change(open_twi
         await store.close()
         await device.aclose()
     run(body())
+
+
+def test_a_device_out_of_room_gives_a_no_space_reply_and_the_store_goes_on(tmp_path):
+    """A file device whose filesystem is full refuses a write with ENOSPC (DeviceNoSpace): the
+    OSD's request handler answers `no_space` (the client's NoSpace), not an internal error, the
+    transaction changes nothing, and the next write is taken once there is room."""
+    import types
+    from cairn.common.messenger import RequestFailed
+    from cairn.native.errors import DeviceNoSpace
+    from cairn.osd.service import ObjectService
+
+    async def body():
+        device, meta, store = await memory_store(tmp_path)
+        full = [True]
+        write = device.write
+
+        async def refusing(offset, buffer):
+            if full[0]:
+                raise DeviceNoSpace(f"{device.path}: write of {len(buffer)} bytes at offset "
+                                    f"{offset} failed: no space left on the device (ENOSPC)")
+            await write(offset, buffer)
+        device.write = refusing
+        daemon = types.SimpleNamespace(id=7, store=store, tls_client=None,
+                                       tickets=types.SimpleNamespace(authenticate=None))
+        service = ObjectService(daemon)
+
+        async def put(header, payload):
+            await store.put("c", header["name"], payload)
+            return {"ok": True}, b""
+        service._put_for_test = put
+        free_before = store.statfs()["free_bytes"]
+        with pytest.raises(RequestFailed) as caught:
+            await service._handle("put_for_test", {"name": "a"}, b"x" * 9000)
+        assert caught.value.code == "no_space"
+        assert caught.value.message.startswith("osd.7: memory: write of 12288 bytes")
+        assert "no space left on the device" in caught.value.message
+        assert store.statfs()["free_bytes"] == free_before
+        with pytest.raises(ObjectNotFound):
+            await store.read_bytes("c", "a")
+        full[0] = False
+        assert await service._handle("put_for_test", {"name": "a"}, b"y" * 9000) == \
+            ({"ok": True}, b"")
+        assert await store.read_bytes("c", "a") == b"y" * 9000
+        await assert_fsck_clean(store)
+        await store.close()
+    asyncio.run(body())
