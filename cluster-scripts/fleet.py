@@ -242,6 +242,7 @@ def install(spec, host, folder, build, say):
                  options).strip()
     if have == build:
         return False
+    system_packages(spec, host, say)
     say(f"  {host.name}: installing cairn (build {build}) into {where['venv']}")
     with tempfile.TemporaryFile() as archive:
         with tarfile.open(fileobj=archive, mode="w") as tar:
@@ -254,6 +255,46 @@ def install(spec, host, folder, build, say):
           f"{q['install']}/wheelhouse --force-reinstall --no-deps {q['install']}/wheelhouse/*.whl"
           f" && echo {build} > {q['install']}/installed", options, timeout_s=900)
     return True
+
+
+# What the wheels need from the host's system, each as (shell test, what is missing, the Debian
+# package that brings it): Python 3.11 with venv and pip, and ISA-L (cairn's parity code and
+# pyeclib's isa_l backends load libisal.so.2). pyeclib's wheel carries its own liberasurecode;
+# the io_uring code is built in.
+RUNTIME_NEEDS = (
+    ("python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'", "Python 3.11 or newer",
+     "python3"),
+    ("python3 -c 'import venv, ensurepip'", "python3's venv and ensurepip", "python3-venv"),
+    ("ldconfig -p 2>/dev/null | grep -q 'libisal.so.2 '", "ISA-L (libisal.so.2)", "libisal2"),
+)
+
+
+def system_packages(spec, host, say):
+    """Check what the wheels need from the host's system; install what is missing with apt-get
+    where the host has it (from the host's own package mirror: cairn itself needs no index).
+    FleetError naming each missing part and its package if it cannot be had."""
+    probe = "; ".join(f"{test} || echo {index}"
+                      for index, (test, _, _) in enumerate(RUNTIME_NEEDS)) + "; true"
+    missing = [RUNTIME_NEEDS[int(i)] for i in _step(host, "system packages", probe,
+                                                      spec.ssh_options).split()]
+    if not missing:
+        return
+    packages = " ".join(package for _, _, package in missing)
+    say(f"  {host.name}: installing system packages: {packages}")
+    try:
+        remote.run(host, f"command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive "
+                   f"apt-get install -y -q --no-install-recommends {packages}",
+                   spec.ssh_options, step="apt-get install", timeout_s=600)
+    except remote.RemoteError as exc:
+        raise FleetError(f"host {host.name} ({host.address}): system packages: missing "
+                         f"{', '.join(what for _, what, _ in missing)}; "
+                         f"installing them failed ({str(exc).split(': ', 2)[-1]}): install "
+                         f"{packages} there (Debian names) and run up again") from None
+    still = _step(host, "system packages", probe, spec.ssh_options).split()
+    if still:
+        raise FleetError(f"host {host.name} ({host.address}): system packages: still missing "
+                         f"{', '.join(RUNTIME_NEEDS[int(i)][1] for i in still)} after "
+                         f"apt-get install {packages}")
 
 
 def ship_keys(spec, host, description, keyring_path, directory):
