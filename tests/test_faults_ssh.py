@@ -33,6 +33,28 @@ def _missing():
     return None
 
 
+def sshd_config(ip, folder, extra=""):
+    """An sshd listening on `ip`:22 for root with the key in FOLDER/authorized_keys only."""
+    return (f"ListenAddress {ip}\nPort 22\nHostKey {folder}/host_key\n"
+            f"AuthorizedKeysFile {folder}/authorized_keys\n{extra}"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nLogLevel ERROR\n")
+
+
+def wait_for_ssh(ip, process, timeout_s, failure):
+    """Until `ip`:22 takes connections; AssertionError(failure) if `process` ends first or
+    `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((ip, 22), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise AssertionError(failure) from None
+            time.sleep(0.1)
+
+
 class Machines:
     """Namespaces h1..hN, each with an sshd on 10.231.X.(K+1):22 accepting `self.key`."""
 
@@ -59,27 +81,13 @@ class Machines:
         ip = self.names[host]
         config = os.path.join(self.dir, f"sshd-{host}.conf")
         with open(config, "w") as handle:
-            handle.write(f"ListenAddress {ip}\nPort 22\n"
-                         f"HostKey {self.dir}/host_key\n"
-                         f"PidFile {self.dir}/sshd-{host}.pid\n"
-                         f"AuthorizedKeysFile {self.dir}/authorized_keys\n"
-                         "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-                         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-                         "LogLevel ERROR\n")
+            handle.write(sshd_config(ip, self.dir, f"PidFile {self.dir}/sshd-{host}.pid\n"))
         process = subprocess.Popen(
             isolated.exec_prefix(self.tag, host) + [SSHD, "-D", "-e", "-f", config],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.dir, f"sshd-{host}.log"),
                                                    "ab"), start_new_session=True)
         self.pids[host] = process.pid
-        deadline = time.monotonic() + SSHD_READY_S
-        while True:
-            try:
-                socket.create_connection((ip, 22), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise AssertionError(f"sshd on {host} ({ip}) did not start")
-                time.sleep(0.05)
+        wait_for_ssh(ip, process, SSHD_READY_S, f"sshd on {host} ({ip}) did not start")
 
     def stop_sshd(self, host):
         pid = self.pids.pop(host, None)
@@ -180,12 +188,7 @@ class SystemdMachines(Machines):
         for name in ("host_key", "authorized_keys"):
             shutil.copy(os.path.join(self.dir, name), conf)
         with open(os.path.join(conf, "sshd.conf"), "w") as handle:
-            handle.write(f"ListenAddress {ip}\nPort 22\n"
-                         "HostKey /etc/cairn-test-ssh/host_key\n"
-                         "AuthorizedKeysFile /etc/cairn-test-ssh/authorized_keys\n"
-                         "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-                         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-                         "LogLevel ERROR\n")
+            handle.write(sshd_config(ip, "/etc/cairn-test-ssh"))
         disks = self.disks(host)
         os.makedirs(disks, exist_ok=True)
         base = os.path.join(self.dir, f"machine-{host}")
@@ -197,16 +200,8 @@ class SystemdMachines(Machines):
             stderr=open(os.path.join(self.dir, f"machine-{host}.log"), "ab"),
             start_new_session=True)
         self.pids[host] = process.pid
-        deadline = time.monotonic() + SYSTEMD_BOOT_S
-        while True:
-            try:
-                socket.create_connection((ip, 22), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise AssertionError(f"machine {host} ({ip}) did not boot: see "
-                                         f"{self.dir}/machine-{host}.log")
-                time.sleep(0.2)
+        wait_for_ssh(ip, process, SYSTEMD_BOOT_S, f"machine {host} ({ip}) did not boot: see "
+                     f"{self.dir}/machine-{host}.log")
 
     def disks(self, host):
         return os.path.join(self.dir, "disks", host)
