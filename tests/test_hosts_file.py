@@ -99,7 +99,7 @@ service_manager = "runit"
         assert expected in message, (expected, message)
 
 
-def test_hosts_file_syntax_and_emptiness_are_clear_errors(tmp_path):
+def test_hosts_file_syntax_and_emptiness_are_refused_clearly(tmp_path):
     with pytest.raises(hosts.HostsError, match="not valid TOML"):
         hosts.load(write(tmp_path, "[[host]\nname = 1"))
     with pytest.raises(hosts.HostsError, match="no hosts: add a"):
