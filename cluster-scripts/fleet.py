@@ -210,8 +210,8 @@ class Systemd:
     def remove(self, names):
         units = " ".join(f"{self.UNIT_DIR}/{self.unit(name)}" for name in names)
         return (f"rm -f {units} && systemctl daemon-reload && "
-                f"systemctl reset-failed {' '.join(self.unit(name) for name in names)} "
-                "2>/dev/null; true")
+                f"(systemctl reset-failed {' '.join(self.unit(name) for name in names)} "
+                "2>/dev/null || true)")
 
 
 def systemd_quote(arg):
@@ -288,7 +288,7 @@ def system_packages(spec, host, say):
     except remote.RemoteError as exc:
         raise FleetError(f"host {host.name} ({host.address}): system packages: missing "
                          f"{', '.join(what for _, what, _ in missing)}; "
-                         f"installing them failed ({str(exc).split(': ', 2)[-1]}): install "
+                         f"installing them failed ({exc.reason}): install "
                          f"{packages} there (Debian names) and run up again") from None
     still = _step(host, "system packages", probe, spec.ssh_options).split()
     if still:
@@ -504,17 +504,24 @@ def wait_for_osds(directory, count, timeout_s=READY_S_MAX, progress=None):
 
 # -- progressive reweighting (add-host) ----------------------------------------------------------
 
-def moved_fraction(cmap, changes):
-    """The share of every pool's PG member slots that the weight `changes` ({osd id: weight})
-    would move, computed with the placement itself on the map as it would be."""
+def _acting(cmap):
+    """{pool name: its PGs' acting sets} on `cmap`."""
     from cairn.common import pg as pgs
+    return {name: pgs.acting_sets(cmap, name) for name in cmap.pools}
+
+
+def moved_fraction(cmap, changes, before=None):
+    """The share of every pool's PG member slots that the weight `changes` ({osd id: weight})
+    would move, computed with the placement itself on the map as it would be (`before`:
+    `_acting(cmap)`, when the caller has it already)."""
     from cairn.common.clustermap import Incremental
-    after = cmap.apply(Incremental(cmap.epoch + 1, tuple(
+    before = before if before is not None else _acting(cmap)
+    after = _acting(cmap.apply(Incremental(cmap.epoch + 1, tuple(
         {"op": "osd_weight", "id": osd_id, "weight": weight}
-        for osd_id, weight in changes.items())))
+        for osd_id, weight in changes.items()))))
     slots = moved = 0
     for name, pool in cmap.pools.items():
-        for old, new in zip(pgs.acting_sets(cmap, name), pgs.acting_sets(after, name)):
+        for old, new in zip(before[name], after[name]):
             slots += len(old.members)
             if pool["kind"] == "erasure":       # shard i lives at position i
                 moved += sum(1 for position, member in enumerate(new.members)
@@ -533,18 +540,22 @@ def next_weights(cmap, osd_ids, target, step, max_misplaced):
     full = min(step, target - current)
     if full <= 0:
         return None
+    before = _acting(cmap)
 
     def raised(by):
         return {osd_id: min(target, cmap.osds[osd_id]["weight"] + by) for osd_id in osd_ids}
-    if moved_fraction(cmap, raised(full)) <= max_misplaced:
+
+    def moved(by):
+        return moved_fraction(cmap, raised(by), before)
+    if moved(full) <= max_misplaced:
         return raised(full)
     within, beyond = 0.0, full              # moved(within) <= max_misplaced < moved(beyond)
+    moved_within = 0.0
     for _ in range(14):
         middle = (within + beyond) / 2
-        if moved_fraction(cmap, raised(middle)) <= max_misplaced:
-            within = middle
+        share = moved(middle)
+        if share <= max_misplaced:
+            within, moved_within = middle, share
         else:
             beyond = middle
-    if within > 0 and moved_fraction(cmap, raised(within)) > 0:
-        return raised(within)
-    return raised(beyond)
+    return raised(within if moved_within > 0 else beyond)

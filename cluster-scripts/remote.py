@@ -41,7 +41,12 @@ _SYSTEMD_PROBE = ("if [ -d /run/systemd/system ] && command -v systemctl >/dev/n
 
 
 class RemoteError(Exception):
-    """An ssh command failed; the message names the host and the step."""
+    """An ssh command failed; the message names the host and the step, `reason` is what
+    failed (the command's last line of output, or ssh's)."""
+
+    def __init__(self, message, reason=None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def ssh_argv(host, options=(), command=""):
@@ -76,7 +81,7 @@ def run(host, command, options=(), step="command", timeout_s=SSH_TIMEOUT_S, stdi
         reason = reason[-1] if reason else f"exit status {result.returncode}"
         if result.returncode == 255:
             reason = f"ssh to {host.user}@{host.address}:{host.port} failed: {reason}"
-        raise RemoteError(f"host {host.name} ({host.address}): {step}: {reason}")
+        raise RemoteError(f"host {host.name} ({host.address}): {step}: {reason}", reason)
     return stdout
 
 
