@@ -8,10 +8,12 @@ sees the change. Nothing here is reachable over the network.
 """
 
 import os
+import struct
+import uuid as uuid_module
 
 from rocksdict import AccessType, Options, Rdict
 
-from cairn.osd import records
+from cairn.osd import journal, records
 from cairn.osd.records import ObjectRecord
 from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
 
@@ -20,24 +22,51 @@ class BitrotError(Exception):
     """The object or its metadata could not be found; the message says where it looked."""
 
 
-def find_object(meta_dir, name, collection=None):
-    """[(collection, ObjectRecord)] of every object called `name` (in `collection` if given)."""
+def find_object(meta_dir, name, collection=None, device_path=None, superblock=None):
+    """[(collection, ObjectRecord)] of every object called `name` (in `collection` if given).
+    With `device_path` and its `superblock`, the commit journal's records that RocksDB's files
+    do not hold yet count too (a running OSD keeps them in memory until a checkpoint)."""
     options = Options(raw_mode=True)
     db = Rdict(meta_dir, options=options, access_type=AccessType.read_only())
+    prefix_length = len(records.PREFIX_OBJECT)
+
+    def wanted(key):
+        raw_collection, _, raw_name = key[prefix_length:].partition(b"\x00")
+        return raw_name.decode() == name and (collection is None or
+                                              raw_collection.decode() == collection)
     try:
-        found = []
+        changes = {}
+        if device_path is not None and superblock.journal_bytes:
+            changes = _journal_changes(device_path, superblock, db)
+        found = {key: value for key, value in changes.items() if value is not None and
+                 wanted(key)}
         iterator = db.iter()
         iterator.seek(records.PREFIX_OBJECT)
-        prefix_length = len(records.PREFIX_OBJECT)
         while iterator.valid() and iterator.key().startswith(records.PREFIX_OBJECT):
-            raw_collection, _, raw_name = iterator.key()[prefix_length:].partition(b"\x00")
-            if raw_name.decode() == name and (collection is None or
-                                               raw_collection.decode() == collection):
-                found.append((raw_collection.decode(), ObjectRecord.decode(iterator.value())))
+            if iterator.key() not in changes and wanted(iterator.key()):
+                found[iterator.key()] = iterator.value()
             iterator.next()
-        return found
     finally:
         db.close()
+    return [(key[prefix_length:].partition(b"\x00")[0].decode(), ObjectRecord.decode(value))
+            for key, value in sorted(found.items())]
+
+
+def _journal_changes(device_path, superblock, db):
+    """{object key: record bytes, or None if deleted} of the journal past RocksDB's files."""
+    (sequence,) = struct.unpack(">Q", db.get(records.KEY_SEQUENCE))
+    raw = db.get(records.KEY_JOURNAL)
+    with open(device_path, "rb") as handle:
+        handle.seek(superblock.journal_start_bytes)
+        region = handle.read(superblock.journal_bytes)
+    changes = {}
+    for record in journal.scan(region, superblock.journal_bytes,
+                               struct.unpack(">Q", raw)[0] if raw else 0, sequence + 1,
+                               uuid_module.UUID(superblock.uuid).bytes):
+        for op in record.ops:
+            if op[1].startswith(records.PREFIX_OBJECT) and op[0] != journal.DELETE_RANGE:
+                changes[op[1]] = op[2] if op[0] == journal.PUT else None
+    return changes
 
 
 def flip_bits(device_path, name, *, collection=None, meta_dir=None, offset=0, mask=0x01):
@@ -49,7 +78,7 @@ def flip_bits(device_path, name, *, collection=None, meta_dir=None, offset=0, ma
     if meta_dir is None:
         from cairn.osd.store import default_meta_dir
         meta_dir = default_meta_dir(device_path, superblock.uuid)
-    found = find_object(meta_dir, name, collection)
+    found = find_object(meta_dir, name, collection, device_path, superblock)
     if not found:
         raise BitrotError(f"no object {name!r} on {device_path} (metadata {meta_dir})")
     if len(found) > 1:

@@ -1,6 +1,6 @@
 """`cairn-osd`: make, check and benchmark an OSD's store.
 
-    cairn-osd mkfs  --device PATH [--meta DIR] [--force]
+    cairn-osd mkfs  --device PATH [--meta DIR] [--force] [--no-journal]
     cairn-osd fsck  --device PATH [--meta DIR] [--deep] [--json]
     cairn-osd bench device --device PATH --op write|read|randwrite|randread --size 4K ...
     cairn-osd bench store  --device PATH --op put|get --size 4M ...
@@ -56,6 +56,9 @@ def build_parser(prog="cairn-osd"):
     mkfs.add_argument("--meta", help="metadata (RocksDB) directory; default: DEVICE.meta for a "
                       "file, /var/lib/cairn/osd-UUID.meta for a block device")
     mkfs.add_argument("--force", action="store_true", help="overwrite an existing store")
+    mkfs.add_argument("--no-journal", action="store_true",
+                      help="no commit journal on the device: every commit group syncs RocksDB "
+                           "instead (slower; for comparisons)")
 
     fsck = commands.add_parser("fsck", help="check allocator against metadata (and checksums)")
     fsck.add_argument("--device", required=True)
@@ -176,13 +179,17 @@ async def run_mkfs(args):
     from cairn.osd.store import default_meta_dir, mkfs
     device = open_device(args.device)
     try:
-        superblock = await mkfs(device, args.meta, force=args.force)
+        superblock = await mkfs(device, args.meta, force=args.force,
+                                journal=not args.no_journal)
     finally:
         await device.aclose()
     meta = args.meta or default_meta_dir(args.device, superblock.uuid)
+    journal = f"{format_size(superblock.journal_bytes)} commit journal" \
+        if superblock.journal_bytes else "no commit journal"
     print(f"made a cairn store on {args.device}: uuid {superblock.uuid}, "
           f"{format_size(superblock.block_count * superblock.block_size_bytes)} of data blocks "
-          f"({superblock.block_count} x {superblock.block_size_bytes} bytes), metadata in {meta}")
+          f"({superblock.block_count} x {superblock.block_size_bytes} bytes), {journal}, "
+          f"metadata in {meta}")
     return 0
 
 

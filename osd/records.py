@@ -10,6 +10,9 @@ Key layout in RocksDB (bytes sort in this order, so a collection's objects list 
     b"B" + segment (u32 BE)       allocator bitmap segment (`allocator.SEGMENT_BLOCKS` bits)
     b"M" + omap id (u64 BE) + key one entry of an object's omap (its sorted key/value table)
     b"N"                          the next omap id to hand out (u64 big-endian)
+    b"J"                          where journal replay starts: the ring position after the
+                                  last commit group this state holds (u64 big-endian;
+                                  osd/journal.py)
 
 An object record maps logical 4 KiB blocks to device blocks with a list of extents
 (`(first_block, block_count)` in logical order), keeps a crc32c per logical block (the last
@@ -38,6 +41,7 @@ PREFIX_OBJECT = b"O"
 PREFIX_BITMAP = b"B"
 PREFIX_OMAP = b"M"
 KEY_OMAP_NEXT = b"N"
+KEY_JOURNAL = b"J"
 
 
 def collection_key(collection):

@@ -39,6 +39,7 @@ import shutil
 import stat
 import struct
 import time
+import uuid as uuid_module
 
 import msgpack
 import numpy as np
@@ -49,7 +50,7 @@ from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX
                                  OMAP_PAGE_ENTRIES_MAX)
 from cairn.native.bufpool import aligned_copy, is_aligned
 from cairn.native.checksum import FOLD_BLOCK_BYTES, block_crcs
-from cairn.osd import records
+from cairn.osd import journal, records
 from cairn.osd.allocator import Allocator
 from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpty,
                               CollectionNotFound, InvalidArgument, NoSpace, ObjectNotFound,
@@ -66,6 +67,12 @@ META_ROOT_DEFAULT = "/var/lib/cairn"
 # Decoded object records kept in memory (BlueStore's onode cache). A 4 MiB object's record is
 # about 4.1 KiB (its crcs), so 16,384 entries cost at most ~70 MiB; small objects far less.
 RECORD_CACHE_ENTRIES_MAX = 16_384
+# A store with a journal makes RocksDB durable (a checkpoint) when the ring is half used, and
+# after this long without a commit, so replay after a crash stays short and read-only readers
+# of the metadata (cairn-osd bitrot) see recent objects.
+JOURNAL_IDLE_CHECKPOINT_S = 5.0
+# The buffer journal records are written from (larger ones take a pool buffer).
+JOURNAL_BUFFER_BYTES = 64 << 10
 
 
 class StoreFailed(StoreError):
@@ -140,9 +147,10 @@ async def read_superblock(device):
         device.pool.put(view)
 
 
-async def mkfs(device, meta_dir=None, *, force=False):
+async def mkfs(device, meta_dir=None, *, force=False, journal=True):
     """Make an empty store on `device`. Refuses a device that already holds one unless
-    `force`. Returns the new superblock."""
+    `force`. `journal=False`: no commit journal (each commit group then syncs RocksDB; for
+    tests and comparisons). Returns the new superblock."""
     try:
         old = await read_superblock(device)
     except StoreError:
@@ -150,7 +158,7 @@ async def mkfs(device, meta_dir=None, *, force=False):
     if old is not None and not force:
         raise StoreExists(f"{device.path} already holds a cairn store (uuid {old.uuid}); "
                           "pass --force to destroy it")
-    superblock = Superblock.new(device.size_bytes)
+    superblock = Superblock.new(device.size_bytes, journal)
     if superblock.block_count < 1:
         raise InvalidArgument(f"{device.path} is too small ({device.size_bytes} bytes) for a "
                               f"store: it needs more than {superblock.data_start_bytes} bytes")
@@ -192,6 +200,17 @@ class Store:
         self._data_start = superblock.data_start_bytes
         self._db = db
         self._sync = _sync_write_options()
+        self._unsynced = WriteOptions()     # into the memtable only: the journal holds it
+        self._unsynced.disable_wal = True
+        self._uuid_bytes = uuid_module.UUID(superblock.uuid).bytes
+        self._journal = journal.Ring(superblock.journal_bytes, 0) \
+            if superblock.journal_bytes else None
+        self._record_bytes_max = min(superblock.journal_bytes // 4, DEVICE_IO_BYTES_MAX)
+        self._checkpoint = None             # the task of the running or last checkpoint
+        self._journal_buffer = None
+        self.checkpoints_total = 0
+        self.records_past_journal_total = 0
+        self.replayed_records = 0
         self._db_thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="cairn-store-meta")
         self.allocator = Allocator(superblock.block_count)
@@ -242,6 +261,12 @@ class Store:
                                 f"{identity.get('uuid')}, not to {device.path} "
                                 f"({superblock.uuid})")
         store = cls(device, superblock, meta_dir, db)
+        if store._journal is not None:
+            try:
+                await store._replay()
+            except BaseException:
+                db.close()
+                raise
         store._load()
         store._committer = asyncio.get_running_loop().create_task(store._commit_loop())
         return store
@@ -283,11 +308,24 @@ class Store:
             except asyncio.CancelledError:
                 pass
             self._committer = None
+        if self._checkpoint is not None:
+            await asyncio.gather(self._checkpoint, return_exceptions=True)
         self._db_thread.shutdown(wait=True)
+        if self._journal is not None and self._failure is None:
+            self._db.flush()
         self._db.close()
+        self._put_journal_buffer()
+
+    def _put_journal_buffer(self):
+        if self._journal_buffer is not None:
+            self.device.pool.put(self._journal_buffer)
+            self._journal_buffer = None
 
     async def abandon(self):
-        """Stop at once without waiting (simulated crash): nothing more reaches RocksDB."""
+        """Stop at once without waiting (simulated crash): nothing more reaches RocksDB, and
+        with a journal, what RocksDB held only in memory is lost as a crash loses it (its
+        durable files are kept as they were; replay at the next open brings the rest back
+        from the journal)."""
         self._failure = self._failure or StoreFailed("store abandoned")
         if self._committer is not None:
             self._committer.cancel()
@@ -296,8 +334,25 @@ class Store:
             except (asyncio.CancelledError, Exception):
                 pass
             self._committer = None
+        if self._checkpoint is not None:
+            await asyncio.gather(self._checkpoint, return_exceptions=True)
         self._db_thread.shutdown(wait=True)
+        self._put_journal_buffer()
+        if self._journal is None:
+            self._db.close()
+            return
+        # RocksDB's files as they are, without its memtable (closing, or cancelling its
+        # background work, would flush the memtable first), copied once no compaction runs.
+        self._db.set_options({"disable_auto_compactions": "true"})
+        while self._db.property_int_value("rocksdb.num-running-compactions") or \
+                self._db.property_int_value("rocksdb.num-running-flushes"):
+            await asyncio.sleep(0.005)
+        durable = self.meta_dir.rstrip("/") + ".durable"
+        shutil.rmtree(durable, ignore_errors=True)
+        shutil.copytree(self.meta_dir, durable)
         self._db.close()
+        shutil.rmtree(self.meta_dir)
+        os.rename(durable, self.meta_dir)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -894,7 +949,180 @@ class Store:
     # -- the committer ------------------------------------------------------------------------
 
     async def _commit_loop(self):
-        """Runs for the store's lifetime, until cancelled by close() or abandon().
+        """Runs for the store's lifetime, until cancelled by close() or abandon()."""
+        if self._journal is None:
+            await self._commit_loop_synced()
+        else:
+            await self._commit_loop_journaled()
+
+    async def _commit_loop_journaled(self):
+        """One group at a time: the group's journal record is written (its data already is),
+        one device flush makes both durable, RocksDB takes the batch without its WAL, and the
+        group is acknowledged. The next group's record is written only after that flush
+        completed, which replay relies on (osd/journal.py). A checkpoint starts when the ring is
+        half used, and after JOURNAL_IDLE_CHECKPOINT_S without commits."""
+        while True:
+            if not self._commit_queue:
+                try:
+                    async with asyncio.timeout(JOURNAL_IDLE_CHECKPOINT_S if self._journal.used
+                                               else None):
+                        await self._commit_wanted.wait()
+                except TimeoutError:
+                    self._start_checkpoint()
+                    continue
+                self._commit_wanted.clear()
+                continue
+            group = self._commit_queue[:COMMIT_GROUP_TRANSACTIONS_MAX]
+            del self._commit_queue[:len(group)]
+            self._committing = True
+            try:
+                await self._commit_journaled(group)
+            finally:
+                self._committing = False
+
+    async def _commit_journaled(self, group):
+        if self._failure is not None:
+            for plan in group:
+                self.allocator.unreserve(plan.allocated)
+            self._fail_group(group, self._failed_earlier())
+            return
+        began_ns = time.perf_counter_ns()
+        try:
+            ops, sequence = self._group_ops(group)
+            payload = journal.encode_payload(ops)
+            if journal.padded_length(len(payload)) > self._record_bytes_max:
+                # Too big for the ring (a group of large omap pages): made durable the way a
+                # store without a journal does, after a checkpoint of everything before it.
+                await self.device.flush()
+                flushed_ns = time.perf_counter_ns()
+                batch = _batch(ops)
+                batch.put(records.KEY_JOURNAL, struct.pack(">Q", self._journal.head))
+                await asyncio.get_running_loop().run_in_executor(
+                    self._db_thread, self._write_past_journal, batch)
+                self._journal.tail = self._journal.head
+                self.records_past_journal_total += 1
+            else:
+                head = await self._write_record(sequence - len(group) + 1, sequence, payload)
+                await self.device.flush()
+                flushed_ns = time.perf_counter_ns()
+                batch = _batch(ops)
+                batch.put(records.KEY_JOURNAL, struct.pack(">Q", head))
+                self._db.write(batch, self._unsynced)
+        except BaseException as exc:
+            self._poison(group, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        self.flush_ns_total += flushed_ns - began_ns
+        self.meta_commit_ns_total += time.perf_counter_ns() - flushed_ns
+        self._publish(group, sequence)
+        if 2 * self._journal.used >= self._journal.ring_bytes:
+            self._start_checkpoint()
+
+    def _write_past_journal(self, batch):
+        self._db.flush()
+        self._db.write(batch, self._sync)
+
+    async def _write_record(self, first, last, payload):
+        """Write one group's record at the ring's head (after a wrap marker when it does not
+        fit before the ring's end), waiting for a checkpoint when the ring is full; returns
+        the new head."""
+        length = journal.padded_length(len(payload))
+        while (placed := self._journal.place(length)) is None:
+            await asyncio.shield(self._start_checkpoint())
+            if self._failure is not None:
+                raise self._failed_earlier()
+        position, skip = placed
+        if skip:
+            await self._write_journal_bytes(self._journal.head, journal.encode(
+                journal.KIND_WRAP, self._uuid_bytes, self._journal.head, first, first))
+        await self._write_journal_bytes(position, journal.encode(
+            journal.KIND_GROUP, self._uuid_bytes, position, first, last, payload))
+        self._journal.head = position + length
+        return self._journal.head
+
+    async def _write_journal_bytes(self, position, data):
+        """Write `data` (whole blocks) at ring `position`, from the store's own journal buffer
+        when it fits (one aligned buffer kept for the store's life), else from a pool one."""
+        if self._journal_buffer is None:
+            self._journal_buffer = self.device.pool.get(JOURNAL_BUFFER_BYTES)
+        own = len(data) <= len(self._journal_buffer)
+        view = self._journal_buffer[:len(data)] if own else self.device.pool.get(len(data))
+        try:
+            view[:] = data
+            await self.device.write(self.superblock.journal_start_bytes +
+                                    position % self._journal.ring_bytes, view)
+        finally:
+            if not own:
+                self.device.pool.put(view)
+
+    def _start_checkpoint(self):
+        """Make RocksDB's state durable (a memtable flush in the metadata thread), after which
+        the ring up to today's head is free; returns the task doing it (one at a time)."""
+        if self._checkpoint is None or self._checkpoint.done():
+            self._checkpoint = asyncio.get_running_loop().create_task(
+                self._run_checkpoint(self._journal.head))
+        return self._checkpoint
+
+    async def _run_checkpoint(self, head):
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._db_thread, self._db.flush)
+        except Exception as exc:
+            log.error("store checkpoint (RocksDB flush) failed: %s", exc)
+            self._failure = self._failure or exc
+            return
+        self._journal.tail = max(self._journal.tail, head)
+        self.checkpoints_total += 1
+
+    async def _replay(self):
+        """Apply the journal's records that RocksDB's durable state does not hold yet (see
+        osd/journal.py), then make them durable in RocksDB."""
+        (sequence,) = struct.unpack(">Q", self._db.get(records.KEY_SEQUENCE))
+        raw = self._db.get(records.KEY_JOURNAL)
+        start = struct.unpack(">Q", raw)[0] if raw else 0
+        ring_bytes = self._journal.ring_bytes
+        region = bytearray(ring_bytes)
+        for offset in range(0, ring_bytes, DEVICE_IO_BYTES_MAX):
+            length = min(DEVICE_IO_BYTES_MAX, ring_bytes - offset)
+            view = await self.device.read(self.superblock.journal_start_bytes + offset, length)
+            region[offset:offset + length] = view
+            self.device.pool.put(view)
+        found = journal.scan(region, ring_bytes, start, sequence + 1, self._uuid_bytes)
+        if found and not await self._data_durable(found[-1]):
+            dropped = found.pop()
+            log.warning("store: the last journal record (sequences %d-%d) references data "
+                        "that did not reach the device; it was never acknowledged and is "
+                        "dropped", dropped.first, dropped.last)
+        for record in found:
+            batch = _batch(record.ops)
+            batch.put(records.KEY_JOURNAL, struct.pack(">Q", record.end))
+            self._db.write(batch, self._unsynced)
+        if found:
+            self._db.flush()
+            log.info("store: replayed %d journal records (sequences %d-%d)", len(found),
+                     found[0].first, found[-1].last)
+        self._journal.head = self._journal.tail = found[-1].end if found else start
+        self.replayed_records = len(found)
+
+    async def _data_durable(self, record):
+        """Whether every object the journal record writes has its blocks on the device."""
+        for op in record.ops:
+            if op[0] != journal.PUT or not op[1].startswith(records.PREFIX_OBJECT):
+                continue
+            object_record = ObjectRecord.decode(op[2])
+            if not object_record.block_count:
+                continue
+            collection, _, name = op[1][len(records.PREFIX_OBJECT):].partition(b"\x00")
+            try:
+                view = await self._read_blocks(collection.decode(), name.decode(),
+                                               object_record, 0, object_record.block_count)
+            except ChecksumError:
+                return False
+            self.device.pool.put(view)
+        return True
+
+    async def _commit_loop_synced(self):
+        """The commit loop of a store without a journal (format 1, or a tiny device).
 
         Two groups overlap: while group N's metadata write runs in the metadata thread, group
         N+1's device flush runs in the kernel. Everything else stays in order: N is acknowledged
@@ -958,69 +1186,76 @@ class Store:
         return began_ns, time.perf_counter_ns()
 
     def _start_group_write(self, group, timings):
-        """Build the group's metadata batch and hand it to the metadata thread; returns what
-        `_finish_group` needs, or None if the group failed."""
+        """Build the group's metadata batch and hand it to the metadata thread (a store without
+        a journal); returns what `_finish_group` needs, or None if the group failed."""
         if self._failure is not None:
             self._fail_group(group, self._failed_earlier())
             return None
         try:
-            batch = WriteBatch(raw_mode=True)
-            dirty = set()
-            sequence = self.sequence
-            now_ns = time.time_ns()
-            changed = set()
-            for plan in group:
-                sequence += 1
-                plan.sequence = sequence
-                for key, created in plan.collections.items():
-                    name = key[len(records.PREFIX_COLLECTION):].decode()
-                    if created:
-                        self._usage[name] = [0, 0, now_ns]
-                        changed.add(name)
-                    else:
-                        self._usage.pop(name, None)
-                        changed.discard(name)
-                        batch.delete(key)
-                for key, (collection, old) in plan.before.items():
-                    new = plan.records.get(key, old)    # a rename onto itself changes nothing
-                    usage = self._usage.get(collection)
-                    if usage is not None and new is not old:
-                        usage[0] += (new is not None) - (old is not None)
-                        usage[1] += (new.size if new is not None else 0) - \
-                            (old.size if old is not None else 0)
-                        changed.add(collection)
-                for change in plan.omap:
-                    if change[0] == "put":
-                        batch.put(change[1], change[2])
-                    elif change[0] == "delete":
-                        batch.delete(change[1])
-                    else:
-                        batch.delete_range(change[1], change[2])
-                for key, record in plan.records.items():
-                    if record is None:
-                        batch.delete(key)
-                    else:
-                        record.version = sequence       # a fresh record of this plan
-                        batch.put(key, record.encode())
-                dirty |= self.allocator.commit(plan.allocated, plan.freed)
-            for name in changed:
-                objects, size, created_ns = self._usage[name]
-                batch.put(records.collection_key(name), msgpack.packb(
-                    {"created_ns": created_ns, "objects": objects, "bytes": size}))
-            for index in sorted(dirty):
-                batch.put(records.bitmap_key(index), self.allocator.segment_bytes(index))
-            batch.put(records.KEY_SEQUENCE, struct.pack(">Q", sequence))
-            if self._omap_next != self._omap_persisted:
-                # Ids handed out by transactions not yet committed are covered too: an id is
-                # never reused, whatever happens to the transaction that took it.
-                self._omap_persisted = self._omap_next
-                batch.put(records.KEY_OMAP_NEXT, struct.pack(">Q", self._omap_next))
+            ops, sequence = self._group_ops(group)
             write = asyncio.get_running_loop().run_in_executor(
-                self._db_thread, self._db.write, batch, self._sync)
+                self._db_thread, self._db.write, _batch(ops), self._sync)
         except Exception as exc:
             self._poison(group, exc)
             return None
         return group, sequence, write, timings
+
+    def _group_ops(self, group):
+        """The group's metadata changes as journal ops (osd/journal.py), and its last sequence.
+        Numbers the group's transactions and commits their blocks in the allocator."""
+        ops = []
+        dirty = set()
+        sequence = self.sequence
+        now_ns = time.time_ns()
+        changed = set()
+        for plan in group:
+            sequence += 1
+            plan.sequence = sequence
+            for key, created in plan.collections.items():
+                name = key[len(records.PREFIX_COLLECTION):].decode()
+                if created:
+                    self._usage[name] = [0, 0, now_ns]
+                    changed.add(name)
+                else:
+                    self._usage.pop(name, None)
+                    changed.discard(name)
+                    ops.append((journal.DELETE, key))
+            for key, (collection, old) in plan.before.items():
+                new = plan.records.get(key, old)    # a rename onto itself changes nothing
+                usage = self._usage.get(collection)
+                if usage is not None and new is not old:
+                    usage[0] += (new is not None) - (old is not None)
+                    usage[1] += (new.size if new is not None else 0) - \
+                        (old.size if old is not None else 0)
+                    changed.add(collection)
+            for change in plan.omap:
+                if change[0] == "put":
+                    ops.append((journal.PUT, change[1], change[2]))
+                elif change[0] == "delete":
+                    ops.append((journal.DELETE, change[1]))
+                else:
+                    ops.append((journal.DELETE_RANGE, change[1], change[2]))
+            for key, record in plan.records.items():
+                if record is None:
+                    ops.append((journal.DELETE, key))
+                else:
+                    record.version = sequence       # a fresh record of this plan
+                    ops.append((journal.PUT, key, record.encode()))
+            dirty |= self.allocator.commit(plan.allocated, plan.freed)
+        for name in changed:
+            objects, size, created_ns = self._usage[name]
+            ops.append((journal.PUT, records.collection_key(name), msgpack.packb(
+                {"created_ns": created_ns, "objects": objects, "bytes": size})))
+        for index in sorted(dirty):
+            ops.append((journal.PUT, records.bitmap_key(index),
+                        self.allocator.segment_bytes(index)))
+        ops.append((journal.PUT, records.KEY_SEQUENCE, struct.pack(">Q", sequence)))
+        if self._omap_next != self._omap_persisted:
+            # Ids handed out by transactions not yet committed are covered too: an id is
+            # never reused, whatever happens to the transaction that took it.
+            self._omap_persisted = self._omap_next
+            ops.append((journal.PUT, records.KEY_OMAP_NEXT, struct.pack(">Q", self._omap_next)))
+        return ops, sequence
 
     async def _finish_group(self, group, sequence, write, timings):
         """Wait for the group's metadata write, then publish it and acknowledge its
@@ -1035,6 +1270,10 @@ class Store:
         began_ns, flushed_ns = timings
         self.flush_ns_total += flushed_ns - began_ns
         self.meta_commit_ns_total += time.perf_counter_ns() - flushed_ns
+        self._publish(group, sequence)
+
+    def _publish(self, group, sequence):
+        """The group is durable: make it the committed state and acknowledge it."""
         self.sequence = sequence
         for plan in group:
             for key, record in plan.records.items():
@@ -1089,7 +1328,25 @@ class Store:
                                  if self.commits_total else 0.0),
                 "meta_commit_ms_avg": (self.meta_commit_ns_total / self.commits_total / 1e6
                                        if self.commits_total else 0.0),
+                "journal": None if self._journal is None else {
+                    "bytes": self._journal.ring_bytes, "used_bytes": self._journal.used,
+                    "checkpoints_total": self.checkpoints_total,
+                    "past_journal_total": self.records_past_journal_total,
+                    "replayed_records": self.replayed_records},
                 "device": self.device.statistics()}
+
+
+def _batch(ops):
+    """A RocksDB write batch of journal ops (osd/journal.py)."""
+    batch = WriteBatch(raw_mode=True)
+    for op in ops:
+        if op[0] == journal.PUT:
+            batch.put(op[1], op[2])
+        elif op[0] == journal.DELETE:
+            batch.delete(op[1])
+        else:
+            batch.delete_range(op[1], op[2])
+    return batch
 
 
 def _chunks(start, length, block_size):

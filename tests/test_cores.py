@@ -13,6 +13,8 @@ from cairn.osd import records
 from cairn.osd.allocator import SEGMENT_BLOCKS, Allocator
 from cairn.osd.errors import InvalidArgument, NotAStore
 from cairn.osd.records import ObjectRecord
+from cairn.native.checksum import crc32c
+from cairn.osd import journal
 from cairn.osd.superblock import Superblock
 
 pytestmark = pytest.mark.unit
@@ -128,8 +130,71 @@ def test_superblock_round_trip_and_corruption():
         Superblock.decode(bytes(4096), "dev")
 
 
+def test_superblock_sizes_the_journal_and_reads_format_1():
+    """Format 2 keeps the commit journal between 1 MiB and the data start (1/32 of the
+    device, at most 64 MiB); a tiny device or journal=False gets none; a format 1 superblock
+    (no journal) still decodes, and one whose data start is not 1 MiB is refused."""
+    import struct
+    from cairn.osd import superblock as sb
+    assert Superblock.new(8 << 30).journal_bytes == 64 << 20
+    assert Superblock.new(8 << 20).journal_bytes == 256 << 10
+    assert Superblock.new(2 << 20).journal_bytes == 0
+    assert Superblock.new(8 << 30, journal=False).journal_bytes == 0
+    big = Superblock.new(8 << 30)
+    assert big.data_start_bytes == sb.DATA_START_BYTES + (64 << 20)
+    assert Superblock.decode(big.encode(), "dev") == big
+    old = Superblock(uuid=big.uuid, device_size_bytes=8 << 30, format_version=1)
+    assert Superblock.decode(old.encode(), "dev").journal_bytes == 0
+    bad = Superblock(uuid=big.uuid, device_size_bytes=8 << 30, format_version=1,
+                     data_start_bytes=big.data_start_bytes).encode()
+    with pytest.raises(NotAStore, match="data start"):
+        Superblock.decode(bad, "dev")
+    future = bytearray(big.encode())
+    struct.pack_into("<I", future, 8, 3)
+    struct.pack_into("<I", future, 48, crc32c(bytes(future[:48])))
+    with pytest.raises(NotAStore, match="version 3 is not supported"):
+        Superblock.decode(future, "dev")
+
+
+def test_journal_scan_takes_whole_consecutive_records_across_a_wrap():
+    """scan() follows records and wrap markers from a start position, and stops at a torn
+    record, one of another store, one left from an earlier lap, or a sequence gap."""
+    ring = 64 << 10
+    uuid, other = b"u" * 16, b"v" * 16
+    region = bytearray(ring)
+
+    def put(record, position):
+        region[position % ring:position % ring + len(record)] = record
+
+    ops = [[journal.PUT, b"Ok", b"v" * 5000], [journal.DELETE, b"Ox"]]
+    first = journal.encode(journal.KIND_GROUP, uuid, 56 << 10, 7, 8, journal.encode_payload(ops))
+    assert len(first) == 8 << 10                     # ends at the ring's end exactly
+    put(first, 56 << 10)
+    lap = ring + (0 << 10)
+    second = journal.encode(journal.KIND_GROUP, uuid, lap, 9, 9, journal.encode_payload([]))
+    put(second, lap)
+    found = journal.scan(region, ring, 56 << 10, 7, uuid)
+    assert [(r.position, r.first, r.last) for r in found] == [(56 << 10, 7, 8), (lap, 9, 9)]
+    assert found[0].ops == ops and found[1].end == lap + 4096
+    assert journal.scan(region, ring, 56 << 10, 6, uuid) == []          # a sequence gap
+    assert journal.scan(region, ring, 56 << 10, 7, other) == []         # another store
+    assert journal.scan(region, ring, (56 << 10) - ring, 7, uuid) == []   # an earlier lap
+    torn = bytearray(region)
+    torn[(56 << 10) + 3000] ^= 1
+    assert journal.scan(torn, ring, 56 << 10, 7, uuid) == []
+    # A record that does not fit before the ring's end goes after a wrap marker.
+    ring_state = journal.Ring(ring, 60 << 10)
+    assert ring_state.place(8 << 10) == (ring, 4 << 10)
+    region[60 << 10:(60 << 10) + 4096] = journal.encode(journal.KIND_WRAP, uuid, 60 << 10, 3, 3)
+    put(journal.encode(journal.KIND_GROUP, uuid, ring, 3, 3, journal.encode_payload([])), ring)
+    assert [r.position for r in journal.scan(region, ring, 60 << 10, 3, uuid)] == [ring]
+    # The ring refuses what would overwrite records a checkpoint has not covered yet.
+    ring_state.tail = ring_state.head - ring + (8 << 10)
+    assert ring_state.place(8 << 10) is None
+
+
 FORBIDDEN = {"asyncio", "socket", "os", "random", "time", "subprocess"}
-CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock",
+CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock", "cairn.osd.journal",
          "cairn.common.units", "cairn.common.limits", "cairn.common.placement",
          "cairn.common.clustermap", "cairn.common.config", "cairn.common.frame",
          "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat", "cairn.mon.raft",

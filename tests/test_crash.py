@@ -59,16 +59,17 @@ def random_txn(rng, state, names):
     return txn, effect
 
 
-async def crash_scenario(seed, meta):
+async def crash_scenario(seed, meta, journal=True, rounds=12, ops_max=150):
+    """One run of the property; returns the store's statistics just before the crash."""
     rng = random.Random(seed)
     device = MemoryBlockDevice(8 << 20, rng=random.Random(seed + 1))
-    await mkfs(device, meta)
+    await mkfs(device, meta, journal=journal)
     store = await Store.open(device, meta)
     await store.create_collection("c")
-    device.crash_after_ops = device.issued_ops + rng.randint(1, 150)
+    device.crash_after_ops = device.issued_ops + rng.randint(1, ops_max)
     acked = {}                       # the model: state after every acknowledged transaction
     unknown = []                     # (effect, before) of transactions with unknown outcome
-    for _ in range(12):
+    for _ in range(rounds):
         if device.crashed:
             break
         names = rng.sample(NAMES, rng.randint(1, 4))
@@ -87,6 +88,7 @@ async def crash_scenario(seed, meta):
                         acked.pop(name, None)
                     else:
                         acked[name] = value
+    statistics = store.statistics()
     device.crash()
     await store.abandon()
 
@@ -113,6 +115,7 @@ async def crash_scenario(seed, meta):
         assert report.clean, (seed, report.problems)
     finally:
         await store.close()
+    return statistics
 
 
 @pytest.mark.faults
@@ -122,6 +125,28 @@ async def crash_scenario(seed, meta):
 def test_crash_at_random_points(tmp_path_factory, seed):
     meta = str(tmp_path_factory.mktemp("crash") / "meta")
     run(crash_scenario(seed, meta))
+
+
+@pytest.mark.faults
+@given(seed=st.integers(0, 2**31))
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+def test_crash_at_random_points_without_a_journal(tmp_path_factory, seed):
+    """The same property for a store that syncs RocksDB per commit group (format 1)."""
+    meta = str(tmp_path_factory.mktemp("crash") / "meta")
+    run(crash_scenario(seed, meta, journal=False))
+
+
+@pytest.mark.faults
+@given(seed=st.integers(0, 2**31))
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+def test_crash_after_the_journal_wrapped_and_checkpointed(tmp_path_factory, seed):
+    """Long runs on the 256 KiB journal of an 8 MiB device: the ring wraps several times and
+    checkpoints move its tail before the crash, so replay starts mid-ring, after a wrap."""
+    meta = str(tmp_path_factory.mktemp("crash") / "meta")
+    statistics = run(crash_scenario(seed, meta, rounds=160, ops_max=2000))
+    assert statistics["journal"]["bytes"] == 256 << 10
 
 
 @pytest.mark.faults
