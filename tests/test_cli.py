@@ -30,8 +30,11 @@ def test_mkfs_refuses_to_overwrite_and_fsck_is_clean(disk_dir):
     made = cli("mkfs", "--device", path)
     assert made.returncode == 0, made.stderr
     assert "uuid" in made.stdout and os.path.isdir(path + ".meta")
+    assert "1M commit journal" in made.stdout               # 1/32 of 32 MiB
     again = cli("mkfs", "--device", path)
     assert again.returncode == 2 and "--force" in again.stderr
+    plain = cli("mkfs", "--device", path, "--force", "--no-journal")
+    assert plain.returncode == 0 and "no commit journal" in plain.stdout, plain.stderr
     assert cli("mkfs", "--device", path, "--force").returncode == 0
     checked = cli("fsck", "--device", path, "--deep", "--json")
     assert checked.returncode == 0, checked.stderr
