@@ -10,7 +10,9 @@
 `--size-dist LO-HI`, of a size drawn uniformly from LO..HI for each object (the same sizes on
 every read: they follow from the run and the object's number). `--objects N` cycles writes over N
 names; with `--fill` the write stores each of the N once and stops (no time limit; progress on
-stderr), the random-read set for `--op rand`.
+stderr), the random-read set for `--op rand`. Without `--objects`, a timed write still never
+fills the cluster: it writes at most half the objects the pool has room for below the nearfull
+ratio (`room_objects`), then overwrites them in turn, and says so on stderr.
 
 The JSON line has op, size_bytes (the mean with --size-dist), ops, seconds, MBps (10^6 bytes/s),
 iops, lat_ms_avg, lat_ms_p50, lat_ms_p99, lat_ms_p999, lat_ms_max, and cpu_s_per_1000_ops: CPU
@@ -122,8 +124,15 @@ async def run(args, say):
                     f"for {args.seconds:g} s")
             say(f"cairn bench cluster: write {what} x {args.concurrency} in flight {span} on "
                 f"pool {args.pool}")
+            cycle = 0
+            if not args.objects:
+                room = await room_objects(cluster, args.pool, sizes.largest)
+                if room is not None:
+                    cycle = max(room, args.concurrency)
+                    say(f"  at most {cycle} objects (half the pool's room below the nearfull "
+                        "ratio); later writes overwrite them in turn")
             cpu.start()
-            run_id, count, result = await _write(pool, args, sizes)
+            run_id, count, result = await _write(pool, args, sizes, cycle)
             result.update(cpu.per_1000(result["ops"]))
             last = {"run": run_id, "count": count, "size": sizes.size, "dist": sizes.dist,
                     "seed": sizes.seed}
@@ -223,14 +232,31 @@ async def _timed(args, op):
     return len(latencies), time.perf_counter() - started, latencies
 
 
-async def _write(pool, args, sizes):
-    """(run id, objects written, result) of a timed write, or of a fill of --objects N."""
+async def room_objects(cluster, pool_name, object_bytes):
+    """About how many objects of `object_bytes` the pool takes before its fullest OSD could
+    reach the nearfull ratio: half the room below nearfull over the OSDs (placement is not
+    perfectly even), in the pool's copies. None when no OSD has reported its capacity yet."""
+    df = (await cluster.monc.request({"op": "df"})).header
+    reported = [osd for osd in df["osds"] if osd["total_bytes"] and osd["in"]]
+    if not reported:
+        return None
+    pool = cluster.map.pools[pool_name]
+    copies = pool["size"] / pool["k"] if pool["kind"] == "erasure" else pool["size"]
+    room = sum(max(0.0, df["ratios"]["nearfull"] * osd["total_bytes"] - osd["used_bytes"])
+               for osd in reported)
+    return int(room / 2 / copies // max(object_bytes, 1))
+
+
+async def _write(pool, args, sizes, cycle=0):
+    """(run id, objects written, result) of a timed write, or of a fill of --objects N.
+    `cycle`: without --objects, the number of names a timed write cycles over (0: no bound)."""
     run_id = os.urandom(3).hex()
     data = memoryview(os.urandom(sizes.largest))
     written = [0]
+    cycle = args.objects or cycle
 
     async def put(index):
-        number = index % args.objects if args.objects else index
+        number = index % cycle if cycle else index
         size = sizes(number)
         await pool.put(f"bench.{run_id}.{number}", data[:size])
         written[0] += size
@@ -240,7 +266,7 @@ async def _write(pool, args, sizes):
     else:
         ops, elapsed, latencies = await _timed(args, put)
     # Every op ran to its end, so objects 0 .. count - 1 exist.
-    count = min(ops, args.objects) if args.objects else ops
+    count = min(ops, cycle) if cycle else ops
     return run_id, count, _result("write", sizes.mean, ops, elapsed, latencies, written[0])
 
 
