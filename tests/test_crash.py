@@ -118,19 +118,24 @@ async def crash_scenario(seed, meta, journal=True, rounds=12, ops_max=150):
     return statistics
 
 
+def crash_property(examples):
+    """Run a test over `examples` random seeds (hypothesis shrinks a failing one)."""
+    def decorate(test):
+        return given(seed=st.integers(0, 2**31))(settings(
+            max_examples=examples, deadline=None, suppress_health_check=[
+                HealthCheck.too_slow, HealthCheck.function_scoped_fixture])(test))
+    return decorate
+
+
 @pytest.mark.faults
-@given(seed=st.integers(0, 2**31))
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@crash_property(60)
 def test_crash_at_random_points(tmp_path_factory, seed):
     meta = str(tmp_path_factory.mktemp("crash") / "meta")
     run(crash_scenario(seed, meta))
 
 
 @pytest.mark.faults
-@given(seed=st.integers(0, 2**31))
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@crash_property(20)
 def test_crash_at_random_points_without_a_journal(tmp_path_factory, seed):
     """The same property for a store that syncs RocksDB per commit group (format 1)."""
     meta = str(tmp_path_factory.mktemp("crash") / "meta")
@@ -138,9 +143,7 @@ def test_crash_at_random_points_without_a_journal(tmp_path_factory, seed):
 
 
 @pytest.mark.faults
-@given(seed=st.integers(0, 2**31))
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@crash_property(12)
 def test_crash_after_the_journal_wrapped_and_checkpointed(tmp_path_factory, seed):
     """Long runs on the 256 KiB journal of an 8 MiB device: the ring wraps several times and
     checkpoints move its tail before the crash, so replay starts mid-ring, after a wrap."""
