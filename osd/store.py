@@ -8,19 +8,25 @@ Theory of operation (BlueStore's shape, smaller):
    nothing committed is ever overwritten in place), and writes the data with its crc32c per
    4 KiB block.
 2. Once its writes completed, the transaction joins the commit queue. The committer takes
-   everything queued, issues one device flush (so all those writes are durable), then writes one
-   synchronous RocksDB batch holding every record, deletion and allocator-bitmap segment of the
-   group. Only then are the transactions acknowledged. Many concurrent transactions therefore
-   share one flush and one metadata commit. The next group's flush runs while this group's
-   metadata write does (a flush only makes unreferenced blocks durable); everything after the
-   flush stays strictly one group at a time.
+   everything queued and builds one metadata batch: every record, deletion and allocator-bitmap
+   segment of the group. With a commit journal (format 2, osd/journal.py) it writes the batch as
+   one record into the journal ring on the device, issues one device flush (the group's data
+   and its record are then durable together), puts the batch into RocksDB without its WAL, and
+   acknowledges the group; background checkpoints make RocksDB durable and free the ring.
+   Without one (format 1) it flushes the device, then writes the batch synchronously to
+   RocksDB in a thread, and acknowledges; the next group's flush runs meanwhile (a flush only
+   makes unreferenced blocks durable). Either way many concurrent transactions share one
+   flush, and everything after the flush stays strictly one group at a time.
 3. Blocks a commit replaced or deleted are returned to the allocator only after the commit is
    durable and every read that started before it has finished (see `allocator.py`, rule 3).
 
 Crash safety follows from the order: data writes, flush, metadata commit, acknowledgement. A crash
 before the commit leaves the old records pointing at untouched old blocks, and the new blocks free
-in the durable bitmap. RocksDB's write batch is atomic, so a transaction is visible whole or not at
-all. Reads check every block's crc32c and never return bytes that fail it.
+in the durable bitmap. RocksDB's write batch is atomic, and a journal record is replayed whole or
+not at all, so a transaction is visible whole or not at all. With a journal, replay at open
+(`_replay`) applies the records RocksDB's durable state lacks; only the last one can have been
+written beside data its flush never made durable, so its objects' crc32c are checked first.
+Reads check every block's crc32c and never return bytes that fail it.
 
 Rules:
 - Every store-wide mutation happens in the committer (`_commit_loop`, one task) or under an
