@@ -4,6 +4,7 @@ replicated size 3, min_size 2)."""
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -194,6 +195,33 @@ def test_writes_below_min_size_are_refused_and_reads_continue(local_cluster):
                               "--cluster", cluster.dir, "--pool", "data", "--op", "rand",
                               "--fill"], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "--fill writes the --objects N objects" in refused.stderr
+
+
+def test_a_timed_bench_write_never_fills_the_cluster(local_cluster):
+    """Without --objects, `cairn bench cluster --op write` takes new names only up to half the
+    pool's room below the nearfull ratio, then overwrites them in turn: 1 MiB writes for 4 s
+    would fill 64 MiB devices several times over, and the run ends with every OSD below
+    nearfull and the objects it says it left."""
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="64M")
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
+    cluster.wait_for("capacity reported", lambda: all(
+        osd["total_bytes"] for osd in cluster.cairn("df")[1]["osds"]), 20)
+    done = subprocess.run([sys.executable, "-m", "cairn.client.cli", "bench", "cluster",
+                           "--cluster", cluster.dir, "--pool", "data", "--op", "write", "--size",
+                           "1M", "--concurrency", "4", "--seconds", "4", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    cap = int(re.search(r"at most (\d+) objects", done.stderr).group(1))
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 4 <= cap <= 31 and result["ops"] > cap, (cap, result["ops"])
+
+    async def listed():
+        async with await Cluster.connect(cluster.dir) as client:
+            names, _ = await client.pool("data").list(prefix="bench.")
+            return [name for name in names if name != "bench.last"]
+    assert len(run(listed())) == cap
+    df = cluster.cairn("df")[1]
+    assert all(osd["state"] == "ok" for osd in df["osds"]), df["osds"]
 
 
 def test_put_many_and_get_many_group_by_primary_with_bounded_depth(local_cluster):
