@@ -8,7 +8,6 @@ sees the change. Nothing here is reachable over the network.
 """
 
 import os
-import struct
 import uuid as uuid_module
 
 from rocksdict import AccessType, Options, Rdict
@@ -54,14 +53,12 @@ def find_object(meta_dir, name, collection=None, device_path=None, superblock=No
 
 def _journal_changes(device_path, superblock, db):
     """{object key: record bytes, or None if deleted} of the journal past RocksDB's files."""
-    (sequence,) = struct.unpack(">Q", db.get(records.KEY_SEQUENCE))
-    raw = db.get(records.KEY_JOURNAL)
+    sequence, start = records.durable_point(db)
     with open(device_path, "rb") as handle:
         handle.seek(superblock.journal_start_bytes)
         region = handle.read(superblock.journal_bytes)
     changes = {}
-    for record in journal.scan(region, superblock.journal_bytes,
-                               struct.unpack(">Q", raw)[0] if raw else 0, sequence + 1,
+    for record in journal.scan(region, superblock.journal_bytes, start, sequence + 1,
                                uuid_module.UUID(superblock.uuid).bytes):
         for op in record.ops:
             if op[1].startswith(records.PREFIX_OBJECT) and op[0] != journal.DELETE_RANGE:

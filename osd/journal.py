@@ -74,6 +74,22 @@ def encode(kind, uuid_bytes, position, first, last, payload=b""):
     return body + bytes(padded_length(len(payload)) - len(body))
 
 
+def _header(region, offset, position, next_sequence, uuid_bytes):
+    """(kind, first, last, payload length) if a record of this store for `position`, carrying
+    `next_sequence`, starts at `offset` of `region`; else None. The crc is not checked here."""
+    magic, kind, uuid, at, first, last, length = _HEADER.unpack_from(region, offset)
+    if magic != MAGIC or uuid != uuid_bytes or at != position or first != next_sequence or \
+            kind not in (KIND_GROUP, KIND_WRAP):
+        return None
+    return kind, first, last, length
+
+
+def starts(block, position, next_sequence, uuid_bytes):
+    """Whether the ring block read at `position` begins the record replay wants next (by its
+    header; `scan` checks the rest). False where a clean close or a checkpoint left the ring."""
+    return _header(block, 0, position, next_sequence, uuid_bytes) is not None
+
+
 def scan(region, ring_bytes, start, next_sequence, uuid_bytes):
     """The whole records of `region` (the ring's bytes) from logical position `start` on, with
     consecutive sequences from `next_sequence`, in order: [Record]. Stops at the first place
@@ -84,12 +100,13 @@ def scan(region, ring_bytes, start, next_sequence, uuid_bytes):
         offset = position % ring_bytes
         if ring_bytes - offset < HEADER_BYTES:
             break
+        fields = _header(region, offset, position, next_sequence, uuid_bytes)
+        if fields is None:
+            break
+        kind, first, last, length = fields
+        if length > ring_bytes - offset - HEADER_BYTES:
+            break
         head = bytes(region[offset:offset + _HEADER.size])
-        magic, kind, uuid, at, first, last, length = _HEADER.unpack(head)
-        if magic != MAGIC or uuid != uuid_bytes or at != position or first != next_sequence:
-            break
-        if kind not in (KIND_GROUP, KIND_WRAP) or length > ring_bytes - offset - HEADER_BYTES:
-            break
         (stored_crc,) = struct.unpack_from("<I", region, offset + _HEADER.size)
         payload = bytes(region[offset + HEADER_BYTES:offset + HEADER_BYTES + length])
         if crc32c(payload, crc32c(head)) != stored_crc:

@@ -165,6 +165,13 @@ class ObjectRecord:
                    mtime_ns=mtime_ns, omap_id=rest[0] if rest else 0)
 
 
+def durable_point(db):
+    """(last sequence, journal ring position to replay from) of a store's metadata `db`."""
+    (sequence,) = struct.unpack(">Q", db.get(KEY_SEQUENCE))
+    raw = db.get(KEY_JOURNAL)
+    return sequence, struct.unpack(">Q", raw)[0] if raw else 0
+
+
 def slice_extents(extents, first, count):
     """The device extents covering logical blocks [first, first + count), in order."""
     assert first >= 0 and count >= 0

@@ -213,7 +213,9 @@ class Store:
             if superblock.journal_bytes else None
         self._record_bytes_max = min(superblock.journal_bytes // 4, DEVICE_IO_BYTES_MAX)
         self._checkpoint = None             # the task of the running or last checkpoint
-        self._journal_buffer = None
+        # Journal records are written from this buffer (larger ones take a pool buffer).
+        self._journal_buffer = device.pool.get(JOURNAL_BUFFER_BYTES) \
+            if superblock.journal_bytes else None
         self.checkpoints_total = 0
         self.records_past_journal_total = 0
         self.replayed_records = 0
@@ -271,6 +273,7 @@ class Store:
             try:
                 await store._replay()
             except BaseException:
+                store._put_journal_buffer()
                 db.close()
                 raise
         store._load()
@@ -987,10 +990,7 @@ class Store:
                 self._committing = False
 
     async def _commit_journaled(self, group):
-        if self._failure is not None:
-            for plan in group:
-                self.allocator.unreserve(plan.allocated)
-            self._fail_group(group, self._failed_earlier())
+        if self._refused_after_failure(group):
             return
         began_ns = time.perf_counter_ns()
         try:
@@ -1001,19 +1001,15 @@ class Store:
                 # store without a journal does, after a checkpoint of everything before it.
                 await self.device.flush()
                 flushed_ns = time.perf_counter_ns()
-                batch = _batch(ops)
-                batch.put(records.KEY_JOURNAL, struct.pack(">Q", self._journal.head))
                 await asyncio.get_running_loop().run_in_executor(
-                    self._db_thread, self._write_past_journal, batch)
+                    self._db_thread, self._write_past_journal, _batch(ops, self._journal.head))
                 self._journal.tail = self._journal.head
                 self.records_past_journal_total += 1
             else:
                 head = await self._write_record(sequence - len(group) + 1, sequence, payload)
                 await self.device.flush()
                 flushed_ns = time.perf_counter_ns()
-                batch = _batch(ops)
-                batch.put(records.KEY_JOURNAL, struct.pack(">Q", head))
-                self._db.write(batch, self._unsynced)
+                self._db.write(_batch(ops, head), self._unsynced)
         except BaseException as exc:
             self._poison(group, exc)
             if isinstance(exc, asyncio.CancelledError):
@@ -1050,8 +1046,6 @@ class Store:
     async def _write_journal_bytes(self, position, data):
         """Write `data` (whole blocks) at ring `position`, from the store's own journal buffer
         when it fits (one aligned buffer kept for the store's life), else from a pool one."""
-        if self._journal_buffer is None:
-            self._journal_buffer = self.device.pool.get(JOURNAL_BUFFER_BYTES)
         own = len(data) <= len(self._journal_buffer)
         view = self._journal_buffer[:len(data)] if own else self.device.pool.get(len(data))
         try:
@@ -1083,10 +1077,17 @@ class Store:
     async def _replay(self):
         """Apply the journal's records that RocksDB's durable state does not hold yet (see
         osd/journal.py), then make them durable in RocksDB."""
-        (sequence,) = struct.unpack(">Q", self._db.get(records.KEY_SEQUENCE))
-        raw = self._db.get(records.KEY_JOURNAL)
-        start = struct.unpack(">Q", raw)[0] if raw else 0
+        sequence, start = records.durable_point(self._db)
         ring_bytes = self._journal.ring_bytes
+        first = await self.device.read(self.superblock.journal_start_bytes +
+                                       start % ring_bytes, self.block_size)
+        try:
+            anything = journal.starts(first, start, sequence + 1, self._uuid_bytes)
+        finally:
+            self.device.pool.put(first)
+        if not anything:        # a clean close, or a checkpoint after the last commit
+            self._journal.head = self._journal.tail = start
+            return
         region = bytearray(ring_bytes)
         for offset in range(0, ring_bytes, DEVICE_IO_BYTES_MAX):
             length = min(DEVICE_IO_BYTES_MAX, ring_bytes - offset)
@@ -1100,9 +1101,7 @@ class Store:
                         "that did not reach the device; it was never acknowledged and is "
                         "dropped", dropped.first, dropped.last)
         for record in found:
-            batch = _batch(record.ops)
-            batch.put(records.KEY_JOURNAL, struct.pack(">Q", record.end))
-            self._db.write(batch, self._unsynced)
+            self._db.write(_batch(record.ops, record.end), self._unsynced)
         if found:
             self._db.flush()
             log.info("store: replayed %d journal records (sequences %d-%d)", len(found),
@@ -1162,6 +1161,15 @@ class Store:
                     "the store stopped before this commit was confirmed"))
             raise
 
+    def _refused_after_failure(self, group):
+        """After the store failed, a group is refused whole (its reservations returned)."""
+        if self._failure is None:
+            return False
+        for plan in group:
+            self.allocator.unreserve(plan.allocated)
+        self._fail_group(group, self._failed_earlier())
+        return True
+
     def _fail_group(self, group, error):
         for plan in group:
             if not plan.future.done():
@@ -1176,10 +1184,7 @@ class Store:
     async def _flush_group(self, group):
         """Make the group's data durable; returns (start, end) in perf_counter ns, or None if
         the group failed (its futures then hold the error)."""
-        if self._failure is not None:
-            for plan in group:
-                self.allocator.unreserve(plan.allocated)
-            self._fail_group(group, self._failed_earlier())
+        if self._refused_after_failure(group):
             return None
         began_ns = time.perf_counter_ns()
         try:
@@ -1342,9 +1347,12 @@ class Store:
                 "device": self.device.statistics()}
 
 
-def _batch(ops):
-    """A RocksDB write batch of journal ops (osd/journal.py)."""
+def _batch(ops, journal_at=None):
+    """A RocksDB write batch of journal ops (osd/journal.py); `journal_at`: the ring position
+    replay starts from once this batch is durable (records.KEY_JOURNAL)."""
     batch = WriteBatch(raw_mode=True)
+    if journal_at is not None:
+        batch.put(records.KEY_JOURNAL, struct.pack(">Q", journal_at))
     for op in ops:
         if op[0] == journal.PUT:
             batch.put(op[1], op[2])
