@@ -165,7 +165,7 @@ class Cluster:
             self.direct_fallbacks_total += 1
             return await self._op(pool_name, name, header)
         self.direct_reads_total += 1
-        return dataclasses.replace(reply, payload=payload)
+        return reply.replace(payload=payload)
 
     async def _fetch_direct(self, pool, name, reply, plan):
         """The bytes a direct read plan describes (see `_read`); raises on any problem."""

@@ -144,6 +144,63 @@ def write_frame(transport, buffers):
         transport.writelines(buffers)
 
 
+_DIRECT = os.environ.get("CAIRN_OUTBOX_OFF") == "1"
+
+
+class Outbox:
+    """The frames one connection sends in one loop turn leave together, in one write call.
+
+    A transport writes at once when its buffer is empty: one send system call per frame. The
+    replies of one commit group, the replica writes a burst of client requests makes, and a
+    client's requests sent as their replies come in are all queued in the same turn; here they
+    wait for the end of that turn (one `call_soon`) and go out as one `writelines`: a third to a
+    tenth of the system calls at 16 ops in flight, and as many fewer wake-ups at the receiver.
+    Frames keep their order. `flush()` first, before the transport is closed."""
+
+    __slots__ = ("transport", "_call_soon", "_pending", "_pending_bytes", "_scheduled")
+
+    def __init__(self, transport):
+        self.transport = transport
+        self._call_soon = asyncio.get_running_loop().call_soon
+        self._pending = []
+        self._pending_bytes = 0
+        self._scheduled = False
+
+    def add(self, buffers, nbytes):
+        if _DIRECT:
+            write_frame(self.transport, buffers)
+            return
+        self._pending += buffers
+        self._pending_bytes += nbytes
+        if not self._scheduled:
+            self._scheduled = True
+            self._call_soon(self.flush)
+
+    def flush(self):
+        self._scheduled = False
+        if not self._pending:
+            return
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        if self.transport.is_closing():
+            return
+        try:
+            write_frame(self.transport, pending)
+        except (ConnectionError, OSError, RuntimeError) as exc:
+            # RuntimeError: uvloop refuses a write on a transport closed under us. The
+            # connection is gone either way; its owner hears of it from connection_lost.
+            log.info("dropping a connection whose write failed: %s", exc)
+            self.transport.abort()
+
+    def unsent_bytes(self):
+        """Bytes queued here or in the transport, not yet sent."""
+        return self._pending_bytes + self.transport.get_write_buffer_size()
+
+
+def _expire(future):
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 class Connection:
     """One TCP connection on which we send requests (and may receive pushes). Received frames
     land in our buffers without copies (common/wire.py)."""
@@ -156,6 +213,7 @@ class Connection:
         self._closed = None                 # the reason, once closed
         self._protocol = None
         self._transport = None
+        self._outbox = None                 # Outbox, once connected
         self._send_mac = None               # auth.FrameMac once the session is authenticated
         self.session = None                 # what the handshake learned (common/sessions.py)
 
@@ -177,14 +235,20 @@ class Connection:
             self._close("closed by peer")
             raise ConnectionClosed(f"connection to {self.addr} is closed")
         request_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._waiting[request_id] = future
+        # One timer handle per request, not an asyncio.timeout() (a profile of the client put
+        # its context manager at ~5% of a 4 KiB read).
+        deadline = loop.time() + timeout_s
+        timer = loop.call_at(deadline, _expire, future)
         try:
-            write_frame(self._transport, frame.encode(Kind.REQUEST, request_id, header, payload,
-                                                      self._send_mac, payload_crc))
-            async with asyncio.timeout(timeout_s):
-                await self._protocol.drain()
-                reply = await future
+            self._outbox.add(frame.encode(Kind.REQUEST, request_id, header, payload,
+                                          self._send_mac, payload_crc), 0)
+            if self._protocol.writing_paused:
+                async with asyncio.timeout_at(deadline):
+                    await self._protocol.drain()
+            reply = await future
         except TimeoutError:
             raise RequestTimeout(f"{header.get('op', 'request')} to {self.addr}: no reply in "
                                  f"{timeout_s:g} s") from None
@@ -193,6 +257,7 @@ class Connection:
             self._close(f"{exc}")
             raise ConnectionClosed(f"connection to {self.addr} lost: {exc}") from None
         finally:
+            timer.cancel()
             self._waiting.pop(request_id, None)
             if future.done() and not future.cancelled():
                 future.exception()          # retrieved: a close may have failed it meanwhile
@@ -226,6 +291,7 @@ class Connection:
         if self._closed is None:
             self._closed = reason
             if self._transport is not None:
+                self._outbox.flush()
                 self._transport.close()
         for future in self._waiting.values():
             if not future.done():
@@ -258,6 +324,7 @@ async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT,
     except OSError as exc:
         raise ConnectionClosed(f"cannot connect to {addr}: {exc.strerror or exc}") from None
     connection._transport = transport
+    connection._outbox = Outbox(transport)
     if authenticate is not None:
         try:
             await authenticate(connection)
@@ -313,6 +380,7 @@ class Peer:
 
     def __init__(self, transport):
         self._transport = transport
+        self._outbox = Outbox(transport)
         peername = transport.get_extra_info("peername")
         self.addr = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.ip = peername[0] if peername else None
@@ -331,7 +399,7 @@ class Peer:
         """Queue a PUSH frame (no wait; a peer that stops reading is dropped by the server's
         write-buffer limit)."""
         self.send(Kind.PUSH, 0, header, payload)
-        if not self.closed and self._transport.get_write_buffer_size() > frame.PAYLOAD_BYTES_MAX:
+        if not self.closed and self._outbox.unsent_bytes() > frame.PAYLOAD_BYTES_MAX:
             log.warning("dropping %s: it does not read its pushes", self.addr)
             self.close()
 
@@ -341,16 +409,18 @@ class Peer:
             self.closed = True
             return
         buffers = frame.encode(kind, request_id, header, payload, self.send_mac)
-        self.sent_total += sum(memoryview(buffer).nbytes for buffer in buffers)
-        write_frame(self._transport, buffers)
+        nbytes = sum(memoryview(buffer).nbytes for buffer in buffers)
+        self.sent_total += nbytes
+        self._outbox.add(buffers, nbytes)
 
     def unsent_bytes(self):
         """Bytes we queued that the transport has not sent yet."""
-        return 0 if self.closed else self._transport.get_write_buffer_size()
+        return 0 if self.closed else self._outbox.unsent_bytes()
 
     def close(self):
         if not self.closed:
             self.closed = True
+            self._outbox.flush()
             self._transport.close()
 
     def abort(self):
@@ -451,6 +521,10 @@ class _ServerConnection:
     async def reserve_reply(self, nbytes):
         """Wait until `nbytes` fit this connection's and the server's reply budgets; take them."""
         budgets = (self.reply_budget, self._server.reply_budget)
+        if budgets[0].fits(nbytes) and budgets[1].fits(nbytes):
+            budgets[0].force(nbytes)        # room already (the common case): no sweep first
+            budgets[1].force(nbytes)
+            return
         loop = asyncio.get_running_loop()
         while True:
             self._server.release_sent()

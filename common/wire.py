@@ -226,8 +226,7 @@ class FrameReceiver:
             if self._end - self._start < frame.FIXED_BYTES:
                 self._needed = frame.FIXED_BYTES
                 break
-            prefix = frame.decode_prefix(bytes(scratch[self._start:self._start +
-                                                       frame.FIXED_BYTES]))
+            prefix = frame.decode_prefix(scratch, self._start)
             self._check_limits(prefix)
             body_start = self._start + frame.FIXED_BYTES
             if self._end - body_start < prefix.header_bytes:

@@ -274,11 +274,8 @@ class ReplicatedBackend(PgBackend):
                          delete, bool(header.get("manifest")), bool(header.get("complete")))
 
     def reply_bytes(self, pg, name, offset=0, length=None):
-        try:
-            size = self.store.stat(pg.collection, name).size
-        except StoreError:
-            return 0
-        return _clamped(size, offset, length)
+        size = self.store.size_of(pg.collection, name)
+        return 0 if size is None else _clamped(size, offset, length)
 
     async def read(self, pg, name, offset=0, length=None):
         """(stat, bytes to send) of the local copy, zero-copy when large (see read_local). A

@@ -578,7 +578,7 @@ class PgRegistry:
 
     def present(self, pg, name):
         """Whether this OSD's copy of the PG has `name`."""
-        return self.local_record(pg, name) is not None
+        return self.store.size_of(pg.collection, name) is not None
 
     def exists(self, pg, name):
         """Whether the PG holds `name`, as this primary serves it (the missing set first)."""

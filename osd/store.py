@@ -49,7 +49,7 @@ import uuid as uuid_module
 
 import msgpack
 import numpy as np
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX,
                                  DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX,
@@ -133,9 +133,22 @@ def default_meta_dir(device_path, uuid):
     return os.fspath(device_path) + ".meta"
 
 
+# Bloom filters, in table files and in the memtable: every put looks up its object's record
+# first, and a new object's key is in no file. Measured with rocksdict (12 table files of 20,000
+# keys, lookups of absent keys between present ones): 3.7 us without a filter, 1.2 us with; in
+# a memtable of 200,000 keys 0.9 us without, 0.3 us with. Ten bits per key: 1% false positives.
+BLOOM_BITS_PER_KEY = 10
+MEMTABLE_BLOOM_RATIO = 0.02
+
+
 def _open_db(meta_dir, create):
     options = Options(raw_mode=True)
     options.create_if_missing(create)
+    table = BlockBasedOptions()
+    table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+    options.set_block_based_table_factory(table)
+    options.set_memtable_whole_key_filtering(True)
+    options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
     return Rdict(meta_dir, options=options)
 
 
@@ -510,6 +523,17 @@ class Store:
         return ObjectStat(name=name, size=record.size, version=record.version,
                           mtime_ns=record.mtime_ns, attrs=dict(record.attrs),
                           omap=record.omap_id != 0)
+
+    def size_of(self, collection, name):
+        """The committed size of an object, or None if there is none (no checks, no copies:
+        what a read reserves reply room by)."""
+        if self._closing or type(name) is not str or type(collection) is not str:
+            return None
+        try:
+            record = self._record(collection, name)
+        except UnicodeError:            # a name no object can have (the read then says why)
+            return None
+        return record.size if record is not None else None
 
     def omap_get(self, collection, name, keys):
         """{key: value} of those `keys` the object's omap holds (committed state)."""
