@@ -189,6 +189,8 @@ class Caps:
 
     def __init__(self, grants=()):
         self.grants = tuple(grants)
+        # Asked on every request: worked out once (a Caps is never changed).
+        self.admin = any(grant.kind == "admin" for grant in self.grants)
 
     @classmethod
     def parse(cls, texts):
@@ -198,10 +200,6 @@ class Caps:
 
     def texts(self):
         return [grant.text() for grant in self.grants]
-
-    @property
-    def admin(self):
-        return any(grant.kind == "admin" for grant in self.grants)
 
     def allows_mon(self, perm):
         return self.admin or any(grant.kind == "mon" and perm in grant.perms

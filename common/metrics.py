@@ -56,8 +56,9 @@ def histogram(name, documentation, labels, series):
 
 
 class OpLatency:
-    """Latency histograms of named operations, in native/latency.py's buckets (one numpy
-    increment per op: used for client ops, not device ops)."""
+    """Latency histograms of named operations, in native/latency.py's buckets: counts are
+    Python lists (one list increment per client op; a numpy element increment cost ten times
+    as much), turned into arrays when scraped."""
 
     def __init__(self):
         self._counts = {}
@@ -66,11 +67,11 @@ class OpLatency:
     def record(self, name, latency_ns):
         counts = self._counts.get(name)
         if counts is None:
-            counts = self._counts[name] = np.zeros(latency.BUCKETS, np.uint64)
+            counts = self._counts[name] = [0] * latency.BUCKETS
             self._sums[name] = 0
         counts[latency.bucket(latency_ns)] += 1
         self._sums[name] += latency_ns
 
     def series(self):
-        return [((name,), counts, self._sums[name] / 1e9)
+        return [((name,), np.asarray(counts, np.uint64), self._sums[name] / 1e9)
                 for name, counts in sorted(self._counts.items())]
