@@ -16,7 +16,6 @@ the network has a deadline (`timeout_s`), and requests in flight on one connecti
 import asyncio
 import collections
 import contextvars
-import itertools
 import logging
 import os
 import ssl
@@ -144,9 +143,6 @@ def write_frame(transport, buffers):
         transport.writelines(buffers)
 
 
-_DIRECT = os.environ.get("CAIRN_OUTBOX_OFF") == "1"
-
-
 class Outbox:
     """The frames one connection sends in one loop turn leave together, in one write call.
 
@@ -167,9 +163,6 @@ class Outbox:
         self._scheduled = False
 
     def add(self, buffers, nbytes):
-        if _DIRECT:
-            write_frame(self.transport, buffers)
-            return
         self._pending += buffers
         self._pending_bytes += nbytes
         if not self._scheduled:
@@ -196,11 +189,6 @@ class Outbox:
         return self._pending_bytes + self.transport.get_write_buffer_size()
 
 
-def _expire(future):
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
 class Connection:
     """One TCP connection on which we send requests (and may receive pushes). Received frames
     land in our buffers without copies (common/wire.py)."""
@@ -208,8 +196,9 @@ class Connection:
     def __init__(self, addr, on_push=None):
         self.addr = addr
         self._on_push = on_push
-        self._waiting = {}                  # request id -> future
-        self._ids = itertools.count(1)
+        self._waiting = {}                  # request id -> (future, timer handle)
+        self._next_id = 1
+        self._loop = None                   # the loop it was opened on
         self._closed = None                 # the reason, once closed
         self._protocol = None
         self._transport = None
@@ -225,46 +214,52 @@ class Connection:
     def closed(self):
         return self._closed is not None
 
-    async def request(self, header, payload=b"", timeout_s=REQUEST_TIMEOUT_S_DEFAULT,
+    def start_request(self, header, payload=b"", timeout_s=REQUEST_TIMEOUT_S_DEFAULT,
                       payload_crc=None):
-        """Send a request; the REPLY frame. Raises RequestFailed, RequestTimeout,
-        ConnectionClosed. `payload_crc`: the payload's crc32c if known (`frame.encode`)."""
+        """Send a request now (it leaves at the end of this loop turn); a future of its REPLY
+        frame, which fails with RequestFailed (an ERROR reply), RequestTimeout or
+        ConnectionClosed. No task is made: a primary starts its replica writes this way and
+        awaits them after its own. `payload_crc`: the payload's crc32c if known
+        (`frame.encode`). Raises ConnectionClosed at once on a closed connection."""
         if self._closed is not None:
             raise ConnectionClosed(f"connection to {self.addr} is closed: {self._closed}")
         if self._transport.is_closing():
             self._close("closed by peer")
             raise ConnectionClosed(f"connection to {self.addr} is closed")
-        request_id = next(self._ids)
-        loop = asyncio.get_running_loop()
+        buffers = frame.encode(Kind.REQUEST, self._next_id, header, payload, self._send_mac,
+                               payload_crc)
+        request_id = self._next_id
+        self._next_id += 1
+        loop = self._loop
         future = loop.create_future()
-        self._waiting[request_id] = future
-        # One timer handle per request, not an asyncio.timeout() (a profile of the client put
-        # its context manager at ~5% of a 4 KiB read).
-        deadline = loop.time() + timeout_s
-        timer = loop.call_at(deadline, _expire, future)
-        try:
-            self._outbox.add(frame.encode(Kind.REQUEST, request_id, header, payload,
-                                          self._send_mac, payload_crc), 0)
-            if self._protocol.writing_paused:
-                async with asyncio.timeout_at(deadline):
+        # One timer handle per request (an asyncio.timeout() context cost ~5% of a client's
+        # 4 KiB read); the reply, the timer or a close ends the entry, whichever comes first.
+        timer = loop.call_at(loop.time() + timeout_s, self._expire, request_id,
+                             header.get("op", "request"), timeout_s)
+        self._waiting[request_id] = (future, timer)
+        self._outbox.add(buffers, 0)
+        return future
+
+    async def request(self, header, payload=b"", timeout_s=REQUEST_TIMEOUT_S_DEFAULT,
+                      payload_crc=None):
+        """Send a request; the REPLY frame. Raises RequestFailed, RequestTimeout,
+        ConnectionClosed. `payload_crc`: the payload's crc32c if known (`frame.encode`)."""
+        future = self.start_request(header, payload, timeout_s, payload_crc)
+        if self._protocol.writing_paused:
+            try:
+                async with asyncio.timeout(timeout_s):
                     await self._protocol.drain()
-            reply = await future
-        except TimeoutError:
-            raise RequestTimeout(f"{header.get('op', 'request')} to {self.addr}: no reply in "
-                                 f"{timeout_s:g} s") from None
-        except (ConnectionError, OSError, RuntimeError) as exc:
-            # RuntimeError: uvloop refuses a write on a transport closed under us.
-            self._close(f"{exc}")
-            raise ConnectionClosed(f"connection to {self.addr} lost: {exc}") from None
-        finally:
-            timer.cancel()
-            self._waiting.pop(request_id, None)
-            if future.done() and not future.cancelled():
-                future.exception()          # retrieved: a close may have failed it meanwhile
-        if reply.kind == Kind.ERROR:
-            raise RequestFailed(str(reply.header.get("error", "error")),
-                                str(reply.header.get("message", "")))
-        return reply
+            except TimeoutError:
+                future.cancel()
+                raise RequestTimeout(f"{header.get('op', 'request')} to {self.addr}: could "
+                                     f"not send in {timeout_s:g} s") from None
+        return await future
+
+    def _expire(self, request_id, op, timeout_s):
+        entry = self._waiting.pop(request_id, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(RequestTimeout(f"{op} to {self.addr}: no reply in "
+                                                  f"{timeout_s:g} s"))
 
     def secure(self, send_key, receive_key):
         """From the next frame on, every frame each way carries a MAC under these keys."""
@@ -276,8 +271,17 @@ class Connection:
             if self._on_push is not None:
                 self._on_push(received)
             return
-        future = self._waiting.get(received.request_id)
-        if future is not None and not future.done():
+        entry = self._waiting.pop(received.request_id, None)
+        if entry is None:
+            return                          # timed out, or an id we never sent
+        future, timer = entry
+        timer.cancel()
+        if future.done():
+            return                          # its caller went away
+        if received.kind == Kind.ERROR:
+            future.set_exception(RequestFailed(str(received.header.get("error", "error")),
+                                               str(received.header.get("message", ""))))
+        else:
             future.set_result(received)
 
     def _on_error(self, exc):
@@ -293,7 +297,9 @@ class Connection:
             if self._transport is not None:
                 self._outbox.flush()
                 self._transport.close()
-        for future in self._waiting.values():
+        waiting, self._waiting = self._waiting, {}
+        for future, timer in waiting.values():
+            timer.cancel()
             if not future.done():
                 future.set_exception(ConnectionClosed(f"connection to {self.addr} lost: "
                                                       f"{reason}"))
@@ -324,6 +330,7 @@ async def connect(addr, on_push=None, timeout_s=CONNECT_TIMEOUT_S_DEFAULT,
     except OSError as exc:
         raise ConnectionClosed(f"cannot connect to {addr}: {exc.strerror or exc}") from None
     connection._transport = transport
+    connection._loop = asyncio.get_running_loop()
     connection._outbox = Outbox(transport)
     if authenticate is not None:
         try:
@@ -346,9 +353,16 @@ class ConnectionPool:
         self._connections = {}
         self._locks = {}
 
-    async def get(self, key, addr):
+    def ready(self, key, addr):
+        """The open connection to `key` at `addr`, or None (then `get` opens one)."""
         connection = self._connections.get(key)
         if connection is not None and not connection.closed and connection.addr == addr:
+            return connection
+        return None
+
+    async def get(self, key, addr):
+        connection = self.ready(key, addr)
+        if connection is not None:
             return connection
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:

@@ -172,13 +172,38 @@ class PgBackend(abc.ABC):
         return record, parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _replicate(self, osd_id, header, payload, passed=("no_space",), payload_crc=None):
+        await self._replica_outcome(osd_id, self._start_replica(osd_id, header, payload,
+                                                                payload_crc), passed)
+
+    def _start_replica(self, osd_id, header, payload, payload_crc=None):
+        """Send one replica write now: an awaitable of its reply. Over an open connection it
+        is the connection's reply future (no task: a primary's writes made three tasks each
+        with gather); else a task that connects first. Errors surface when it is awaited
+        (`_replica_outcome`)."""
         osd = self.service.map.osds.get(osd_id)
-        if osd is None or not osd["addr"]:
-            raise RequestFailed("again", f"replica osd.{osd_id} has no address; retry")
+        addr = osd["addr"] if osd is not None else None
+        connection = self.service.connections.ready(osd_id, addr) if addr else None
+        if connection is not None:
+            try:
+                return connection.start_request(header, payload, REPLICA_TIMEOUT_S,
+                                                payload_crc)
+            except ConnectionClosed:
+                pass                        # reopened below
+
+        async def connect_and_send():
+            if not addr:
+                raise ConnectionClosed(f"the map gives osd.{osd_id} no address")
+            connection = await self.service.connections.get(osd_id, addr)
+            return await connection.request(header, payload, timeout_s=REPLICA_TIMEOUT_S,
+                                            payload_crc=payload_crc)
+        return asyncio.ensure_future(connect_and_send())
+
+    @staticmethod
+    async def _replica_outcome(osd_id, reply, passed=("no_space",)):
+        """Await a replica write's reply; RequestFailed `again` for any failure but those
+        `passed` through as they are."""
         try:
-            connection = await self.service.connections.get(osd_id, osd["addr"])
-            await connection.request(header, payload, timeout_s=REPLICA_TIMEOUT_S,
-                                     payload_crc=payload_crc)
+            await reply
         except (ConnectionClosed, RequestTimeout) as exc:
             raise RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
                                 "retry after the map changes") from None
@@ -192,6 +217,28 @@ class PgBackend(abc.ABC):
         return {"op": "rep_delete" if plan.delete else "rep_put", "pool": pg.key[0],
                 "pg": pg.key[1], "name": plan.name, "version": plan.version,
                 "epoch": plan.epoch, "from": self.me, "manifest": plan.manifest, **fields}
+
+    async def _write_everywhere(self, local, remote):
+        """(this OSD committed, the first failure or None) of a write: `local` (the
+        coroutine applying it here) runs in this task while the replica writes `remote`
+        ([(osd id, reply awaitable)], `_start_replica`) are in flight; then their replies are
+        collected. As gather(return_exceptions=True) did, without a task per part."""
+        results = []
+        try:
+            try:
+                results.append(await local)
+            except Exception as exc:
+                results.append(exc)
+            for osd_id, reply in remote:
+                try:
+                    results.append(await self._replica_outcome(osd_id, reply))
+                except Exception as exc:
+                    results.append(exc)
+        except BaseException:
+            for _, reply in remote:
+                reply.cancel()              # cancelled ourselves: no one awaits these now
+            raise
+        return self._outcome(results)
 
     @staticmethod
     def _outcome(results):
@@ -249,10 +296,10 @@ class ReplicatedBackend(PgBackend):
         local = self.apply(pg, plan.name, payload, plan.version, plan.delete, plan.manifest,
                            plan.target(self.me).complete)
         crc = received_checksums(payload)[1]         # the client's, for the same bytes
-        remote = [self._replicate(target.osd, {**header, "complete": target.complete},
-                                  payload or b"", payload_crc=crc)
-                  for target in plan.targets if target.osd != self.me]
-        return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
+        remote = [(target.osd, self._start_replica(
+                      target.osd, {**header, "complete": target.complete}, payload or b"",
+                      crc)) for target in plan.targets if target.osd != self.me]
+        return await self._write_everywhere(local, remote)
 
     async def apply(self, pg, name, payload, version, delete, manifest=False, complete=False):
         """Apply one replicated write here with its log entry; `complete`: this OSD is a
@@ -481,11 +528,11 @@ class ErasureBackend(PgBackend):
                                    target.position, geometry, acked_to,
                                    None if plan.delete else layout.shard_bytes)
             else:
-                remote.append(self._replicate(
+                remote.append((target.osd, self._start_replica(
                     target.osd, {**header, "complete": target.complete,
-                                 "shard": target.position}, padded(pieces)))
+                                 "shard": target.position}, padded(pieces))))
         assert local is not None, "the primary is always a target of its writes"
-        return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
+        return await self._write_everywhere(local, remote)
 
     def _joined(self, pieces):
         """A shard given as pieces, as one whole-block buffer the store can write as it is

@@ -52,8 +52,24 @@ def object_prefix(collection, name_prefix=""):
     return PREFIX_OBJECT + collection.encode() + b"\x00" + name_prefix.encode()
 
 
+# The key prefix of each collection seen (a few hundred PG collections per OSD): every op
+# makes its object's key several times. Bounded: cleared when it reaches _PREFIXES_MAX.
+_PREFIXES = {}
+_PREFIXES_MAX = 65536
+
+
 def object_key(collection, name):
-    return object_prefix(collection, name)
+    prefix = _PREFIXES.get(collection)
+    if prefix is None:
+        prefix = object_prefix(collection)
+        try:
+            check_collection_name(collection)
+        except InvalidArgument:
+            return prefix + name.encode()   # a bad name's key finds nothing; never cached
+        if len(_PREFIXES) >= _PREFIXES_MAX:
+            _PREFIXES.clear()
+        _PREFIXES[collection] = prefix
+    return prefix + name.encode()
 
 
 def bitmap_key(segment_index):
@@ -101,6 +117,8 @@ def _check_name(kind, name, bytes_max):
 
 
 def check_collection_name(collection):
+    if type(collection) is str and collection in _PREFIXES:
+        return                          # only names that passed are cached (object_key)
     # NUL separates collection from object name in object keys (see the module docstring).
     if b"\x00" in _check_name("collection", collection, COLLECTION_NAME_BYTES_MAX):
         raise InvalidArgument("collection name must not contain NUL")

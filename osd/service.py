@@ -42,6 +42,7 @@ import logging
 import time
 
 from cairn.common import config, messenger
+from cairn.common.keylocks import KeyLocks
 from cairn.common.metrics import OpLatency
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
@@ -69,7 +70,7 @@ PG_READ_RANGES_MAX = 1024
 class ObjectService:
     def __init__(self, daemon):
         self.daemon = daemon
-        self._object_locks = {}             # (collection, name) -> [lock, users]
+        self._object_locks = KeyLocks()     # by (collection, name)
         self.collection_lock = asyncio.Lock()
         self.connections = messenger.ConnectionPool(      # osd id -> Connection
             authenticate=daemon.tickets.authenticate, tls=daemon.tls_client)
@@ -206,25 +207,11 @@ class ObjectService:
             yield
             return
         key = (collection, name)
-        entry = await self._locked(key)
+        await self._object_locks.acquire(key)
         try:
             yield
         finally:
-            self._unlock(key, entry)
-
-    async def _locked(self, key):
-        entry = self._object_locks.get(key)
-        if entry is None:
-            entry = self._object_locks[key] = [asyncio.Lock(), 0]
-        entry[1] += 1
-        await entry[0].acquire()
-        return entry
-
-    def _unlock(self, key, entry):
-        entry[0].release()
-        entry[1] -= 1
-        if entry[1] == 0:
-            del self._object_locks[key]
+            self._object_locks.release(key)
 
     # -- primary ops --------------------------------------------------------------------------------
 
@@ -270,14 +257,14 @@ class ObjectService:
         acting = pg.check_writable(pool["name"])
         pg = await self.registry.wait_active(pg.key)
         key = (pg.collection, name)
-        entry = await self._locked(key)
+        await self._object_locks.acquire(key)
         try:
             plan = await self._write_under_lock(pool, pg, acting, name, payload, delete,
                                                 manifest)
             self.ops_total += 1
             return {"version": plan.version, "epoch": plan.epoch}, b""
         finally:
-            self._unlock(key, entry)
+            self._object_locks.release(key)
 
     async def _write_under_lock(self, pool, pg, acting, name, payload, delete, manifest):
         self.registry.load_log(pg)
@@ -313,7 +300,7 @@ class ObjectService:
         await messenger.reserve_reply(self.backend(pool).reply_bytes(
             pg, name, header.get("offset", 0), header.get("length")))
         key = (pg.collection, name)
-        entry = await self._locked(key)            # no read of a write not yet everywhere
+        await self._object_locks.acquire(key)            # no read of a write not yet everywhere
         try:
             await self.registry.recover_now(pg, name)
             if not self.store.has_collection(pg.collection):
@@ -328,7 +315,7 @@ class ObjectService:
             else:
                 record, data = await backend.read(pg, name, offset, length)
         finally:
-            self._unlock(key, entry)
+            self._object_locks.release(key)
         reply = {"size": record.size, "version": pgs.version_of(record.attrs),
                  "manifest": pgs.MANIFEST_ATTR in record.attrs}
         if direct is not None:
@@ -408,7 +395,7 @@ class ObjectService:
         acting = pg.check_writable(pool["name"])
         pg = await self.registry.wait_active(pg.key)
         key = (pg.collection, name)
-        entry = await self._locked(key)
+        await self._object_locks.acquire(key)
         try:
             await self.registry.recover_now(pg, name)
             record = self.registry.local_record(pg, name)
@@ -433,7 +420,7 @@ class ObjectService:
             self.ops_total += 1
             return {"version": plan.version, "epoch": plan.epoch}, b""
         finally:
-            self._unlock(key, entry)
+            self._object_locks.release(key)
 
     async def _omap_read(self, header, read):
         """`read(pg, name)` under the object's lock, once the primary's copy is current."""

@@ -51,6 +51,7 @@ import msgpack
 import numpy as np
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
+from cairn.common.keylocks import KeyLocks
 from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX,
                                  DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX,
                                  OMAP_PAGE_ENTRIES_MAX)
@@ -237,7 +238,7 @@ class Store:
         self.allocator = Allocator(superblock.block_count)
         self.sequence = 0
         self.known_crcs_total = 0       # puts that took their block crcs from the caller
-        self._object_locks = {}          # object key -> [lock, users]
+        self._object_locks = KeyLocks()  # by object key
         self._collection_writers = collections.Counter()
         self._collections = set()            # committed collection names (loaded at open)
         # collection -> [objects, bytes of their sizes, created_ns]: kept in the collection's
@@ -691,15 +692,21 @@ class Store:
         return sequence
 
     async def _apply(self, txn):
-        keys = {records.object_key(op.collection, op.name) for op in txn.ops
-                if hasattr(op, "name")}
-        keys |= {records.object_key(op.target_collection, op.target_name) for op in txn.ops
-                 if type(op) is Rename}
+        keys, collections_written = set(), set()
+        for op in txn.ops:
+            kind = type(op)
+            if kind is CreateCollection or kind is RemoveCollection:
+                continue
+            keys.add(records.object_key(op.collection, op.name))
+            collections_written.add(op.collection)
+            if kind is Rename:
+                keys.add(records.object_key(op.target_collection, op.target_name))
+                collections_written.add(op.target_collection)
         keys = sorted(keys)
-        collections_written = {op.collection for op in txn.ops if hasattr(op, "name")}
-        collections_written |= {op.target_collection for op in txn.ops if type(op) is Rename}
         await self._lock(keys)
-        self._collection_writers.update(collections_written)
+        writers = self._collection_writers
+        for collection in collections_written:
+            writers[collection] += 1
         try:
             plan = await self._prepare(txn)
             try:
@@ -717,25 +724,26 @@ class Store:
             self._commit_wanted.set()
             return await plan.future
         finally:
-            self._collection_writers.subtract(collections_written)
+            for collection in collections_written:
+                writers[collection] -= 1
+                if not writers[collection]:
+                    del writers[collection]
             self._unlock(keys)
 
     async def _lock(self, keys):
-        for key in keys:
-            entry = self._object_locks.get(key)
-            if entry is None:
-                entry = self._object_locks[key] = [asyncio.Lock(), 0]
-            entry[1] += 1
-            await entry[0].acquire()
+        """Take the keys' locks in order (sorted keys: no deadlock between transactions)."""
+        taken = 0
+        try:
+            for key in keys:
+                await self._object_locks.acquire(key)
+                taken += 1
+        except BaseException:
+            self._unlock(keys[:taken])
+            raise
 
     def _unlock(self, keys):
         for key in keys:
-            entry = self._object_locks[key]
-            if entry[0].locked():
-                entry[0].release()
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._object_locks[key]
+            self._object_locks.release(key)
 
     async def _prepare(self, txn):
         plan = _Plan(records={}, collections={}, allocated=[], dropped=[], freed=[], writes=[],

@@ -72,6 +72,76 @@ def test_request_reply_errors_and_pushes():
     run(main())
 
 
+def test_frames_sent_in_one_loop_turn_leave_in_one_write_in_order():
+    """The Outbox: 50 requests started in one turn reach the transport as one writelines
+    call, their replies come back matched and in order, and a reply future that nobody waits
+    for any more (cancelled) does not disturb the rest."""
+    async def main():
+        server = await echo_server()
+        connection = await messenger.connect(addr_of(server))
+        writes = []
+        transport = connection._transport
+        original = transport.writelines
+
+        def counting(buffers):
+            writes.append(len(buffers))
+            return original(buffers)
+        transport.writelines = counting
+        try:
+            futures = [connection.start_request({"op": "echo", "value": i}, b"p" * i)
+                       for i in range(50)]
+            futures[7].cancel()
+            assert writes == []                 # nothing written before the turn ends
+            replies = await asyncio.gather(*(f for i, f in enumerate(futures) if i != 7))
+            assert writes[0] == 100             # 50 frames, header and payload each, one call
+            assert [r.header["got"] for r in replies] == [i for i in range(50) if i != 7]
+            assert all(r.payload == b"p" * r.header["got"] for r in replies)
+            assert connection._waiting == {}    # every entry ended, the cancelled one too
+        finally:
+            await connection.close()
+            server.close()
+            await server.wait_closed()
+    run(main())
+
+
+def test_key_locks_hand_over_in_arrival_order_and_survive_cancellation():
+    from cairn.common.keylocks import KeyLocks
+
+    async def main():
+        locks, order = KeyLocks(), []
+
+        async def holder(name, hold_s=0.01):
+            await locks.acquire("k")
+            try:
+                order.append(name)
+                await asyncio.sleep(hold_s)
+            finally:
+                locks.release("k")
+
+        first = asyncio.ensure_future(holder("a"))
+        await asyncio.sleep(0)
+        waiters = [asyncio.ensure_future(holder(name)) for name in "bcde"]
+        await asyncio.sleep(0)
+        waiters[1].cancel()                     # "c" leaves the line while waiting
+        await asyncio.gather(first, *waiters, return_exceptions=True)
+        assert order == ["a", "b", "d", "e"] and len(locks) == 0
+
+        # Cancelled just as the key was handed over: the key goes on to the next in line.
+        await locks.acquire("k")
+        handed = asyncio.ensure_future(locks.acquire("k"))
+        after = asyncio.ensure_future(locks.acquire("k"))
+        await asyncio.sleep(0)
+        locks.release("k")                      # hands to `handed`...
+        handed.cancel()                         # ...which is cancelled before it runs
+        await asyncio.wait_for(after, 1)
+        assert locks.held("k")
+        locks.release("k")
+        assert len(locks) == 0
+        with pytest.raises(KeyError):
+            locks.release("k")
+    run(main())
+
+
 def test_a_lost_connection_cancels_its_requests_except_those_that_must_finish():
     """A dropped client cancels what its requests were doing, unless a request declared it
     must finish (messenger.finish_even_if_lost: OSD ops that change the store); that one runs
