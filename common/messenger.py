@@ -395,6 +395,7 @@ class Peer:
     def __init__(self, transport):
         self._transport = transport
         self._outbox = Outbox(transport)
+        self.loop = asyncio.get_running_loop()
         peername = transport.get_extra_info("peername")
         self.addr = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.ip = peername[0] if peername else None
@@ -523,8 +524,9 @@ class _ServerConnection:
                             "message": f"a server expects requests, not {received.kind.name}"})
             self.peer.close()
             return
-        task = asyncio.get_running_loop().create_task(
-            _answer(self, self._handler, received))
+        slot = [0, None]                    # reply bytes reserved, the task (see _answer)
+        task = self.peer.loop.create_task(_answer(self, self._handler, received, slot))
+        slot[1] = task
         self._tasks.add(task)
         task.add_done_callback(lambda done: self._done(done, received))
         if len(self._tasks) >= SERVER_REQUESTS_PER_CONNECTION_MAX:
@@ -748,8 +750,11 @@ def finish_even_if_lost():
     stop between the store's commit and the daemon's record of it (a replica once committed a
     write, was cancelled before it counted it, and told the next primary it did not have it),
     nor free its received buffer while the store still writes from it."""
-    serving, task = _serving.get(), asyncio.current_task()
-    if serving is not None and task in serving[0]._tasks:   # not a local call in another task
+    serving = _serving.get()
+    if serving is None:
+        return
+    task = serving[1][1]                # the request's task (a task it started may call this)
+    if task in serving[0]._tasks:
         serving[0]._to_finish.add(task)
 
 
@@ -767,8 +772,8 @@ def received_checksums(payload):
     return received.block_crcs, received.payload_crc
 
 
-async def _answer(connection, handler, received):
-    peer, slot = connection.peer, [0]
+async def _answer(connection, handler, received, slot):
+    peer = connection.peer
     _serving.set((connection, slot, received))
     try:
         await _respond(peer, handler, received)

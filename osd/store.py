@@ -74,6 +74,7 @@ META_ROOT_DEFAULT = "/var/lib/cairn"
 # Decoded object records kept in memory (BlueStore's onode cache). A 4 MiB object's record is
 # about 4.1 KiB (its crcs), so 16,384 entries cost at most ~70 MiB; small objects far less.
 RECORD_CACHE_ENTRIES_MAX = 16_384
+_UNCACHED = object()       # a record cache miss (None in the cache: known absent)
 # A store with a journal makes RocksDB durable (a checkpoint) when the ring is half used, and
 # after this long without a commit, so replay after a crash stays short and read-only readers
 # of the metadata (cairn-osd bitrot) see recent objects.
@@ -393,20 +394,20 @@ class Store:
     def _record(self, collection, name):
         """The committed record of an object, or None; through the record cache.
 
-        The cache holds decoded records of committed state only: `_finish_group` replaces or
+        The cache holds decoded records of committed state only, absence too (None: a new
+        object's put looks its key up on the primary and again in the store; RocksDB answers a
+        key it does not hold only after its filters): `_finish_group` replaces or
         drops the entries of every key it commits, right after the RocksDB write and before
         anything else runs on the loop, so a lookup can never see a stale entry. (A lookup
         racing the write in the metadata thread may cache the old record, which the commit's
         update then overwrites.)"""
         key = records.object_key(collection, name)
-        record = self._cache.get(key)
-        if record is not None:
+        record = self._cache.get(key, _UNCACHED)
+        if record is not _UNCACHED:
             self._cache.move_to_end(key)
             return record
         raw = self._db.get(key)
-        if raw is None:
-            return None
-        record = ObjectRecord.decode(raw)
+        record = ObjectRecord.decode(raw) if raw is not None else None
         self._cache_put(key, record)
         return record
 
@@ -1324,10 +1325,7 @@ class Store:
         self.sequence = sequence
         for plan in group:
             for key, record in plan.records.items():
-                if record is None:
-                    self._cache.pop(key, None)
-                else:
-                    self._cache_put(key, record)
+                self._cache_put(key, record)      # None: known absent
             for key, created in plan.collections.items():
                 name = key[len(records.PREFIX_COLLECTION):].decode()
                 if created:
