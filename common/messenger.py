@@ -189,6 +189,17 @@ class Outbox:
         return self._pending_bytes + self.transport.get_write_buffer_size()
 
 
+class _NoTimer:
+    """A request without a deadline (timeout_s None)."""
+
+    @staticmethod
+    def cancel():
+        pass
+
+
+_NO_TIMER = _NoTimer()
+
+
 class Connection:
     """One TCP connection on which we send requests (and may receive pushes). Received frames
     land in our buffers without copies (common/wire.py)."""
@@ -234,8 +245,9 @@ class Connection:
         future = loop.create_future()
         # One timer handle per request (an asyncio.timeout() context cost ~5% of a client's
         # 4 KiB read); the reply, the timer or a close ends the entry, whichever comes first.
-        timer = loop.call_at(loop.time() + timeout_s, self._expire, request_id,
-                             header.get("op", "request"), timeout_s)
+        timer = _NO_TIMER if timeout_s is None else loop.call_at(
+            loop.time() + timeout_s, self._expire, request_id, header.get("op", "request"),
+            timeout_s)
         self._waiting[request_id] = (future, timer)
         self._outbox.add(buffers, 0)
         return future
