@@ -6,6 +6,7 @@ machines; the namespaces share this machine's filesystem, so file devices stand 
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -412,8 +413,9 @@ def rolling_restart_under_load(directory, path):
 
 def add_host_under_load(directory, group, spec, tmp_path):
     """`add-host HOSTS h5` while a client writes and reads: h5's OSD joins at weight 0 and
-    reaches 1.0 in several steps, the misplaced share sampled from the monitors never passes
-    the 5% limit, no read is wrong, and the cluster ends clean."""
+    reaches 1.0 in several steps, each planned to move at most 5% of the PG copies (the
+    contract of --max-misplaced), the misplaced share of objects sampled from the monitors
+    stays near that, no read is wrong, and the cluster ends clean."""
     spec = dict(spec, h5={"devices": [str(tmp_path / "disks" / "h5" / "osd0.img")]})
     (tmp_path / "disks" / "h5").mkdir(parents=True)
     path = group.hosts_file(spec, install_dir=str(tmp_path / "opt"),
@@ -427,7 +429,13 @@ def add_host_under_load(directory, group, spec, tmp_path):
     assert "h5: 1 OSDs started at weight 0" in done.stdout
     assert done.stdout.count("step ") >= 3 and "is in at weight 1 after" in done.stdout
     assert seen["ops"] > 50 and not seen["wrong"] and not seen["unavailable"], seen
-    assert max(seen["misplaced"]) <= 0.05, sorted(seen["misplaced"])[-5:]
+    planned = [float(share) / 100 for share in
+               re.findall(r"\(([0-9.]+)% of PG copies move", done.stdout)]
+    assert planned and max(planned) <= 0.05, done.stdout
+    # The monitors count objects, not PG copies: with the ~60 objects here a PG copy holds 0 to
+    # 5 of them, so a step within 5% of the copies moved up to 6.1% of the objects once in CI
+    # (11 of 180). Raising h5 to full weight at once would move about a fifth of them.
+    assert max(seen["misplaced"]) <= 0.08, sorted(seen["misplaced"])[-5:]
     tree = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", directory,
                            "--json", "osd", "tree"], capture_output=True, text=True, timeout=60)
     osds = json.loads(tree.stdout.strip().splitlines()[-1])["osds"]
