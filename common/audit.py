@@ -16,6 +16,9 @@ import os
 import time
 
 FLUSH_INTERVAL_S = 1.0
+# One encoder for every event: json.dumps with separators builds a new one per call, and an
+# OSD appends an event per write.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 FILE_BYTES_MAX = 64 << 20
 READ_EVENTS_MAX = 10_000
 AUDIT_KEPT = 10_000
@@ -42,7 +45,7 @@ class AuditFile:
         self.events_total = 0
 
     def append(self, found):
-        self._pending.append(json.dumps(found, separators=(",", ":")))
+        self._pending.append(_ENCODE(found))
         self.events_total += 1
         if time.monotonic() - self._flushed_at >= FLUSH_INTERVAL_S:
             self.flush()
