@@ -20,6 +20,7 @@ import logging
 import os
 import ssl
 import time
+import weakref
 
 from cairn.common import auth, frame, wire
 from cairn.common.frame import Kind, RemoteProtocolError
@@ -536,9 +537,12 @@ class _ServerConnection:
                             "message": f"a server expects requests, not {received.kind.name}"})
             self.peer.close()
             return
-        slot = [0, None]                    # reply bytes reserved, the task (see _answer)
+        # Reply bytes reserved, and the task (see _answer): a weak reference, since the task's
+        # context holds this slot; a strong one made a cycle that kept every received payload
+        # alive until the cyclic collector ran (OSD RSS 850 MiB after 4 MiB writes, not 180).
+        slot = [0, None]
         task = self.peer.loop.create_task(_answer(self, self._handler, received, slot))
-        slot[1] = task
+        slot[1] = weakref.ref(task)
         self._tasks.add(task)
         task.add_done_callback(lambda done: self._done(done, received))
         if len(self._tasks) >= SERVER_REQUESTS_PER_CONNECTION_MAX:
@@ -765,8 +769,8 @@ def finish_even_if_lost():
     serving = _serving.get()
     if serving is None:
         return
-    task = serving[1][1]                # the request's task (a task it started may call this)
-    if task in serving[0]._tasks:
+    task = serving[1][1]()              # the request's task (a task it started may call this)
+    if task is not None and task in serving[0]._tasks:
         serving[0]._to_finish.add(task)
 
 

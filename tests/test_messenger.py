@@ -104,6 +104,31 @@ def test_frames_sent_in_one_loop_turn_leave_in_one_write_in_order():
     run(main())
 
 
+def test_a_served_request_leaves_nothing_for_the_cycle_collector():
+    """Once answered, a request's frame (and its payload buffer) is freed by reference
+    counting alone: a reference cycle through the task's context once kept every received
+    payload alive until the cyclic collector ran (850 MiB of OSD RSS after 4 MiB writes)."""
+    import gc
+
+    async def main():
+        server = await echo_server()
+        connection = await messenger.connect(addr_of(server))
+        gc.collect()
+        gc.disable()
+        try:
+            for i in range(20):
+                await connection.request({"op": "echo", "value": i}, b"x" * 100_000)
+            await asyncio.sleep(0.05)
+            alive = sum(1 for thing in gc.get_objects() if type(thing) is frame.Frame)
+            assert alive <= 2, f"{alive} frames wait for the cycle collector"
+        finally:
+            gc.enable()
+            await connection.close()
+            server.close()
+            await server.wait_closed()
+    run(main())
+
+
 def test_key_locks_hand_over_in_arrival_order_and_survive_cancellation():
     from cairn.common.keylocks import KeyLocks
 
