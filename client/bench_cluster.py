@@ -63,9 +63,30 @@ def add_parser(kinds):
                        "that does not fill the OSDs; default 0: a new object per op)")
     bench.add_argument("--fill", action="store_true", help="write: store each of the --objects "
                        "N objects once and stop (the set --op rand reads from)")
+    bench.add_argument("--run-name", type=_run_name, default=None, metavar="NAME",
+                       help="record the run as bench.last.NAME, not bench.last: benches run at "
+                       "once on one pool each read back (and clean up) their own objects")
     bench.add_argument("--size-dist", type=_size_range, default=None, metavar="LO-HI",
                        help="object sizes drawn uniformly from LO..HI (e.g. 10K-100K) instead "
                        "of --size")
+
+
+def _run_name(text):
+    if not text or len(text) > 64 or not all(c.isalnum() or c in "-_." for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r}: 1 to 64 letters, digits, '-', '_' or '.'")
+    return text
+
+
+def _last_run_object(args):
+    return f"{LAST_RUN_OBJECT}.{args.run_name}" if args.run_name else LAST_RUN_OBJECT
+
+
+async def _forget_run(pool, record):
+    """Delete the run's record; another bench cleaning up the same record got there first."""
+    try:
+        await pool.delete(record)
+    except ObjectNotFound:
+        pass
 
 
 def _size_range(text):
@@ -136,16 +157,17 @@ async def run(args, say):
             result.update(cpu.per_1000(result["ops"]))
             last = {"run": run_id, "count": count, "size": sizes.size, "dist": sizes.dist,
                     "seed": sizes.seed}
-            await pool.put(LAST_RUN_OBJECT, msgpack.packb(last))
+            await pool.put(_last_run_object(args), msgpack.packb(last))
             if args.cleanup:
                 await _delete_all(pool, _names(last))
-                await pool.delete(LAST_RUN_OBJECT)
+                await _forget_run(pool, _last_run_object(args))
         else:
             try:
-                last = msgpack.unpackb(await pool.get(LAST_RUN_OBJECT))
+                last = msgpack.unpackb(await pool.get(_last_run_object(args)))
             except ObjectNotFound:
+                run = f" with --run-name {args.run_name}" if args.run_name else ""
                 raise SystemExit(f"cairn bench cluster: no objects to read in pool {args.pool}; "
-                                 "run --op write first") from None
+                                 f"run --op write{run} first") from None
             names = _names(last)
             sizes = Sizes(last["size"], last.get("dist"), last.get("seed", 0))
             say(f"cairn bench cluster: {args.op} of {len(names)} objects x {args.concurrency} "
@@ -155,7 +177,7 @@ async def run(args, say):
             result.update(cpu.per_1000(result["ops"]))
             if args.cleanup:
                 await _delete_all(pool, names)
-                await pool.delete(LAST_RUN_OBJECT)
+                await _forget_run(pool, _last_run_object(args))
         return result
     finally:
         await cluster.close()

@@ -3,7 +3,9 @@
 - `cairn status`, `cairn osd tree|out|in|down`, `cairn pool create|ls|rm`, `cairn map POOL OBJECT`,
   `cairn config set|get|rm`: cluster administration through the monitors (client/admin.py).
 - `cairn put|get|ls|rm|stat POOL [NAME] [FILE]`: objects through the client library
-  (client/objects_cli.py); `cairn bench cluster ...`: throughput like `rados bench`.
+  (client/objects_cli.py); `cairn bench cluster ...`: throughput like `rados bench`;
+  `cairn bench mount ...`, `cairn bench checkpoint ...`: the mount, and checkpoint staging from
+  GPU memory, against the object path.
 - `cairn mount POOL[/PATH] MOUNTPOINT`, `cairn umount MOUNTPOINT`: the file namespace with
   FUSE (client/mount.py); `cairn fsck POOL`: check and repair it (client/fs_check.py).
 - `cairn auth add|ls|get|get-key|caps|rm`: entities, keys and caps (client/admin.py);
@@ -18,8 +20,8 @@ import argparse
 import os
 import sys
 
-from cairn.client import (admin, audit_cli, bench_cluster, bench_mount, fs_cli, mount,
-                          objects_cli, placement_tool)
+from cairn.client import (admin, audit_cli, bench_checkpoint, bench_cluster, bench_mount, fs_cli,
+                          mount, objects_cli, placement_tool)
 
 
 def build_parser():
@@ -33,11 +35,12 @@ def build_parser():
     mount.add_parsers(commands, admin.common_options(top_level=False))
     fs_cli.add_parsers(commands, admin.common_options(top_level=False))
     audit_cli.add_parsers(commands, admin.common_options(top_level=False))
-    bench = commands.add_parser("bench", help="benchmarks: 'cairn bench cluster|device|store "
-                                "--help'")
+    bench = commands.add_parser("bench", help="benchmarks: 'cairn bench "
+                                "cluster|mount|checkpoint|device|store --help'")
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
     bench_cluster.add_parser(kinds)
     bench_mount.add_parser(kinds)
+    bench_checkpoint.add_parser(kinds)
     for kind in ("device", "store"):
         kinds.add_parser(kind, help=f"the {kind} benchmark of cairn-osd (see 'cairn-osd bench "
                          f"{kind} --help')", add_help=False)
@@ -56,7 +59,8 @@ def main(argv=None):
 
 def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"] and argv[1:2] not in (["cluster"], ["mount"], ["-h"], ["--help"]):
+    if argv[:1] == ["bench"] and argv[1:2] not in (["cluster"], ["mount"], ["checkpoint"], ["-h"],
+                                                    ["--help"]):
         os.execv(sys.executable, [sys.executable, "-m", "cairn.osd.cli", "bench", *argv[1:]])
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -78,6 +82,8 @@ def _main(argv):
         return fs_cli.main(args)
     if args.command in audit_cli.COMMANDS:
         return audit_cli.main(args)
+    if args.command == "bench" and args.kind == "checkpoint":
+        return bench_checkpoint.main(args)
     if args.command == "bench" and args.kind == "mount":
         return bench_mount.main(args)
     if args.command == "bench":

@@ -197,6 +197,49 @@ def test_writes_below_min_size_are_refused_and_reads_continue(local_cluster):
     assert refused.returncode != 0 and "--fill writes the --objects N objects" in refused.stderr
 
 
+def test_benches_run_at_once_on_one_pool_keep_to_their_own_runs(local_cluster):
+    """Several clients benching one pool at once (as a many-client load test does): each
+    `--run-name` records its run apart, reads back its own objects and cleans up only them;
+    a run without one whose shared record another run already removed still ends cleanly."""
+    cluster = local_cluster(hosts=3, osds_per_host=1)
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
+
+    def start(*args):
+        return subprocess.Popen([sys.executable, "-m", "cairn.client.cli", "bench", "cluster",
+                                 "--cluster", cluster.dir, "--pool", "data", "--json", *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(process):
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        return json.loads(out.strip().splitlines()[-1])
+    writers = [start("--op", "write", "--size", "4K", "--objects", str(count), "--fill",
+                     "--run-name", name) for name, count in (("a", 30), ("b", 40))]
+    assert [finish(process)["ops"] for process in writers] == [30, 40]
+
+    async def listed():
+        async with await Cluster.connect(cluster.dir) as client:
+            names, _ = await client.pool("data").list(prefix="bench.")
+            return names
+    names = run(listed())
+    assert {"bench.last.a", "bench.last.b"} <= set(names) and len(names) == 72
+    read_a = finish(start("--op", "seq", "--seconds", "0.5", "--run-name", "a", "--cleanup"))
+    assert read_a["ops"] > 0
+    assert len(run(listed())) == 41 and "bench.last.b" in run(listed())
+    missing = start("--op", "seq", "--seconds", "0.5", "--run-name", "a")
+    missing.communicate(timeout=60)
+    assert missing.returncode != 0
+    both = [start("--op", "write", "--size", "4K", "--seconds", "1", "--cleanup")
+            for _ in range(2)]
+    assert all(finish(process)["ops"] > 0 for process in both)
+    finish(start("--op", "seq", "--seconds", "0.5", "--run-name", "b", "--cleanup"))
+    assert run(listed()) == []
+    bad = subprocess.run([sys.executable, "-m", "cairn.client.cli", "bench", "cluster",
+                          "--cluster", cluster.dir, "--pool", "data", "--run-name", "a/b"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--run-name" in bad.stderr
+
+
 def test_a_timed_bench_write_never_fills_the_cluster(local_cluster):
     """Without --objects, `cairn bench cluster --op write` takes new names only up to half the
     pool's room below the nearfull ratio, then overwrites them in turn: 1 MiB writes for 4 s

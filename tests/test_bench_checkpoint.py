@@ -1,0 +1,83 @@
+"""`cairn bench checkpoint` on a real cluster with CPU tensors (the GPU run is the same code with
+--device cuda; its figures are in the README), and its restore check on a pool that lies."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (cluster-scripts/setup.sh "
+                            "installs the CPU build where it can)")
+
+from cairn.client import bench_checkpoint  # noqa: E402  (after the skip above)
+
+
+def bench(cluster, *args):
+    result = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
+                             "bench", "checkpoint", "--json", *args],
+                            capture_output=True, text=True, timeout=120)
+    return result.returncode, json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+@pytest.mark.cluster
+def test_checkpoint_bench_stages_writes_restores_equal_and_leaves_nothing(local_cluster):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M")
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
+    code, result, stderr = bench(cluster, "--pool", "data", "--device", "cpu", "--size", "48M",
+                                 "--tensor-size", "16M", "--chunk", "4M")
+    assert code == 0, stderr
+    assert result["device"] == "cpu" and result["tensors"] == 3
+    assert result["size_bytes"] == 48 << 20
+    assert result["restore_equal"] is True and result["restore_unequal"] == []
+    for phase in ("pageable", "pinned", "write", "restore", "bounded"):
+        assert result[f"{phase}_GBps"] > 0, phase
+    assert "every tensor equal" in stderr
+    # Everything it wrote (3 tensors, 12 bounded chunks, their stripes) is gone again.
+    assert cluster.cairn("ls", "data")[1]["names"] == []
+
+    code, result, _ = bench(cluster, "--pool", "missing", "--device", "cpu", "--size", "4M")
+    assert code == 2 and result["error"] == "client_error" and "missing" in result["message"]
+    code, result, _ = bench(cluster, "--pool", "data", "--size", "0")
+    assert code == 2 and result["error"] == "invalid"
+    if not torch.cuda.is_available():
+        code, result, _ = bench(cluster, "--pool", "data", "--device", "cuda")
+        assert code == 2 and result["error"] == "no_device"
+
+
+class LyingPool:
+    """Serves what was put, except that one object comes back with one byte changed."""
+
+    def __init__(self, flip):
+        self.objects = {}
+        self.flip = flip
+
+    async def put_stream(self, name, source):
+        self.objects[name] = bytes(source)
+
+    async def get_stream(self, name):
+        data = bytearray(self.objects[name])
+        if name == self.flip:
+            data[len(data) // 2] ^= 1
+        for start in range(0, len(data), 1000):
+            yield bytes(data[start:start + 1000])
+
+
+@pytest.mark.unit
+def test_restore_reports_a_tensor_that_came_back_different():
+    staging = bench_checkpoint.Staging(torch, "cpu", 3 * 4096, 4096)
+    host = staging.host_buffer(staging.size)
+    bench_checkpoint.pinned_stall(staging, host)
+    pool = LyingPool(flip=f"{bench_checkpoint.PREFIX}-1")
+
+    async def go():
+        _, names = await bench_checkpoint.write(pool, staging, host, streams=2)
+        return await bench_checkpoint.restore(pool, staging, host, names, streams=2)
+    _, unequal = asyncio.run(go())
+    assert unequal == [f"{bench_checkpoint.PREFIX}-1"]
+    pool.flip = None
+
+    async def again():
+        return await bench_checkpoint.restore(pool, staging, host, list(pool.objects), 2)
+    assert asyncio.run(again())[1] == []
