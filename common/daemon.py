@@ -6,12 +6,20 @@ The daemon finishes its work and returns; a second signal while it is stopping e
 """
 
 import asyncio
+import gc
 import logging
 import os
 import signal
 import sys
 
 log = logging.getLogger("cairn.daemon")
+
+# The cyclic collector's thresholds in a daemon. A served request leaves no reference cycle
+# behind (tests/test_messenger.py), yet at Python's defaults (700, 10, 10) a busy OSD ran a
+# young collection every 700 allocations and spent 3.4% of its CPU in the collector (perf,
+# 4 KiB writes). A larger young generation lets most objects die before any collection looks
+# at them, and what start-up made is frozen out of the collector's view.
+GC_THRESHOLDS = (50_000, 20, 10)
 
 
 def setup_logging(name, verbose=False):
@@ -42,6 +50,13 @@ def crash_on_error(task):
     os._exit(70)
 
 
+def tune_collector():
+    """Freeze what start-up made and raise the young generation's threshold (GC_THRESHOLDS)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(main, name):
     """Run `await main(stop_event)` to completion; returns its exit status."""
     try:
@@ -68,6 +83,7 @@ def run(main, name):
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
         log.info("%s starting (pid %d, event loop %s)", name, os.getpid(), flavour)
+        tune_collector()
         return await main(stop)
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
