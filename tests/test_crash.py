@@ -59,10 +59,12 @@ def random_txn(rng, state, names):
     return txn, effect
 
 
-async def crash_scenario(seed, meta, journal=True, rounds=12, ops_max=150):
-    """One run of the property; returns the store's statistics just before the crash."""
+async def crash_scenario(seed, meta, journal=True, rounds=12, ops_max=150, width=2,
+                         latency_s=0.0):
+    """One run of the property; returns the store's statistics just before the crash.
+    `width`: transactions at once per round, on disjoint names."""
     rng = random.Random(seed)
-    device = MemoryBlockDevice(8 << 20, rng=random.Random(seed + 1))
+    device = MemoryBlockDevice(8 << 20, rng=random.Random(seed + 1), latency_s=latency_s)
     await mkfs(device, meta, journal=journal)
     store = await Store.open(device, meta)
     await store.create_collection("c")
@@ -72,8 +74,8 @@ async def crash_scenario(seed, meta, journal=True, rounds=12, ops_max=150):
     for _ in range(rounds):
         if device.crashed:
             break
-        names = rng.sample(NAMES, rng.randint(1, 4))
-        groups = [names[i::2] for i in range(2)]
+        names = rng.sample(NAMES, rng.randint(1, 2 * width))
+        groups = [names[i::width] for i in range(width)]
         txns = [random_txn(rng, acked, group) for group in groups if group]
         before = dict(acked)
         results = await asyncio.gather(*(store.apply(txn) for txn, _ in txns),
@@ -132,6 +134,16 @@ def crash_property(examples):
 def test_crash_at_random_points(tmp_path_factory, seed):
     meta = str(tmp_path_factory.mktemp("crash") / "meta")
     run(crash_scenario(seed, meta))
+
+
+@pytest.mark.faults
+@crash_property(40)
+def test_crash_with_four_transactions_at_once(tmp_path_factory, seed):
+    """Four transactions at once on a device with latency: groups form while the one before
+    is being flushed, and objects are rewritten round after round (a commit frees the blocks
+    of the version before, which later puts reuse)."""
+    meta = str(tmp_path_factory.mktemp("crash") / "meta")
+    run(crash_scenario(seed, meta, rounds=30, ops_max=600, width=4, latency_s=0.0005))
 
 
 @pytest.mark.faults
