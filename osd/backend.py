@@ -53,6 +53,9 @@ REPLICA_TIMEOUT_S = 20.0
 # From this size on a read is sent from the store's buffer as it is (common/wire.py's receive
 # side uses the same bound).
 ZERO_COPY_READ_BYTES_MIN = 64 * 1024
+# A replica's refusal that reaches the client as it is (any other failure of a replica write
+# becomes `again`: retry after the map changes).
+REPLICA_ERRORS_PASSED = ("no_space",)
 # Objects from this size on are encoded and decoded in a worker thread, so the event loop goes
 # on serving meanwhile (an 18+6 encode of 64 MiB takes about 20 ms).
 CODEC_THREAD_BYTES_MIN = 8 << 20
@@ -171,7 +174,8 @@ class PgBackend(abc.ABC):
                  for offset, length in ranges]
         return record, parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _replicate(self, osd_id, header, payload, passed=("no_space",), payload_crc=None):
+    async def _replicate(self, osd_id, header, payload, passed=REPLICA_ERRORS_PASSED,
+                         payload_crc=None):
         await self._replica_outcome(osd_id, self._start_replica(osd_id, header, payload,
                                                                 payload_crc), passed)
 
@@ -199,7 +203,7 @@ class PgBackend(abc.ABC):
         return asyncio.ensure_future(connect_and_send())
 
     @staticmethod
-    async def _replica_outcome(osd_id, reply, passed=("no_space",)):
+    async def _replica_outcome(osd_id, reply, passed=REPLICA_ERRORS_PASSED):
         """Await a replica write's reply; RequestFailed `again` for any failure but those
         `passed` through as they are."""
         try:
@@ -329,20 +333,22 @@ class ReplicatedBackend(PgBackend):
         local copy that fails its checksum is read from another member instead and queued for
         repair. While the map flags this OSD slow (SLOW_DISK), a complete member that is not
         slow serves the read instead, when there is one."""
-        record = self.store.stat(pg.collection, name)
-        wanted = pgs.version_of(record.attrs)
-        ranges = [[offset, record.size if length is None else length]]
         if self.me in slow_osds(self.service.map):
+            record = self.store.stat(pg.collection, name)
+            wanted = pgs.version_of(record.attrs)
+            ranges = [[offset, record.size if length is None else length]]
             for osd in self.stand_ins(pg):
                 data = await self._remote_copy(pg, osd, name, wanted, ranges)
                 if data is not None:
                     self.avoided_reads_total += 1
                     return record, data
         try:
-            if record.size >= ZERO_COPY_READ_BYTES_MIN:
-                return record, await self.store.read(pg.collection, name, offset, length)
-            return record, await self.store.read_bytes(pg.collection, name, offset, length)
+            return await self.store.read_with_stat(pg.collection, name, offset, length,
+                                                   copy_below=ZERO_COPY_READ_BYTES_MIN)
         except ChecksumError as exc:
+            record = self.store.stat(pg.collection, name)
+            wanted = pgs.version_of(record.attrs)
+            ranges = [[offset, record.size if length is None else length]]
             pg.damaged.add(name)
             log.warning("pg %d.%x: osd.%d's copy of %r is damaged (%s); reading another "
                         "replica, queued for repair", *pg.key, self.me, name, exc)
@@ -391,7 +397,8 @@ class ReplicatedBackend(PgBackend):
     async def _omap_to(self, pg, plan, target, header, local):
         header = {**header, "complete": target.complete}
         try:
-            await self._replicate(target.osd, header, b"", passed=("no_space", "behind"))
+            await self._replicate(target.osd, header, b"",
+                                  passed=REPLICA_ERRORS_PASSED + ("behind",))
             return
         except RequestFailed as exc:
             if exc.code != "behind":

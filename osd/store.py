@@ -440,6 +440,26 @@ class Store:
 
         Raises ObjectNotFound, CollectionNotFound, InvalidArgument (bad range), ChecksumError
         (the stored bytes fail their crc32c; they are never returned), and device errors."""
+        return (await self._read(collection, name, offset, length))[1]
+
+    async def read_with_stat(self, collection, name, offset=0, length=None, copy_below=0):
+        """(ObjectStat, data) from one lookup of the object's record: `read()`'s view, or,
+        for an object smaller than `copy_below` bytes, its bytes (the buffer handed back at
+        once). What a get needs: the stat for its reply, the data to send."""
+        record, view = await self._read(collection, name, offset, length)
+        stat = ObjectStat(name=name, size=record.size, version=record.version,
+                          mtime_ns=record.mtime_ns, attrs=dict(record.attrs),
+                          omap=record.omap_id != 0)
+        if record.size >= copy_below:
+            return stat, view
+        try:
+            return stat, bytes(view)
+        finally:
+            if view.obj is not None:
+                self.device.pool.put(view)
+
+    async def _read(self, collection, name, offset, length):
+        """(record, view) of `read()`."""
         self._check_usable()
         # An existing collection's name was checked when it was created.
         if type(collection) is not str or collection not in self._collections:
@@ -455,12 +475,12 @@ class Store:
                 raise ObjectNotFound(collection, name)
             end = record.size if length is None else min(record.size, offset + length)
             if offset >= end:
-                return memoryview(b"")
+                return record, memoryview(b"")
             first = offset // self.block_size
             count = -(-end // self.block_size) - first
             view = await self._read_blocks(collection, name, record, first, count)
             start = offset - first * self.block_size
-            return view[start:start + end - offset]
+            return record, view[start:start + end - offset]
         finally:
             self._unpin(pin)
 
