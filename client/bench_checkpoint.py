@@ -124,13 +124,20 @@ def pinned_stall(staging, host):
 
 
 async def _bounded_streams(jobs, streams):
-    """Run the coroutine functions in `jobs`, at most `streams` at a time; first error wins."""
+    """Run the coroutine functions in `jobs`, at most `streams` at a time; the first error
+    stops the others and is raised."""
     queue = list(reversed(jobs))
 
     async def worker():
         while queue:
             await queue.pop()()
-    await asyncio.gather(*(worker() for _ in range(min(streams, len(jobs)))))
+    workers = [asyncio.ensure_future(worker()) for _ in range(min(streams, len(jobs)))]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
 
 
 async def write(pool, staging, host, streams, prefix=PREFIX):

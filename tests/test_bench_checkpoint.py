@@ -81,3 +81,26 @@ def test_restore_reports_a_tensor_that_came_back_different():
     async def again():
         return await bench_checkpoint.restore(pool, staging, host, list(pool.objects), 2)
     assert asyncio.run(again())[1] == []
+
+
+@pytest.mark.unit
+def test_a_failed_put_stops_the_other_streams():
+    """The first failed put is raised and the puts still running are stopped (the bench then
+    deletes what it wrote, with nothing still writing)."""
+    staging = bench_checkpoint.Staging(torch, "cpu", 4 * 4096, 4096)
+    host = staging.host_buffer(staging.size)
+    started, finished = [], []
+
+    class FailingPool:
+        async def put_stream(self, name, source):
+            started.append(name)
+            if name.endswith("-0"):
+                await asyncio.sleep(0.01)
+                raise RuntimeError("injected")
+            await asyncio.sleep(5)
+            finished.append(name)
+
+    with pytest.raises(RuntimeError, match="injected"):
+        asyncio.run(bench_checkpoint.write(FailingPool(), staging, host, streams=2))
+    assert started == [f"{bench_checkpoint.PREFIX}-0", f"{bench_checkpoint.PREFIX}-1"]
+    assert finished == []
