@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from cairn.client import errors
+from cairn.client import admin, errors
 from cairn.client.cluster import Cluster, run_loop
 from cairn.common.monclient import ClusterNotFound, MonitorsUnavailable
 from cairn.common.units import format_size, parse_size
@@ -257,10 +257,7 @@ async def run(args, staging, chunk):
 
 def main(args):
     def fail(code, message):
-        if getattr(args, "json", False):
-            print(json.dumps({"error": code, "message": message}))
-        print(f"cairn bench checkpoint: {message}", file=sys.stderr)
-        return 2
+        return admin.fail(args, code, message, 2)
     try:
         size, tensor_size, chunk = (parse_size(args.size), parse_size(args.tensor_size),
                                     parse_size(args.chunk))
@@ -297,7 +294,7 @@ def main(args):
         return fail("client_error", f"{type(exc).__name__}: {exc}")
     except (ClusterNotFound, MonitorsUnavailable) as exc:
         return fail("unavailable", str(exc))
-    if getattr(args, "json", False):
+    if args.json:
         print(json.dumps(result))
     else:
         print("\n".join(f"{key}: {value}" for key, value in result.items()))

@@ -334,9 +334,7 @@ class ReplicatedBackend(PgBackend):
         repair. While the map flags this OSD slow (SLOW_DISK), a complete member that is not
         slow serves the read instead, when there is one."""
         if self.me in slow_osds(self.service.map):
-            record = self.store.stat(pg.collection, name)
-            wanted = pgs.version_of(record.attrs)
-            ranges = [[offset, record.size if length is None else length]]
+            record, wanted, ranges = self._wanted(pg, name, offset, length)
             for osd in self.stand_ins(pg):
                 data = await self._remote_copy(pg, osd, name, wanted, ranges)
                 if data is not None:
@@ -346,9 +344,7 @@ class ReplicatedBackend(PgBackend):
             return await self.store.read_with_stat(pg.collection, name, offset, length,
                                                    copy_below=ZERO_COPY_READ_BYTES_MIN)
         except ChecksumError as exc:
-            record = self.store.stat(pg.collection, name)
-            wanted = pgs.version_of(record.attrs)
-            ranges = [[offset, record.size if length is None else length]]
+            record, wanted, ranges = self._wanted(pg, name, offset, length)
             pg.damaged.add(name)
             log.warning("pg %d.%x: osd.%d's copy of %r is damaged (%s); reading another "
                         "replica, queued for repair", *pg.key, self.me, name, exc)
@@ -360,6 +356,13 @@ class ReplicatedBackend(PgBackend):
             if data is not None:
                 return record, data
         raise damage
+
+    def _wanted(self, pg, name, offset, length):
+        """(stat, version, ranges) of a read another member serves: the local copy's stat,
+        the version that member's copy must be, the byte range to ask it for."""
+        record = self.store.stat(pg.collection, name)
+        return (record, pgs.version_of(record.attrs),
+                [[offset, record.size if length is None else length]])
 
     def stand_ins(self, pg):
         """Members that may serve a read for this (slow) primary: up, complete (they hold

@@ -447,16 +447,8 @@ class Store:
         for an object smaller than `copy_below` bytes, its bytes (the buffer handed back at
         once). What a get needs: the stat for its reply, the data to send."""
         record, view = await self._read(collection, name, offset, length)
-        stat = ObjectStat(name=name, size=record.size, version=record.version,
-                          mtime_ns=record.mtime_ns, attrs=dict(record.attrs),
-                          omap=record.omap_id != 0)
-        if record.size >= copy_below:
-            return stat, view
-        try:
-            return stat, bytes(view)
-        finally:
-            if view.obj is not None:
-                self.device.pool.put(view)
+        stat = _stat_of(name, record)
+        return stat, (view if record.size >= copy_below else self._copied(view))
 
     async def _read(self, collection, name, offset, length):
         """(record, view) of `read()`."""
@@ -486,7 +478,10 @@ class Store:
 
     async def read_bytes(self, collection, name, offset=0, length=None):
         """`read()` copied into bytes, the buffer handed back to the pool."""
-        view = await self.read(collection, name, offset, length)
+        return self._copied(await self.read(collection, name, offset, length))
+
+    def _copied(self, view):
+        """A read's view as bytes, its buffer handed back to the pool."""
         try:
             return bytes(view)
         finally:
@@ -541,10 +536,7 @@ class Store:
 
     def stat(self, collection, name):
         self._check_open()
-        record = self._existing(collection, name)
-        return ObjectStat(name=name, size=record.size, version=record.version,
-                          mtime_ns=record.mtime_ns, attrs=dict(record.attrs),
-                          omap=record.omap_id != 0)
+        return _stat_of(name, self._existing(collection, name))
 
     def size_of(self, collection, name):
         """The committed size of an object, or None if there is none (no checks, no copies:
@@ -1399,6 +1391,13 @@ class Store:
                     "past_journal_total": self.records_past_journal_total,
                     "replayed_records": self.replayed_records},
                 "device": self.device.statistics()}
+
+
+def _stat_of(name, record):
+    """What `stat` tells of a committed record (its attrs copied: the record is the cache's)."""
+    return ObjectStat(name=name, size=record.size, version=record.version,
+                      mtime_ns=record.mtime_ns, attrs=dict(record.attrs),
+                      omap=record.omap_id != 0)
 
 
 def _batch(ops, journal_at=None):
