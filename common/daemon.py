@@ -3,6 +3,9 @@
 `run(main, name)` runs `await main(stop)` on uvloop (DESIGN.md, "Messaging"; the stdlib loop when
 uvloop is missing, said in the log), where `stop` is an asyncio.Event set by SIGTERM or SIGINT.
 The daemon finishes its work and returns; a second signal while it is stopping exits at once.
+With CAIRN_PROFILE=PATH in its environment a daemon runs under cProfile and writes its
+statistics to PATH.PID when it stops (call counts per op: the profile behind DESIGN.md's
+"Per-op cost" figures).
 """
 
 import asyncio
@@ -86,5 +89,15 @@ def run(main, name):
         tune_collector()
         return await main(stop)
 
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(wrapper())
+    profile_path = os.environ.get("CAIRN_PROFILE")
+    if profile_path:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(wrapper())
+    finally:
+        if profile_path:
+            profiler.disable()
+            profiler.dump_stats(f"{profile_path}.{os.getpid()}")

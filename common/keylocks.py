@@ -44,6 +44,11 @@ class KeyLocks:
                 self.release(key)       # handed to us as we were cancelled: pass it on
             raise
 
+    def take(self, key):
+        """Hold a key that is free now (`held` said so), without waiting."""
+        assert key not in self._held, key
+        self._held[key] = collections.deque()
+
     def release(self, key):
         waiters = self._held[key]
         while waiters:

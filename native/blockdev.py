@@ -56,6 +56,9 @@ class _DeviceBase:
     """What every twin shares: range and alignment checks, statistics, the buffer pool."""
 
     kind = "base"
+    # `submit_read(offset, buffer)`: read_into's future, started without a coroutine (a read
+    # answered from callbacks, osd/store.py `begin_read`); None where reads are coroutines.
+    submit_read = None
 
     def __init__(self, path, size_bytes, pool):
         self.path = path
@@ -249,7 +252,7 @@ class UringBlockDevice(_DeviceBase):
         self._loop = loop
         self._ring = Ring(fd, self.size_bytes, queue_depth, loop, self, ALIGN_BYTES)
         loop.add_reader(self._ring.eventfd, self._ring.complete)
-        self.read_into = self._ring.read
+        self.read_into = self.submit_read = self._ring.read
         self.write = self._ring.write
         self.flush = self._ring.flush
         self.discard = self._ring.discard

@@ -49,7 +49,9 @@ from cairn.common.messenger import RequestFailed
 from cairn.common import pg as pgs
 from cairn.common.limits import OMAP_PAGE_ENTRIES_MAX
 from cairn.osd import omap
-from cairn.osd.backend import OMAP_PAGE_BYTES, PUSH_PREFIX, ErasureBackend, ReplicatedBackend
+from cairn.osd import access
+from cairn.osd.backend import (OMAP_PAGE_BYTES, PUSH_PREFIX, ZERO_COPY_READ_BYTES_MIN,
+                               ErasureBackend, ReplicatedBackend, slow_osds)
 from cairn.osd.errors import (ChecksumError, CollectionNotFound, InvalidArgument, NoSpace,
                               ObjectNotFound)
 from cairn.native.checksum import crc32c
@@ -83,6 +85,7 @@ class ObjectService:
         self.client_bytes_in = 0        # payload bytes of client requests
         self.client_bytes_out = 0       # payload bytes of their replies
         self.direct_reads_total = 0     # shard reads served to clients (`_shard_read`)
+        self.fast_gets_total = 0        # gets answered from callbacks (`fast_get`)
 
     @property
     def store(self):
@@ -321,6 +324,74 @@ class ObjectService:
         if direct is not None:
             reply["direct"] = plan
         return reply, data
+
+    # -- the get answered without a task --------------------------------------------------------
+
+    def fast_get(self, connection, received):
+        """messenger.serve's `fast`: take a `get` of a replicated object when nothing about it
+        needs waiting (the map is current, the PG active here as primary, the object's lock
+        free, nothing to recover, room for the reply, this disk not flagged slow, the object
+        in one piece), start its device read and answer from the read's callback: no task and
+        no coroutine per get. Anything else, and any error, goes the usual way (`_get`),
+        which also says what was wrong. The same checks as `_get`, in the same order of
+        effect: a fast get and a usual one cannot tell apart."""
+        header = received.header
+        try:
+            if header.get("op") != "get" or header.get("direct"):
+                return False
+            cmap = self.map
+            epoch = header.get("epoch", 0)
+            if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
+                return False
+            access.check(connection.peer, cmap, header)
+            pool = pgs.pool_by_id(cmap, header.get("pool"))
+            if pool is None or pool["kind"] != "replicated" or self.daemon.id in slow_osds(cmap):
+                return False
+            pg = self.registry.pgs.get((pool["id"], header.get("pg")))
+            if pg is None or not pg.interval or pg.interval[1].primary != self.daemon.id or \
+                    not pg.active.is_set():
+                return False
+            name, offset, length = header.get("name"), header.get("offset", 0), \
+                header.get("length")
+            key = (pg.collection, name)
+            if type(name) is not str or not name or name in pg.missing or \
+                    type(offset) is not int or (length is not None and type(length) is not int) \
+                    or self._object_locks.held(key):
+                return False
+            pending = self.store.begin_read(pg.collection, name, offset, length)
+            if pending is None:
+                return False
+        except Exception:
+            return False
+        reserved = pending.length
+        if not connection.reserve_now(reserved):
+            self.store.abandon_read(pending)
+            return False
+        self._object_locks.take(key)
+        serial = next(self._serial)
+        started_ns = time.monotonic_ns()
+        self._started[serial] = started_ns / 1e9
+        pending.future.add_done_callback(
+            lambda _: self._fast_got(connection, received, pending, key, reserved, serial,
+                                     started_ns))
+        return True
+
+    def _fast_got(self, connection, received, pending, key, reserved, serial, started_ns):
+        self._object_locks.release(key)
+        del self._started[serial]
+        try:
+            data = self.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN)
+        except Exception:
+            connection.fall_back(received, reserved)      # read around a damaged copy, errors
+            return
+        record = pending.record
+        self.fast_gets_total += 1
+        self.client_bytes_out += len(data)
+        connection.answer_fast(received, {"size": record.size,
+                                          "version": pgs.version_of(record.attrs),
+                                          "manifest": pgs.MANIFEST_ATTR in record.attrs},
+                               data, reserved)
+        self.op_latency.record("get", time.monotonic_ns() - started_ns)
 
     async def _shard_read(self, header, payload):
         """A client's read of byte `ranges` of this member's shard of an object, at the

@@ -120,6 +120,27 @@ class ObjectStat:
     omap: bool = False            # the object has an omap (maybe empty)
 
 
+class PendingRead:
+    """A read `Store.begin_read` started: its device read's `future`, and what `finish_read`
+    needs to check and cut the result (the store is pinned until then)."""
+
+    __slots__ = ("collection", "name", "record", "view", "future", "pin", "first", "count",
+                 "start", "length")
+
+    def __init__(self, collection, name, record, view, future, pin, first, count, start,
+                 length):
+        self.collection = collection
+        self.name = name
+        self.record = record
+        self.view = view
+        self.future = future
+        self.pin = pin
+        self.first = first
+        self.count = count
+        self.start = start
+        self.length = length
+
+
 # -- mkfs / mount ---------------------------------------------------------------------------
 
 def default_meta_dir(device_path, uuid):
@@ -476,6 +497,67 @@ class Store:
         finally:
             self._unpin(pin)
 
+    def begin_read(self, collection, name, offset=0, length=None):
+        """The first half of `read_with_stat` without a coroutine, for a get answered from
+        callbacks (osd/service.py `fast_get`): a PendingRead whose `future` completes when its
+        one device read has (then `finish_read`), or None when the read is not that simple (an
+        object or collection that is not there, a store that failed, an empty range, an
+        object in several pieces, a device without `submit_read`): the caller then reads the
+        usual way, which also gives the error. Bad arguments raise (the caller falls back on
+        any exception too)."""
+        submit = self.device.submit_read
+        if submit is None or self._closing or self._failure is not None or \
+                collection not in self._collections or offset < 0 or \
+                (length is not None and length < 0):
+            return None
+        record = self._record(collection, name)
+        if record is None:
+            return None
+        end = record.size if length is None else min(record.size, offset + length)
+        if offset >= end:
+            return None
+        first = offset // self.block_size
+        count = -(-end // self.block_size) - first
+        pieces = records.slice_extents(record.extents, first, count)
+        if len(pieces) != 1 or count * self.block_size > DEVICE_IO_BYTES_MAX:
+            return None
+        view = self.device.pool.get(count * self.block_size)
+        try:
+            future = submit(self._data_start + pieces[0][0] * self.block_size, view)
+        except BaseException:
+            self.device.pool.put(view)
+            raise
+        start = offset - first * self.block_size
+        return PendingRead(collection, name, record, view, future, self._pin(), first, count,
+                           start, end - offset)
+
+    def abandon_read(self, pending):
+        """Give up a PendingRead (its data unwanted): the buffer and the pin go back once its
+        device read is done."""
+        pending.future.add_done_callback(lambda _: self._forget_read(pending))
+
+    def _forget_read(self, pending):
+        self.device.pool.put(pending.view)
+        self._unpin(pending.pin)
+
+    def finish_read(self, pending, copy_below=0):
+        """The data of a PendingRead whose future is done, as `read_with_stat` gives it (its
+        record is `pending.record`); raises what that read would (ChecksumError, device
+        errors)."""
+        view = pending.view
+        try:
+            try:
+                pending.future.result()
+                self._verify(pending.collection, pending.name, pending.record, pending.first,
+                             pending.count, view)
+            except BaseException:
+                self.device.pool.put(view)
+                raise
+        finally:
+            self._unpin(pending.pin)
+        view = view[pending.start:pending.start + pending.length]
+        return view if pending.record.size >= copy_below else self._copied(view)
+
     async def read_bytes(self, collection, name, offset=0, length=None):
         """`read()` copied into bytes, the buffer handed back to the pool."""
         return self._copied(await self.read(collection, name, offset, length))
@@ -501,18 +583,23 @@ class Store:
                                             view)
             else:
                 await self._read_pieces(view, pieces, staged)
-            actual = block_crcs(view, self.block_size)
-            expected = record.crcs[first * 4:(first + count) * 4]
-            if actual != expected:
-                actual_array = np.frombuffer(actual, dtype="<u4")
-                expected_array = np.frombuffer(expected, dtype="<u4")
-                index = int(np.flatnonzero(actual_array != expected_array)[0])
-                raise ChecksumError(collection, name, (first + index) * self.block_size,
-                                    int(expected_array[index]), int(actual_array[index]))
+            self._verify(collection, name, record, first, count, view)
         except BaseException:
             self.device.pool.put(view)
             raise
         return view
+
+    def _verify(self, collection, name, record, first, count, view):
+        """ChecksumError unless `view` (logical blocks [first, first + count) of `record`, just
+        read) matches the record's crc32c of each block."""
+        actual = block_crcs(view, self.block_size)
+        expected = record.crcs[first * 4:(first + count) * 4]
+        if actual != expected:
+            actual_array = np.frombuffer(actual, dtype="<u4")
+            expected_array = np.frombuffer(expected, dtype="<u4")
+            index = int(np.flatnonzero(actual_array != expected_array)[0])
+            raise ChecksumError(collection, name, (first + index) * self.block_size,
+                                int(expected_array[index]), int(actual_array[index]))
 
     async def _read_pieces(self, view, pieces, staged):
         """Fill `view` from device extents `pieces`, in chunks of at most DEVICE_IO_BYTES_MAX,

@@ -204,6 +204,80 @@ def test_a_lost_connection_cancels_its_requests_except_those_that_must_finish():
     run(main())
 
 
+def test_requests_taken_by_fast_are_answered_without_a_task_or_fall_back_to_the_handler():
+    """serve's `fast`: a request it takes is answered from a callback (no task), one it hands
+    back with `fall_back` reaches the handler, one it declines goes there at once. Requests it
+    holds count towards the 64 a connection may have in flight (reading pauses at 64), every
+    budget byte comes back, and answering after the client left is harmless."""
+    held, connections, tasks_seen = [], [], []
+
+    async def handler(peer, received):
+        tasks_seen.append(received.header["n"])
+        return {"via": "task", "n": received.header["n"]}, b""
+
+    def fast(connection, received):
+        connections.append(connection)
+        op = received.header["op"]
+        if op == "decline":
+            return False
+        if not connection.reserve_now(3):
+            return False
+        held.append((connection, received, op))
+        return True
+
+    def answer_held():
+        for connection, received, op in held:
+            if op == "quick":
+                connection.answer_fast(received, {"via": "fast", "n": received.header["n"]},
+                                       b"abc", 3)
+            else:
+                connection.fall_back(received, 3)
+        held.clear()
+
+    async def main():
+        server = await messenger.serve("127.0.0.1:0", handler, fast=fast)
+        connection = await messenger.connect(addr_of(server))
+        try:
+            ops = ["quick", "back", "decline"] * 40
+            futures = [connection.start_request({"op": op, "n": n}, b"x" * 10)
+                       for n, op in enumerate(ops)]
+            await asyncio.sleep(0.2)
+            # 64 in flight (held, or tasks of the declined) stopped reading; the tasks ended,
+            # and what is held keeps it stopped (it resumes below 32)
+            assert 32 <= len(held) < 80
+            assert "requests" in connections[0].protocol._paused_by
+            while held:
+                answer_held()
+                await asyncio.sleep(0.05)
+            replies = await asyncio.gather(*futures)
+            for n, (op, reply) in enumerate(zip(ops, replies)):
+                assert reply.header == {"via": "fast" if op == "quick" else "task", "n": n}
+                assert reply.payload == (b"abc" if op == "quick" else b"")
+            assert sorted(tasks_seen) == [n for n, op in enumerate(ops) if op != "quick"]
+            served = connections[0]
+            served.release_sent()               # what the transport has sent by now
+            assert served._fast == 0 and not served._tasks
+            assert served.reply_budget.used == 0 and served._server.reply_budget.used == 0
+            await asyncio.sleep(0.05)
+            assert served.budget.used == 0 and served._server.budget.used == 0
+            # the client leaves with a request held: answering it later does nothing
+            future = connection.start_request({"op": "quick", "n": 999})
+            await asyncio.sleep(0.05)
+            assert len(held) == 1
+            await connection.close()
+            await asyncio.sleep(0.05)
+            answer_held()
+            assert served._fast == 0
+            assert served.budget.used == 0 and served.reply_budget.used == 0
+            with pytest.raises(ConnectionClosed):
+                await future
+        finally:
+            await connection.close()
+            server.close()
+            await server.wait_closed()
+    run(main())
+
+
 def test_garbage_gets_a_protocol_error_and_the_server_lives_on():
     async def main():
         server = await echo_server()
