@@ -41,6 +41,13 @@ extensions = [
         include_dirs=["native", numpy.get_include()],
         extra_compile_args=["-O3"],
     ),
+    # The frame parser and encoder the messenger runs (common/wire.py selects them).
+    Extension(
+        "cairn.native._wire",
+        ["native/_wire.pyx"],
+        include_dirs=["native"],
+        extra_compile_args=["-O2"],
+    ),
     # ISA-L's erasure code (Debian's libisal-dev), the library pyeclib's isa_l backends run.
     Extension(
         "cairn.native._isal",

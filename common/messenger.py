@@ -238,7 +238,7 @@ class Connection:
         if self._transport.is_closing():
             self._close("closed by peer")
             raise ConnectionClosed(f"connection to {self.addr} is closed")
-        buffers = frame.encode(Kind.REQUEST, self._next_id, header, payload, self._send_mac,
+        buffers = wire.encode(Kind.REQUEST, self._next_id, header, payload, self._send_mac,
                                payload_crc)
         request_id = self._next_id
         self._next_id += 1
@@ -436,7 +436,7 @@ class Peer:
         if self.closed or self._transport.is_closing():
             self.closed = True
             return
-        buffers = frame.encode(kind, request_id, header, payload, self.send_mac)
+        buffers = wire.encode(kind, request_id, header, payload, self.send_mac)
         nbytes = sum(memoryview(buffer).nbytes for buffer in buffers)
         self.sent_total += nbytes
         self._outbox.add(buffers, nbytes)

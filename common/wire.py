@@ -29,6 +29,7 @@ The first error is reported to `on_error` and nothing more is read.
 
 import asyncio
 import collections
+import os
 
 from cairn.common import frame
 from cairn.native.bufpool import BufferPool
@@ -98,11 +99,14 @@ class Limits:
         self.budgets = tuple(budgets)
 
 
-class FrameReceiver:
+class FrameReceiverTwin:
     """Calls `on_frame(frame)` for every frame received and `on_error(exc)` once on a protocol
     error (then reads nothing more). `on_pause()` / `on_resume()` ask the caller to stop and
     start reading while a payload waits for its budget. Each frame's `reserved` bytes were
-    taken from the limits' budgets; whoever handles the frame gives them back (`release`)."""
+    taken from the limits' budgets; whoever handles the frame gives them back (`release`).
+
+    The reference: what ships is its native twin (native/_wire.pyx, `FrameReceiver` below),
+    which the tests hold to the same behaviour."""
 
     def __init__(self, on_frame, on_error, limits=None, on_pause=None, on_resume=None):
         self._on_frame = on_frame
@@ -365,3 +369,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def _resume_for_budget(self):
         self.resume_reading("budget")
+
+
+# The shipped parser and encoder are native (native/_wire.pyx): the same rules and messages as
+# FrameReceiverTwin and frame.encode, in C. CAIRN_NO_EXTENSIONS=1 selects the twins.
+if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
+    FrameReceiver, encode = FrameReceiverTwin, frame.encode
+else:
+    try:
+        from cairn.native._wire import FrameReceiver, encode  # noqa: E402 (needs this module)
+    except ImportError as exc:
+        raise ImportError("cairn's native framing extension (cairn.native._wire) is not "
+                          "built; run 'pip install -e .' in the source tree, or set "
+                          "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc

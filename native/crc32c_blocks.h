@@ -108,6 +108,32 @@ static uint32_t cairn_crc32c_fold(uint32_t crc, const uint32_t *crcs, size_t cou
     return crc;
 }
 
+/* crc32c of `n` bytes continuing from `crc` (a crc already computed over what came before:
+ * the `value` argument of checksum.crc32c). */
+#if defined(__x86_64__)
+__attribute__((target("sse4.2")))
+static uint32_t cairn_crc32c_update_hw(uint32_t crc, const unsigned char *p, size_t n) {
+    uint64_t c = ~crc;
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) { uint64_t v; memcpy(&v, p + k, 8); c = _mm_crc32_u64(c, v); }
+    uint32_t c32 = (uint32_t)c;
+    for (; k < n; k++) c32 = _mm_crc32_u8(c32, p[k]);
+    return ~c32;
+}
+#else
+static uint32_t cairn_crc32c_update_hw(uint32_t crc, const unsigned char *p, size_t n) {
+    (void)p; (void)n; return crc;
+}
+#endif
+
+static uint32_t cairn_crc32c_update(uint32_t crc, const unsigned char *p, size_t n, int hw) {
+    if (hw) return cairn_crc32c_update_hw(crc, p, n);
+    if (!cairn_crc32c_table_ready) cairn_crc32c_init_table();
+    uint32_t c = ~crc;
+    for (size_t i = 0; i < n; i++) c = cairn_crc32c_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    return ~c;
+}
+
 static void cairn_crc32c_blocks(const unsigned char *p, size_t block, size_t count,
                                 uint32_t *out, int hw) {
     if (hw) { cairn_crc32c_blocks_hw(p, block, count, out); return; }

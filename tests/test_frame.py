@@ -1,6 +1,10 @@
 """The wire frame and the one parser the daemons run (common/wire.FrameReceiver): round trips,
 split delivery, and garbage in -> only RemoteProtocolError, never a wrong frame.
 
+Every test runs twice: on the native parser and encoder the daemons ship (native/_wire.pyx) and
+on their Python twins (wire.FrameReceiverTwin, frame.encode); the two encoders must also produce
+the same bytes.
+
 Method: encode frames, feed the bytes to a FrameReceiver in random pieces through the calls the
 event loop makes (get_buffer, then buffer_updated), and compare; then damage frames (flip any
 byte, truncate, inflate lengths) and feed random bytes, checking that the receiver reports
@@ -15,10 +19,29 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cairn.common import frame, wire
-from cairn.common.frame import Kind, LocalProtocolError, RemoteProtocolError, encode_bytes
+from cairn.common.frame import Kind, LocalProtocolError, RemoteProtocolError
 from cairn.native.checksum import crc32c
 
 pytestmark = pytest.mark.unit
+
+IMPLEMENTATIONS = {"native": (wire.FrameReceiver, wire.encode),
+                   "twin": (wire.FrameReceiverTwin, frame.encode)}
+current = {}
+
+
+@pytest.fixture(autouse=True, scope="module", params=sorted(IMPLEMENTATIONS))
+def implementation(request):
+    """The parser and encoder this round of the module's tests runs."""
+    current["receiver"], current["encode"] = IMPLEMENTATIONS[request.param]
+    yield request.param
+
+
+def encode(*args, **kwargs):
+    return current["encode"](*args, **kwargs)
+
+
+def encode_bytes(kind, request_id, header, payload=b"", mac=None):
+    return b"".join(bytes(piece) for piece in encode(kind, request_id, header, payload, mac))
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-2**63, 2**63 - 1),
                                                          st.text(max_size=20), st.none(),
@@ -36,8 +59,8 @@ class Fed:
 
     def __init__(self, limits=None):
         self.frames, self.errors, self.pauses = [], [], 0
-        self.receiver = wire.FrameReceiver(self.frames.append, self.errors.append, limits,
-                                           on_pause=self._paused)
+        self.receiver = current["receiver"](self.frames.append, self.errors.append, limits,
+                                            on_pause=self._paused)
 
     def _paused(self):
         self.pauses += 1
@@ -143,10 +166,10 @@ def test_a_payload_waits_for_its_budget_with_reading_paused():
     budget = wire.ByteBudget(200_000)
     resumed = []
     frames, errors = [], []
-    receiver = wire.FrameReceiver(frames.append, errors.append,
-                                  wire.Limits(budgets=(budget,)),
-                                  on_pause=lambda: resumed.append("pause"),
-                                  on_resume=lambda: resumed.append("resume"))
+    receiver = current["receiver"](frames.append, errors.append,
+                                   wire.Limits(budgets=(budget,)),
+                                   on_pause=lambda: resumed.append("pause"),
+                                   on_resume=lambda: resumed.append("resume"))
     budget.force(150_000)                           # held by requests being answered
     big = bytes(range(256)) * 400                   # 102,400 bytes: a direct payload
     receiver.feed(encode_bytes(Kind.REQUEST, 1, {"op": "put"}, big)[:500])
@@ -196,18 +219,18 @@ def test_a_header_that_is_not_a_map_is_refused():
 
 def test_local_errors_for_what_cannot_be_sent():
     with pytest.raises(LocalProtocolError, match="is a dict"):
-        frame.encode(Kind.REQUEST, 1, ["not", "a", "dict"])
+        encode(Kind.REQUEST, 1, ["not", "a", "dict"])
     with pytest.raises(LocalProtocolError, match="cannot be packed"):
-        frame.encode(Kind.REQUEST, 1, {"x": object()})
+        encode(Kind.REQUEST, 1, {"x": object()})
     with pytest.raises(LocalProtocolError, match="64 bits"):
-        frame.encode(Kind.REQUEST, 2**64, {})
+        encode(Kind.REQUEST, 2**64, {})
     with pytest.raises(LocalProtocolError, match="header is"):
-        frame.encode(Kind.REQUEST, 1, {"x": "y" * frame.HEADER_BYTES_MAX})
+        encode(Kind.REQUEST, 1, {"x": "y" * frame.HEADER_BYTES_MAX})
 
 
 def test_payload_is_not_copied_by_encode():
     payload = memoryview(bytearray(1 << 20))
-    pieces = frame.encode(Kind.REQUEST, 1, {"op": "put"}, payload)
+    pieces = encode(Kind.REQUEST, 1, {"op": "put"}, payload)
     assert pieces[1] is payload
 
 
@@ -217,7 +240,7 @@ def test_a_payload_in_pieces_is_one_payload_on_the_wire(pieces, request_id):
     """A tuple payload goes out piece by piece, uncopied, and decodes exactly as the joined
     bytes would (same length and checksum)."""
     views = tuple(memoryview(bytearray(piece)) for piece in pieces)
-    written = frame.encode(Kind.REPLY, request_id, {"op": "get"}, views)
+    written = encode(Kind.REPLY, request_id, {"op": "get"}, views)
     assert all(sent is view for sent, view in zip(written[1:], views))
     joined = b"".join(pieces)
     assert encode_bytes(Kind.REPLY, request_id, {"op": "get"}, views) == \
@@ -285,7 +308,33 @@ def test_a_large_payload_is_checked_block_by_block_and_keeps_its_block_crcs():
     assert small.block_crcs is None and small.payload_crc is None
     # A sender that passes the crc it knows sends it as it is: a wrong one is caught on receipt.
     wrong = b"".join(bytes(piece) for piece in
-                     frame.encode(Kind.REQUEST, 3, {"op": "rep_put"}, payload,
+                     encode(Kind.REQUEST, 3, {"op": "rep_put"}, payload,
                                   payload_crc=12345))
     fed = Fed().feed(wrong, [])
     assert fed.frames == [] and "checksum mismatch" in str(fed.errors[0])
+
+
+@given(st.sampled_from(list(Kind)), st.integers(0, 2**64 - 1), headers,
+       st.one_of(payloads, st.lists(st.binary(max_size=3000), max_size=3).map(tuple)),
+       st.booleans(), st.one_of(st.none(), st.integers(0, 2**32 - 1)))
+@settings(max_examples=150, deadline=None)
+def test_the_native_encoder_writes_the_twins_bytes(kind, request_id, header, payload, maced,
+                                                   payload_crc):
+    """Byte for byte, MACs (two senders of one session key, in step) and given crcs included;
+    the payload pieces are passed on as they are by both."""
+    from cairn.common import auth
+    key = auth.new_secret()
+    macs = (auth.FrameMac(key), auth.FrameMac(key)) if maced else (None, None)
+    native = wire.encode(kind, request_id, header, payload, macs[0], payload_crc)
+    twin = frame.encode(kind, request_id, header, payload, macs[1], payload_crc)
+    assert bytes(native[0]) == bytes(twin[0])
+    assert all(a is b for a, b in zip(native[1:], twin[1:])) and len(native) == len(twin)
+
+
+def test_the_native_crc_matches_the_package():
+    from cairn.native import _wire
+    import os
+    for size in (0, 1, 7, 8, 9, 100, 4096, 70_001):
+        data = os.urandom(size)
+        for start in (0, 1, 0xFFFFFFFF, 0x12345678):
+            assert _wire.crc32c(data, start) == crc32c(data, start), (size, start)
