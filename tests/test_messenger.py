@@ -75,6 +75,37 @@ def test_request_reply_errors_and_pushes():
     run(main())
 
 
+def test_each_request_times_out_at_its_own_deadline_with_one_timer_per_connection():
+    """Deadlines of mixed lengths, started out of order, each expire on time (not before, and
+    not held up by a longer one); answered requests are untouched; no timer is left behind."""
+    async def main():
+        server = await echo_server()
+        connection = await messenger.connect(addr_of(server))
+        loop = asyncio.get_running_loop()
+        try:
+            began = loop.time()
+            expired = {}
+
+            async def slow(timeout_s):
+                try:
+                    await connection.request({"op": "slow"}, timeout_s=timeout_s)
+                except RequestTimeout:
+                    expired[timeout_s] = loop.time() - began
+            waits = [asyncio.ensure_future(slow(t)) for t in (0.6, 0.15, 0.35)]
+            answered = await connection.request({"op": "echo", "value": 1}, timeout_s=0.25)
+            assert answered.header == {"got": 1}
+            await asyncio.gather(*waits)
+            for timeout_s, after in expired.items():
+                assert timeout_s - 0.002 <= after < timeout_s + 0.15, (timeout_s, after)
+            assert sorted(expired) == [0.15, 0.35, 0.6]
+            assert connection._waiting == {} and connection._sweeper is None
+        finally:
+            await connection.close()
+            server.close()
+            await server.wait_closed()
+    run(main())
+
+
 def test_frames_sent_in_one_loop_turn_leave_in_one_write_in_order():
     """The Outbox: 50 requests started in one turn reach the transport as one writelines
     call, their replies come back matched and in order, and a reply future that nobody waits
