@@ -594,6 +594,13 @@ class _ServerConnection:
         self.replied(reserved)
         self._fast_done(received)
 
+    def fail_fast(self, received, exc):
+        """Answer a request `fast` took, whose work raised `exc`, as a handler's failure is
+        answered (RequestFailed: its error; a broken invariant stops the daemon; anything
+        else: `internal`, logged)."""
+        _send_failure(self.peer, received, exc)
+        self._fast_done(received)
+
     def fall_back(self, received, reserved):
         """A request `fast` took goes the usual way after all (a task running the handler):
         what it reserved is given back first."""
@@ -872,17 +879,24 @@ async def _respond(peer, handler, received):
     try:
         header, payload = await handler(peer, received)
         peer.send(Kind.REPLY, received.request_id, header, payload)
-    except RequestFailed as exc:
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        _send_failure(peer, received, exc)
+
+
+def _send_failure(peer, received, exc):
+    """Answer a request whose handling raised `exc`."""
+    if isinstance(exc, RequestFailed):
         peer.send(Kind.ERROR, received.request_id, exc.to_header())
-    except AssertionError:
+        return
+    if isinstance(exc, AssertionError):
         # A broken invariant is a bug, not bad input: stop the daemon rather than serve on in an
         # unknown state (STYLE.md 2.5). The cluster survives a dead daemon, not a lying one.
         log.critical("invariant broken while answering %r", received.header.get("op"),
-                     exc_info=True)
+                     exc_info=exc)
         os._exit(70)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:          # one request is one item: log, answer, keep serving
-        log.exception("request %r from %s failed", received.header.get("op"), peer.addr)
-        peer.send(Kind.ERROR, received.request_id,
-                  {"error": "internal", "message": f"{type(exc).__name__}: {exc}"})
+    # One request is one item: log, answer, keep serving.
+    log.error("request %r from %s failed", received.header.get("op"), peer.addr, exc_info=exc)
+    peer.send(Kind.ERROR, received.request_id,
+              {"error": "internal", "message": f"{type(exc).__name__}: {exc}"})

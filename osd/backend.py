@@ -309,16 +309,24 @@ class ReplicatedBackend(PgBackend):
         """Apply one replicated write here with its log entry; `complete`: this OSD is a
         complete member (osd/pg.py)."""
         await self.registry.ensure_collections(pg)
+        await self.store.apply(self.transaction(pg, name, payload, version, delete, manifest,
+                                                complete, received_checksums(payload)[0]),
+                               then=lambda: pg.applied(version, complete))
+
+    def transaction(self, pg, name, payload, version, delete, manifest, complete, crcs=None):
+        """The store transaction of one replicated write here, with its log entry (which
+        `pg.applied(version, complete)` records once it commits). The PG's collections must
+        exist. `crcs`: the payload's block crcs, if its frame check gave them."""
         txn = Transaction()
         # A member that missed the object still logs the delete: its log must count every op
         # it was sent.
         if not delete:
             txn.put(pg.collection, name, payload, attrs=object_attrs(version, manifest),
-                    crcs=received_checksums(payload)[0])
+                    crcs=crcs)
         elif self.registry.present(pg, name):
             txn.delete(pg.collection, name)
         self.registry.log_ops(pg, txn, version, name, delete, complete)
-        await self.store.apply(txn, then=lambda: pg.applied(version, complete))
+        return txn
 
     async def apply_message(self, pg, header, payload, delete):
         await self.apply(pg, header["name"], None if delete else payload, header["version"],

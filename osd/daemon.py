@@ -88,7 +88,7 @@ class OsdDaemon:
         if self.authenticating:
             await self._fetch_service_keys()
         self._server = await messenger.serve(
-            self.bind_addr, self.handle, tls=self.tls_server, fast=self.service.fast_get,
+            self.bind_addr, self.handle, tls=self.tls_server, fast=self.service.fast,
             guard=sessions.TicketGuard(lambda: self.service_keys, self.authenticating))
         host, port = self._server.sockets[0].getsockname()[:2]
         self.addr = f"{host}:{port}"
@@ -211,7 +211,7 @@ class OsdDaemon:
                                          for backend in self.service.backends.values()),
                     "damaged_shards": self.service.backends["erasure"].damaged_shards_total,
                     "direct_reads": self.service.direct_reads_total,
-                    "fast_gets": self.service.fast_gets_total,
+                    "fast_ops": self.service.fast_ops,
                     "direct_plans": self.service.backends["erasure"].direct_plans_total,
                     "repairs": self.scrubber.repairs_total,
                     "store": self.store.statistics(),

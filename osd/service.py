@@ -85,7 +85,7 @@ class ObjectService:
         self.client_bytes_in = 0        # payload bytes of client requests
         self.client_bytes_out = 0       # payload bytes of their replies
         self.direct_reads_total = 0     # shard reads served to clients (`_shard_read`)
-        self.fast_gets_total = 0        # gets answered from callbacks (`fast_get`)
+        self.fast_ops = {"get": 0, "rep_put": 0}   # ops answered from callbacks (`fast`)
 
     @property
     def store(self):
@@ -144,22 +144,30 @@ class ObjectService:
     async def _handle(self, op, header, payload):
         try:
             return await getattr(self, f"_{op}")(header, payload)
-        except ObjectNotFound as exc:
-            raise RequestFailed("not_found", f"object {exc.name!r} not found (osd.{self.daemon.id}"
-                                f", epoch {self.map.epoch})") from None
-        except NoSpace as exc:
-            raise RequestFailed("no_space", str(exc)) from None
-        except DeviceNoSpace as exc:
+        except (ObjectNotFound, NoSpace, DeviceNoSpace, ChecksumError, InvalidArgument,
+                Refused) as exc:
+            raise self._failure(exc) from None
+
+    def _failure(self, exc):
+        """The RequestFailed an op's error is answered with (the code the client library
+        turns into a typed exception); `exc` itself when it is no such error."""
+        if isinstance(exc, ObjectNotFound):
+            return RequestFailed("not_found", f"object {exc.name!r} not found (osd."
+                                 f"{self.daemon.id}, epoch {self.map.epoch})")
+        if isinstance(exc, NoSpace):
+            return RequestFailed("no_space", str(exc))
+        if isinstance(exc, DeviceNoSpace):
             # The device refused a write (a file device whose filesystem is full, a thin
             # volume out of room): the transaction changed nothing, the store stays usable.
-            raise RequestFailed("no_space", f"osd.{self.daemon.id}: {exc}") from None
-        except ChecksumError as exc:
-            raise RequestFailed("io_error", f"osd.{self.daemon.id}: {exc}") from None
-        except InvalidArgument as exc:
-            raise RequestFailed("invalid", str(exc)) from None
-        except Refused as exc:
-            raise RequestFailed(exc.code, f"{exc.message} (osd.{self.daemon.id}, epoch "
-                                f"{self.map.epoch})") from None
+            return RequestFailed("no_space", f"osd.{self.daemon.id}: {exc}")
+        if isinstance(exc, ChecksumError):
+            return RequestFailed("io_error", f"osd.{self.daemon.id}: {exc}")
+        if isinstance(exc, InvalidArgument):
+            return RequestFailed("invalid", str(exc))
+        if isinstance(exc, Refused):
+            return RequestFailed(exc.code, f"{exc.message} (osd.{self.daemon.id}, epoch "
+                                 f"{self.map.epoch})")
+        return exc
 
     # -- map checks -------------------------------------------------------------------------------
 
@@ -325,7 +333,67 @@ class ObjectService:
             reply["direct"] = plan
         return reply, data
 
-    # -- the get answered without a task --------------------------------------------------------
+    # -- ops answered without a task -------------------------------------------------------------
+
+    def fast(self, connection, received):
+        """messenger.serve's `fast`: a get (`fast_get`) or a replica's write (`fast_rep_put`)
+        taken to be answered from callbacks, when nothing about it needs waiting."""
+        op = received.header.get("op")
+        if op == "get":
+            return self.fast_get(connection, received)
+        if op == "rep_put":
+            return self.fast_rep_put(connection, received)
+        return False
+
+    def fast_rep_put(self, connection, received):
+        """Take a replica write of a replicated PG when `_rep_put` would not wait before its
+        store transaction (the map current, the sender this PG's primary here, the PG's
+        collections made): the transaction's own task (Store.start_apply: it runs to its end)
+        answers from its done callback. Anything else goes the usual way, which says what was
+        wrong; from the transaction's start on, its outcome is the answer."""
+        header = received.header
+        try:
+            cmap = self.map
+            epoch = header.get("epoch", 0)
+            if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
+                return False
+            access.check(connection.peer, cmap, header)
+            pool = pgs.pool_by_id(cmap, header.get("pool"))
+            if pool is None or pool["kind"] != "replicated":
+                return False
+            pg = self.registry.pgs.get((pool["id"], header.get("pg")))
+            name, version = header.get("name"), header.get("version")
+            if pg is None or type(name) is not str or not name or type(version) is not int \
+                    or version <= 0 or not self.store.has_collection(pg.collection) or \
+                    not self.store.has_collection(pg.log_collection):
+                return False
+            pg.check_from_primary(header.get("from"), epoch)
+        except Exception:
+            return False
+        complete = bool(header.get("complete"))
+        try:
+            txn = self.backends["replicated"].transaction(
+                pg, name, received.payload, version, False, bool(header.get("manifest")),
+                complete, received.block_crcs)
+            task = self.store.start_apply(txn, then=lambda: pg.applied(version, complete))
+        except Exception as exc:
+            connection.fail_fast(received, self._failure(exc))
+            return True
+        task.add_done_callback(lambda done: self._fast_applied(connection, received, done))
+        return True
+
+    def _fast_applied(self, connection, received, task):
+        if task.cancelled():
+            connection.fail_fast(received, RequestFailed(
+                "again", f"osd.{self.daemon.id} is stopping; retry"))
+            return
+        exc = task.exception()
+        if exc is not None:
+            connection.fail_fast(received, self._failure(exc))
+            return
+        self.fast_ops["rep_put"] += 1
+        connection.answer_fast(received, {}, b"", 0)
+
 
     def fast_get(self, connection, received):
         """messenger.serve's `fast`: take a `get` of a replicated object when nothing about it
@@ -385,7 +453,7 @@ class ObjectService:
             connection.fall_back(received, reserved)      # read around a damaged copy, errors
             return
         record = pending.record
-        self.fast_gets_total += 1
+        self.fast_ops["get"] += 1
         self.client_bytes_out += len(data)
         connection.answer_fast(received, {"size": record.size,
                                           "version": pgs.version_of(record.attrs),

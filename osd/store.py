@@ -771,15 +771,21 @@ class Store:
         half taken, blocks half written, or a change on the device that the daemon does not
         know of (a replica that did not count a write it holds once told the next primary it
         lacked it, and that primary served an older value)."""
-        self._check_usable()
-        if not txn.ops:
-            raise InvalidArgument("empty transaction")
-        task = asyncio.get_running_loop().create_task(self._apply_counted(txn, then))
+        task = self.start_apply(txn, then)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             task.add_done_callback(_outcome_unwanted)
             raise
+
+    def start_apply(self, txn, then=None):
+        """`apply` without waiting: the task it runs the transaction in (to its end, whoever
+        waits), for a caller that is told of the outcome by a done callback instead (a
+        replica's write answered without a task of its own, osd/service.py)."""
+        self._check_usable()
+        if not txn.ops:
+            raise InvalidArgument("empty transaction")
+        return asyncio.get_running_loop().create_task(self._apply_counted(txn, then))
 
     async def _apply_counted(self, txn, then):
         self._applying += 1

@@ -156,6 +156,13 @@ def test_replicas_are_stored_with_the_checksums_their_frames_were_checked_with(l
             pool = client.pool("rbd")
             for name, data in objects.items():
                 await pool.put(name, data)
+            # Again, into PGs whose collections now exist everywhere: every replica's write is
+            # answered from its transaction's callback (no task of its own), still with the
+            # block crcs of its frame check.
+            fast_before = await fast_gets(cluster, "rep_put")
+            for name, data in objects.items():
+                await pool.put(name, data)
+            assert await fast_gets(cluster, "rep_put") == fast_before + 2 * len(objects)
             for name, data in objects.items():
                 assert await pool.get(name) == data
         known = 0
@@ -166,9 +173,26 @@ def test_replicas_are_stored_with_the_checksums_their_frames_were_checked_with(l
                     "known_crcs_total"]
             finally:
                 await admin.close()
-        # The two objects of whole blocks, on all three OSDs (the third one is copied into
-        # whole blocks by the store, which computes its own).
-        assert known == 2 * 3
+        # The two objects of whole blocks, on all three OSDs, twice (the third one is copied
+        # into whole blocks by the store, which computes its own).
+        assert known == 2 * 3 * 2
+        # A replica's write its store refuses is answered with the store's error, on the fast
+        # path as on the usual one, and the OSD serves on.
+        _, where = cluster.cairn("map", "rbd", "obj-300000")
+        replica = next(o for o in cluster.description["osds"]
+                       if o["id"] in where["osds"] and o["id"] != where["primary"])
+        admin = await connect_as_admin(replica["addr"])
+        try:
+            status = (await admin.request({"op": "status"})).header
+            with pytest.raises(messenger.RequestFailed) as refused:
+                await admin.request({"op": "rep_put", "pool": int(where["pg_id"].split(".")[0]),
+                                     "pg": where["pg"], "name": "n" * 5000, "version": 1 << 40,
+                                     "epoch": status["epoch"], "from": where["primary"]},
+                                    b"x" * 4096)
+            assert refused.value.code == "invalid", refused.value
+            assert (await admin.request({"op": "ping"})).header["id"] == replica["id"]
+        finally:
+            await admin.close()
     run(main())
     _, scrub = cluster.cairn("pg", "scrub", "rbd", "--deep")
     assert scrub["objects"] == 3 and scrub["errors"] == []
@@ -229,13 +253,13 @@ def test_a_damaged_copy_on_the_primary_is_read_around_and_repaired(local_cluster
     assert run(fast_gets(cluster)) == fast_before + 2 + 8
 
 
-async def fast_gets(cluster):
-    """Gets the cluster's OSDs answered on their fast path so far."""
+async def fast_gets(cluster, op="get"):
+    """Ops of one kind the cluster's OSDs answered on their fast path so far."""
     total = 0
     for entry in cluster.description["osds"]:
         admin = await connect_as_admin(entry["addr"])
         try:
-            total += (await admin.request({"op": "status"})).header["fast_gets"]
+            total += (await admin.request({"op": "status"})).header["fast_ops"][op]
         finally:
             await admin.close()
     return total
