@@ -208,13 +208,21 @@ class PgBackend(abc.ABC):
         `passed` through as they are."""
         try:
             await reply
-        except (ConnectionClosed, RequestTimeout) as exc:
-            raise RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
-                                "retry after the map changes") from None
-        except RequestFailed as exc:
-            if exc.code in passed:
+        except (ConnectionClosed, RequestTimeout, RequestFailed) as exc:
+            failure = PgBackend._replica_failure(osd_id, exc, passed)
+            if failure is exc:
                 raise
-            raise RequestFailed("again", f"replica osd.{osd_id}: {exc.message}") from None
+            raise failure from None
+
+    @staticmethod
+    def _replica_failure(osd_id, exc, passed=REPLICA_ERRORS_PASSED):
+        """What a replica write's failure `exc` is answered with (see `_replica_outcome`)."""
+        if isinstance(exc, (ConnectionClosed, RequestTimeout)):
+            return RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
+                                 "retry after the map changes")
+        if isinstance(exc, RequestFailed) and exc.code not in passed:
+            return RequestFailed("again", f"replica osd.{osd_id}: {exc.message}")
+        return exc
 
     def _write_header(self, pg, plan, **fields):
         """The rep_put / rep_delete header of a write plan (each target adds its own fields)."""
@@ -243,6 +251,26 @@ class PgBackend(abc.ABC):
                 reply.cancel()              # cancelled ourselves: no one awaits these now
             raise
         return self._outcome(results)
+
+    def when_written(self, local, remote, done):
+        """`_write_everywhere` from callbacks: call `done(committed here, the first failure or
+        None)` once `local` (the transaction's task, Store.start_apply) and every replica
+        write in `remote` (`_start_replica`) are done."""
+        left = [1 + len(remote)]
+
+        def one_done(_):
+            left[0] -= 1
+            if left[0]:
+                return
+            results = [_failure_of(local)]
+            for osd_id, reply in remote:
+                failure = _failure_of(reply)
+                results.append(failure if failure is None else
+                               self._replica_failure(osd_id, failure))
+            done(*self._outcome(results))
+        local.add_done_callback(one_done)
+        for _, reply in remote:
+            reply.add_done_callback(one_done)
 
     @staticmethod
     def _outcome(results):
@@ -279,6 +307,11 @@ def omap_bytes(entries):
     return sum(len(key) + len(value) for key, value in entries)
 
 
+def _failure_of(future):
+    """A done future's exception (CancelledError if it was cancelled), or None."""
+    return asyncio.CancelledError() if future.cancelled() else future.exception()
+
+
 def object_attrs(version, manifest, extra=None):
     attrs = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
     if manifest:
@@ -296,14 +329,18 @@ class ReplicatedBackend(PgBackend):
 
     async def write(self, pg, plan, payload):
         """Write locally and send rep_put/rep_delete to every other up member in parallel."""
-        header = self._write_header(pg, plan)
         local = self.apply(pg, plan.name, payload, plan.version, plan.delete, plan.manifest,
                            plan.target(self.me).complete)
-        crc = received_checksums(payload)[1]         # the client's, for the same bytes
-        remote = [(target.osd, self._start_replica(
-                      target.osd, {**header, "complete": target.complete}, payload or b"",
-                      crc)) for target in plan.targets if target.osd != self.me]
+        remote = self.start_replicas(pg, plan, payload, received_checksums(payload)[1])
         return await self._write_everywhere(local, remote)
+
+    def start_replicas(self, pg, plan, payload, crc):
+        """Send the write to every other member now: [(osd id, reply awaitable)]. `crc`: the
+        payload's crc32c if known (the client's, for the same bytes)."""
+        header = self._write_header(pg, plan)
+        return [(target.osd, self._start_replica(
+                    target.osd, {**header, "complete": target.complete}, payload or b"", crc))
+                for target in plan.targets if target.osd != self.me]
 
     async def apply(self, pg, name, payload, version, delete, manifest=False, complete=False):
         """Apply one replicated write here with its log entry; `complete`: this OSD is a

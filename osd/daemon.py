@@ -115,7 +115,8 @@ class OsdDaemon:
                  self.addr, self.device_path, self.store.superblock.uuid, self.location,
                  self.monc.map.epoch)
 
-    def _audit(self, peer, header, result):
+    def audit_op(self, peer, header, result):
+        """Record a client write op (or a refusal) in the audit log."""
         pool = pool_by_id(self.monc.map, header.get("pool")) if self.monc.map else None
         target = f"{pool['name'] if pool else header.get('pool')}/{header.get('name', '')}"
         self.audit.append(audit.event(peer.entity if peer else None, peer.addr if peer else None,
@@ -224,10 +225,10 @@ class OsdDaemon:
                 header, payload = await self.service.handle(received.header, received.payload)
             except RequestFailed as exc:
                 if audited or exc.code == "permission_denied":
-                    self._audit(peer, received.header, exc.code)
+                    self.audit_op(peer, received.header, exc.code)
                 raise
             if audited:
-                self._audit(peer, received.header, "ok")
+                self.audit_op(peer, received.header, "ok")
             if listing is not None and op == "list":
                 header = {**header, "names": access.visible(header["names"], listing)}
             return header, payload

@@ -37,6 +37,7 @@ condition failed), unsupported.
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -85,7 +86,7 @@ class ObjectService:
         self.client_bytes_in = 0        # payload bytes of client requests
         self.client_bytes_out = 0       # payload bytes of their replies
         self.direct_reads_total = 0     # shard reads served to clients (`_shard_read`)
-        self.fast_ops = {"get": 0, "rep_put": 0}   # ops answered from callbacks (`fast`)
+        self.fast_ops = {"get": 0, "put": 0, "rep_put": 0}  # answered from callbacks (`fast`)
 
     @property
     def store(self):
@@ -343,7 +344,93 @@ class ObjectService:
             return self.fast_get(connection, received)
         if op == "rep_put":
             return self.fast_rep_put(connection, received)
+        if op == "put":
+            return self.fast_put(connection, received)
         return False
+
+    def fast_put(self, connection, received):
+        """Take a client's put to a replicated PG when `_put` would not wait before its write
+        (the checks of `_pg_of`, `_check_room` and `check_writable` pass, the PG is active here
+        as primary with its log loaded and its collections made, the object's lock is free):
+        the write starts here (the local transaction's task, the replica writes) and is
+        answered from their callbacks (`_fast_written`). Anything else goes the usual way;
+        from the write's start on, its outcome is the answer."""
+        header, payload = received.header, received.payload
+        try:
+            cmap = self.map
+            epoch = header.get("epoch", 0)
+            if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
+                return False
+            access.check(connection.peer, cmap, header)
+            pool = pgs.pool_by_id(cmap, header.get("pool"))
+            if pool is None or pool["kind"] != "replicated":
+                return False
+            pg = self.registry.pgs.get((pool["id"], header.get("pg")))
+            name = header.get("name")
+            if pg is None or not pg.interval or pg.interval[1].primary != self.daemon.id or \
+                    not pg.active.is_set() or pg.log_names is None or type(name) is not str \
+                    or not name or len(payload) > OBJECT_SIZE_BYTES_MAX or \
+                    not self.store.has_collection(pg.collection) or \
+                    not self.store.has_collection(pg.log_collection):
+                return False
+            key = (pg.collection, name)
+            if self._object_locks.held(key):
+                return False
+            self._check_room(pool, pg)
+            acting = pg.check_writable(pool["name"])
+        except Exception:
+            return False
+        manifest = bool(header.get("manifest"))
+        self._object_locks.take(key)
+        serial = next(self._serial)
+        started_ns = time.monotonic_ns()
+        self._started[serial] = started_ns / 1e9
+        self.client_bytes_in += len(payload)
+        finish = functools.partial(self._fast_written, connection, received, pg, key, serial,
+                                   started_ns)
+        try:
+            plan = pg.plan_write(acting, cmap.epoch, name, False, manifest,
+                                 existed=self.registry.exists(pg, name))
+        except Exception as exc:
+            finish(None, False, exc)
+            return True
+        backend = self.backends["replicated"]
+        try:
+            local = self.store.start_apply(
+                backend.transaction(pg, name, payload, plan.version, False, manifest,
+                                    plan.target(self.daemon.id).complete, received.block_crcs),
+                then=lambda: pg.applied(plan.version, plan.target(self.daemon.id).complete))
+        except Exception as exc:
+            finish(plan, False, exc)
+            return True
+        remote = backend.start_replicas(pg, plan, payload, received.payload_crc)
+        backend.when_written(local, remote, functools.partial(finish, plan))
+        return True
+
+    def _fast_written(self, connection, received, pg, key, serial, started_ns, plan, committed,
+                      failure):
+        """A fast put's write is done everywhere (or failed to start: `plan` None when no
+        version was given): what `_write` and the daemon's handler do after it."""
+        try:
+            if plan is not None:
+                pg.write_finished(plan, committed, acknowledged=failure is None)
+        except Exception as exc:
+            failure = exc
+        finally:
+            self._object_locks.release(key)
+            del self._started[serial]
+        if failure is None:
+            self.ops_total += 1
+            self.fast_ops["put"] += 1
+            self.daemon.audit_op(connection.peer, received.header, "ok")
+            connection.answer_fast(received, {"version": plan.version, "epoch": plan.epoch},
+                                   b"", 0)
+        else:
+            failure = self._failure(failure)
+            if isinstance(failure, RequestFailed):
+                self.daemon.audit_op(connection.peer, received.header, failure.code)
+            connection.fail_fast(received, failure)
+        self.op_latency.record("put", time.monotonic_ns() - started_ns)
 
     def fast_rep_put(self, connection, received):
         """Take a replica write of a replicated PG when `_rep_put` would not wait before its

@@ -156,13 +156,14 @@ def test_replicas_are_stored_with_the_checksums_their_frames_were_checked_with(l
             pool = client.pool("rbd")
             for name, data in objects.items():
                 await pool.put(name, data)
-            # Again, into PGs whose collections now exist everywhere: every replica's write is
-            # answered from its transaction's callback (no task of its own), still with the
+            # Again, into PGs whose collections now exist everywhere: every put and every
+            # replica's write is answered from callbacks (no task of its own), still with the
             # block crcs of its frame check.
-            fast_before = await fast_gets(cluster, "rep_put")
+            puts, rep_puts = await fast_ops(cluster, "put"), await fast_ops(cluster, "rep_put")
             for name, data in objects.items():
                 await pool.put(name, data)
-            assert await fast_gets(cluster, "rep_put") == fast_before + 2 * len(objects)
+            assert await fast_ops(cluster, "put") == puts + len(objects)
+            assert await fast_ops(cluster, "rep_put") == rep_puts + 2 * len(objects)
             for name, data in objects.items():
                 assert await pool.get(name) == data
         known = 0
@@ -237,12 +238,12 @@ def test_a_damaged_copy_on_the_primary_is_read_around_and_repaired(local_cluster
                 for offset, length in ((100, 4096), (4000, 1000), (4096, 10)):
                     assert await client.pool("rep").get(name, offset, length) == \
                         data[offset:offset + length], (name, offset, length)
-    fast_before = run(fast_gets(cluster))
+    fast_before = run(fast_ops(cluster))
     run(read_back())
     # The gets that cover block 0 went the usual way: the fast path (answered from the device
     # read's callback) saw its crc mismatch and handed each over. The ranges in block 1 alone
     # (undamaged) were answered fast.
-    assert run(fast_gets(cluster)) == fast_before + 2
+    assert run(fast_ops(cluster)) == fast_before + 2
     # The reads queued the damaged copies for repair; a deep scrub's repair finishes the rest.
     code, report = cluster.cairn("pg", "scrub", "rep", "--deep", "--repair", check=False)
     assert code == 0 and report["repaired"] == len(report["errors"]) <= 2, report
@@ -250,10 +251,10 @@ def test_a_damaged_copy_on_the_primary_is_read_around_and_repaired(local_cluster
     assert code == 0 and report["errors"] == [], report
     run(read_back())
     # With the copies whole, all eight gets (whole and ranges, copied and zero-copy) were fast.
-    assert run(fast_gets(cluster)) == fast_before + 2 + 8
+    assert run(fast_ops(cluster)) == fast_before + 2 + 8
 
 
-async def fast_gets(cluster, op="get"):
+async def fast_ops(cluster, op="get"):
     """Ops of one kind the cluster's OSDs answered on their fast path so far."""
     total = 0
     for entry in cluster.description["osds"]:
