@@ -43,8 +43,8 @@ extensions = [
     ),
     # The frame parser and encoder the messenger runs (common/wire.py selects them).
     Extension(
-        "cairn.native._wire",
-        ["native/_wire.pyx"],
+        "cairn.common._wire",
+        ["common/_wire.pyx"],
         include_dirs=["native"],
         extra_compile_args=["-O2"],
     ),
@@ -64,7 +64,7 @@ PACKAGE_DIRS = {"cairn." + name: name for name in TOP_LEVEL} | {"cairn.cluster":
 setup(
     packages=list(PACKAGE_DIRS),
     package_dir=PACKAGE_DIRS,
-    package_data={"cairn.native": ["*.pyi", "*.pyx", "*.h"]},
+    package_data={"cairn.native": ["*.pyi", "*.pyx", "*.h"], "cairn.common": ["*.pyx"]},
     ext_modules=cythonize(extensions, language_level=3),
     zip_safe=False,
 )

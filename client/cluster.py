@@ -15,6 +15,7 @@ map and retries against the new primary until the op's deadline. Errors are type
 """
 
 import asyncio
+import os
 import collections
 import dataclasses
 import secrets
@@ -629,10 +630,20 @@ class Pool:
 
 
 def new_event_loop():
-    """The client's event loop: asyncio's own, not uvloop. Measured with `cairn bench cluster`
-    (3 OSDs, 16 in flight, this VM): 4 KiB seq reads 8,587 IOPS on asyncio's loop against
-    6,850-7,284 on uvloop, 4 MiB seq reads the same on both (1,244-1,314 MB/s). Daemons keep
-    uvloop (common/daemon.py)."""
+    """The client's event loop: uvloop, as in the daemons (CAIRN_CLIENT_LOOP=asyncio picks
+    asyncio's own). Measured with `cairn bench cluster` (3 OSDs, 16 in flight, 2-core VM,
+    2026-11-26, alternated, three rounds of 5 s): 4 KiB seq reads 13,216-14,295 IOPS on uvloop
+    against 11,645-12,725 on asyncio's loop, client CPU 0.032-0.034 against 0.038-0.042 s per
+    1,000; 4 MiB writes 434-511 against 388-482 MB/s; 4 MiB seq reads (1,183-1,326 against
+    1,221-1,300 MB/s) and 4 KiB writes (1,400-1,550 against 1,361-1,595 IOPS, 8 s rounds) the
+    same. (Before the outbox and the native frame parser, asyncio's loop was the faster.)"""
+    if os.environ.get("CAIRN_CLIENT_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
 

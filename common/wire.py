@@ -105,7 +105,7 @@ class FrameReceiverTwin:
     start reading while a payload waits for its budget. Each frame's `reserved` bytes were
     taken from the limits' budgets; whoever handles the frame gives them back (`release`).
 
-    The reference: what ships is its native twin (native/_wire.pyx, `FrameReceiver` below),
+    The reference: what ships is its native twin (common/_wire.pyx, `FrameReceiver` below),
     which the tests hold to the same behaviour."""
 
     def __init__(self, on_frame, on_error, limits=None, on_pause=None, on_resume=None):
@@ -371,14 +371,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.resume_reading("budget")
 
 
-# The shipped parser and encoder are native (native/_wire.pyx): the same rules and messages as
+# The shipped parser and encoder are native (common/_wire.pyx): the same rules and messages as
 # FrameReceiverTwin and frame.encode, in C. CAIRN_NO_EXTENSIONS=1 selects the twins.
 if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
     FrameReceiver, encode = FrameReceiverTwin, frame.encode
 else:
     try:
-        from cairn.native._wire import FrameReceiver, encode  # noqa: E402 (needs this module)
+        from cairn.common._wire import FrameReceiver, encode  # noqa: E402 (needs this module)
     except ImportError as exc:
-        raise ImportError("cairn's native framing extension (cairn.native._wire) is not "
+        raise ImportError("cairn's native framing extension (cairn.common._wire) is not "
                           "built; run 'pip install -e .' in the source tree, or set "
                           "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc

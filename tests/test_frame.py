@@ -1,7 +1,7 @@
 """The wire frame and the one parser the daemons run (common/wire.FrameReceiver): round trips,
 split delivery, and garbage in -> only RemoteProtocolError, never a wrong frame.
 
-Every test runs twice: on the native parser and encoder the daemons ship (native/_wire.pyx) and
+Every test runs twice: on the native parser and encoder the daemons ship (common/_wire.pyx) and
 on their Python twins (wire.FrameReceiverTwin, frame.encode); the two encoders must also produce
 the same bytes.
 
@@ -332,7 +332,7 @@ def test_the_native_encoder_writes_the_twins_bytes(kind, request_id, header, pay
 
 
 def test_the_native_crc_matches_the_package():
-    from cairn.native import _wire
+    from cairn.common import _wire
     import os
     for size in (0, 1, 7, 8, 9, 100, 4096, 70_001):
         data = os.urandom(size)
