@@ -337,8 +337,9 @@ class ObjectService:
     # -- ops answered without a task -------------------------------------------------------------
 
     def fast(self, connection, received):
-        """messenger.serve's `fast`: a get (`fast_get`) or a replica's write (`fast_rep_put`)
-        taken to be answered from callbacks, when nothing about it needs waiting."""
+        """messenger.serve's `fast`: a get (`fast_get`), a put (`fast_put`) or a replica's
+        write (`fast_rep_put`) taken to be answered from callbacks, when nothing about it
+        needs waiting."""
         op = received.header.get("op")
         if op == "get":
             return self.fast_get(connection, received)
@@ -347,6 +348,26 @@ class ObjectService:
         if op == "put":
             return self.fast_put(connection, received)
         return False
+
+    def _fast_pg(self, connection, header, as_primary):
+        """(map, PgShell) of a request a fast path may take: this OSD's map is at least the
+        sender's epoch, the peer may send it (access.check), the pool is replicated and the
+        PG is known here (and, `as_primary`, active with this OSD its primary); else None.
+        Raises on malformed fields (the caller then declines the request)."""
+        cmap = self.map
+        epoch = header.get("epoch", 0)
+        if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
+            return None
+        access.check(connection.peer, cmap, header)
+        pool = pgs.pool_by_id(cmap, header.get("pool"))
+        if pool is None or pool["kind"] != "replicated":
+            return None
+        pg = self.registry.pgs.get((pool["id"], header.get("pg")))
+        if pg is None or as_primary and (not pg.interval or
+                                         pg.interval[1].primary != self.daemon.id or
+                                         not pg.active.is_set()):
+            return None
+        return cmap, pool, pg
 
     def fast_put(self, connection, received):
         """Take a client's put to a replicated PG when `_put` would not wait before its write
@@ -357,19 +378,13 @@ class ObjectService:
         from the write's start on, its outcome is the answer."""
         header, payload = received.header, received.payload
         try:
-            cmap = self.map
-            epoch = header.get("epoch", 0)
-            if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
+            found = self._fast_pg(connection, header, as_primary=True)
+            if found is None:
                 return False
-            access.check(connection.peer, cmap, header)
-            pool = pgs.pool_by_id(cmap, header.get("pool"))
-            if pool is None or pool["kind"] != "replicated":
-                return False
-            pg = self.registry.pgs.get((pool["id"], header.get("pg")))
+            cmap, pool, pg = found
             name = header.get("name")
-            if pg is None or not pg.interval or pg.interval[1].primary != self.daemon.id or \
-                    not pg.active.is_set() or pg.log_names is None or type(name) is not str \
-                    or not name or len(payload) > OBJECT_SIZE_BYTES_MAX or \
+            if pg.log_names is None or type(name) is not str or not name or \
+                    len(payload) > OBJECT_SIZE_BYTES_MAX or \
                     not self.store.has_collection(pg.collection) or \
                     not self.store.has_collection(pg.log_collection):
                 return False
@@ -440,21 +455,16 @@ class ObjectService:
         wrong; from the transaction's start on, its outcome is the answer."""
         header = received.header
         try:
-            cmap = self.map
-            epoch = header.get("epoch", 0)
-            if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
+            found = self._fast_pg(connection, header, as_primary=False)
+            if found is None:
                 return False
-            access.check(connection.peer, cmap, header)
-            pool = pgs.pool_by_id(cmap, header.get("pool"))
-            if pool is None or pool["kind"] != "replicated":
-                return False
-            pg = self.registry.pgs.get((pool["id"], header.get("pg")))
+            _, _, pg = found
             name, version = header.get("name"), header.get("version")
-            if pg is None or type(name) is not str or not name or type(version) is not int \
-                    or version <= 0 or not self.store.has_collection(pg.collection) or \
+            if type(name) is not str or not name or type(version) is not int or version <= 0 \
+                    or not self.store.has_collection(pg.collection) or \
                     not self.store.has_collection(pg.log_collection):
                 return False
-            pg.check_from_primary(header.get("from"), epoch)
+            pg.check_from_primary(header.get("from"), header.get("epoch", 0))
         except Exception:
             return False
         complete = bool(header.get("complete"))
@@ -483,7 +493,7 @@ class ObjectService:
 
 
     def fast_get(self, connection, received):
-        """messenger.serve's `fast`: take a `get` of a replicated object when nothing about it
+        """Take a `get` of a replicated object when nothing about it
         needs waiting (the map is current, the PG active here as primary, the object's lock
         free, nothing to recover, room for the reply, this disk not flagged slow, the object
         in one piece), start its device read and answer from the read's callback: no task and
@@ -492,20 +502,12 @@ class ObjectService:
         effect: a fast get and a usual one cannot tell apart."""
         header = received.header
         try:
-            if header.get("op") != "get" or header.get("direct"):
+            if header.get("direct"):
                 return False
-            cmap = self.map
-            epoch = header.get("epoch", 0)
-            if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
+            found = self._fast_pg(connection, header, as_primary=True)
+            if found is None or self.daemon.id in slow_osds(found[0]):
                 return False
-            access.check(connection.peer, cmap, header)
-            pool = pgs.pool_by_id(cmap, header.get("pool"))
-            if pool is None or pool["kind"] != "replicated" or self.daemon.id in slow_osds(cmap):
-                return False
-            pg = self.registry.pgs.get((pool["id"], header.get("pg")))
-            if pg is None or not pg.interval or pg.interval[1].primary != self.daemon.id or \
-                    not pg.active.is_set():
-                return False
+            pg = found[2]
             name, offset, length = header.get("name"), header.get("offset", 0), \
                 header.get("length")
             key = (pg.collection, name)
