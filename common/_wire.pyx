@@ -25,7 +25,6 @@ from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memcmp
 
 from cairn.common import frame as _frame
-from cairn.common import wire as _wire
 
 assert sys.byteorder == "little"
 
@@ -43,8 +42,11 @@ cdef Py_ssize_t MAC_BYTES = _frame.MAC_BYTES
 cdef uint16_t FLAG_MAC = _frame.FLAG_MAC
 cdef Py_ssize_t HEADER_MAX = _frame.HEADER_BYTES_MAX
 cdef Py_ssize_t PAYLOAD_MAX = _frame.PAYLOAD_BYTES_MAX
-cdef Py_ssize_t DIRECT_MIN = _wire.PAYLOAD_DIRECT_BYTES_MIN
-cdef Py_ssize_t SCRATCH = _wire.SCRATCH_BYTES
+# What the receiver shares with its twin, handed over by common/wire.py (`bind`).
+cdef Py_ssize_t DIRECT_MIN = 0
+cdef Py_ssize_t SCRATCH = 0
+cdef object POOL = None
+cdef object Limits = None
 cdef bytes MAGIC = _frame.MAGIC
 cdef int VERSION = _frame.VERSION
 cdef object KINDS = _frame._KINDS
@@ -57,8 +59,14 @@ cdef object decode_payload = _frame.decode_payload
 cdef object unpackb = msgpack.unpackb
 cdef object packb = msgpack.packb
 cdef object compare_digest = hmac.compare_digest
-cdef object POOL = _wire._POOL
-cdef object Limits = _wire.Limits
+
+
+def bind(limits_class, pool, Py_ssize_t direct_min, Py_ssize_t scratch):
+    """common/wire.py hands over its Limits, the pool large payloads land in, and the sizes
+    (as it is imported: this module does not import it first, so either may be imported
+    first)."""
+    global Limits, POOL, DIRECT_MIN, SCRATCH
+    Limits, POOL, DIRECT_MIN, SCRATCH = limits_class, pool, direct_min, scratch
 
 
 cdef inline uint32_t load32(const unsigned char *p) noexcept nogil:
@@ -429,3 +437,7 @@ def encode(kind, request_id, header, payload=b"", mac=None, payload_crc=None):
     store32(q + CRC_COVERED, cairn_crc32c_update(cairn_crc32c_update(0, q, CRC_COVERED, HW),
                                                  q + FIXED, head_bytes - FIXED, HW))
     return [head, *pieces]
+
+
+# Imported first, this module has wire imported now, which binds it (above).
+from cairn.common import wire as _wire  # noqa: E402

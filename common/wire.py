@@ -377,8 +377,10 @@ if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
     FrameReceiver, encode = FrameReceiverTwin, frame.encode
 else:
     try:
-        from cairn.common._wire import FrameReceiver, encode  # noqa: E402 (needs this module)
+        from cairn.common import _wire  # noqa: E402 (it shares this module's pieces: bind)
     except ImportError as exc:
         raise ImportError("cairn's native framing extension (cairn.common._wire) is not "
                           "built; run 'pip install -e .' in the source tree, or set "
                           "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc
+    _wire.bind(Limits, _POOL, PAYLOAD_DIRECT_BYTES_MIN, SCRATCH_BYTES)
+    FrameReceiver, encode = _wire.FrameReceiver, _wire.encode

@@ -338,3 +338,19 @@ def test_the_native_crc_matches_the_package():
         data = os.urandom(size)
         for start in (0, 1, 0xFFFFFFFF, 0x12345678):
             assert _wire.crc32c(data, start) == crc32c(data, start), (size, start)
+
+
+def test_the_native_module_works_whichever_is_imported_first():
+    """common/_wire.pyx and common/wire.py import each other; either may come first."""
+    import subprocess
+    import sys
+    for first in ("cairn.common._wire", "cairn.common.wire"):
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {first}\n"
+             "from cairn.common import _wire, frame, wire\n"
+             "got = []\n"
+             "receiver = wire.FrameReceiver(got.append, print)\n"
+             "receiver.feed(b''.join(wire.encode(frame.Kind.REQUEST, 1, {'op': 'x'}, b'p' * 70000)))\n"
+             "assert wire.FrameReceiver is _wire.FrameReceiver and bytes(got[0].payload) == b'p' * 70000"],
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (first, done.stderr)
