@@ -1,16 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Native framing: the shipped `FrameReceiver` and `encode` (common/wire.py, common/frame.py).
+"""Native framing: the frame-cutting loop of the shipped `wire.FrameReceiver`, and `encode`.
 
-The same parser and encoder as their Python twins (`wire.FrameReceiverTwin`, `frame.encode`),
-rule for rule and error message for error message; tests/test_frame.py runs its round trips and
-its fuzzing against both. What is native: the fixed fields read from the buffer, both checksums,
-the limits, the budgets' arithmetic for small frames, and building the frame, with no
-intermediate objects; what stays a Python call: msgpack (already C), the session MAC (hashlib's
-blake2b) and the frame's callback. A profile of 4 KiB gets put the Python parser and encoder at
-a quarter of an OSD's interpreted time per op.
+`wire.FrameReceiver` is its Python twin `wire.FrameReceiverTwin` with `cut_frames` as its
+`_parse`: the same state and the same rules, error message for error message, with the loop
+that every received frame goes through in C; the rest of the receiver (buffers, budgets, large
+payloads) is the twin's own code. `encode` is `frame.encode` in C. tests/test_frame.py runs its
+round trips and its fuzzing against both receivers and holds the encoders to the same bytes.
+What is native: the fixed fields read from the buffer, both checksums, the limits, and building
+the frame, with no intermediate objects; what stays a Python call: msgpack (already C), the
+session MAC (hashlib's blake2b) and the frame's callback. A profile of 4 KiB gets put the
+Python parser and encoder at a quarter of an OSD's interpreted time per op.
 
-Errors: anything a frame gets wrong is reported by the same code that reports it in the twin
-(`frame.decode_prefix` is called to name a bad prefix, so the messages cannot drift apart).
+Errors: a bad prefix is named by `frame.decode_prefix` and an exceeded limit by the receiver's
+own `_check_limits`, so those messages cannot drift apart from the twin's.
 """
 
 import sys
@@ -42,11 +44,9 @@ cdef Py_ssize_t MAC_BYTES = _frame.MAC_BYTES
 cdef uint16_t FLAG_MAC = _frame.FLAG_MAC
 cdef Py_ssize_t HEADER_MAX = _frame.HEADER_BYTES_MAX
 cdef Py_ssize_t PAYLOAD_MAX = _frame.PAYLOAD_BYTES_MAX
-# What the receiver shares with its twin, handed over by common/wire.py (`bind`).
-cdef Py_ssize_t DIRECT_MIN = 0
-cdef Py_ssize_t SCRATCH = 0
-cdef object POOL = None
-cdef object Limits = None
+# Payloads from this size on are received into their own buffer (wire.PAYLOAD_DIRECT_BYTES_MIN,
+# which wire.py checks equals this) and checked block by block.
+cdef Py_ssize_t DIRECT_MIN = _frame.BLOCK_CRCS_BYTES_MIN
 cdef bytes MAGIC = _frame.MAGIC
 cdef int VERSION = _frame.VERSION
 cdef object KINDS = _frame._KINDS
@@ -55,18 +55,9 @@ cdef object Prefix = _frame.Prefix
 cdef object RemoteProtocolError = _frame.RemoteProtocolError
 cdef object LocalProtocolError = _frame.LocalProtocolError
 cdef object decode_prefix = _frame.decode_prefix
-cdef object decode_payload = _frame.decode_payload
 cdef object unpackb = msgpack.unpackb
 cdef object packb = msgpack.packb
 cdef object compare_digest = hmac.compare_digest
-
-
-def bind(limits_class, pool, Py_ssize_t direct_min, Py_ssize_t scratch):
-    """common/wire.py hands over its Limits, the pool large payloads land in, and the sizes
-    (as it is imported: this module does not import it first, so either may be imported
-    first)."""
-    global Limits, POOL, DIRECT_MIN, SCRATCH
-    Limits, POOL, DIRECT_MIN, SCRATCH = limits_class, pool, direct_min, scratch
 
 
 cdef inline uint32_t load32(const unsigned char *p) noexcept nogil:
@@ -106,276 +97,111 @@ def crc32c(data, uint32_t value=0):
     return crc_of(data, value)
 
 
-cdef void _nothing():
-    pass
+cdef object _header_of(object mac, const unsigned char *p, Py_ssize_t header_bytes,
+                       uint16_t flags, uint32_t header_crc):
+    """frame.decode_header, on the frame at `p` whose header is in."""
+    cdef uint32_t crc = cairn_crc32c_update(0, p, CRC_COVERED, HW)
+    crc = cairn_crc32c_update(crc, p + FIXED, header_bytes, HW)
+    if crc != header_crc:
+        raise RemoteProtocolError("frame header checksum mismatch (corrupted in flight?)")
+    if mac is not None:
+        if not flags & FLAG_MAC:
+            raise RemoteProtocolError("frame without a MAC on an authenticated connection")
+        header_raw = PyBytes_FromStringAndSize(<const char *> p + FIXED,
+                                               header_bytes - MAC_BYTES)
+        tag = PyBytes_FromStringAndSize(<const char *> p + FIXED + header_bytes - MAC_BYTES,
+                                        MAC_BYTES)
+        fixed = PyBytes_FromStringAndSize(<const char *> p, CRC_COVERED)
+        if not compare_digest(mac.next(fixed, header_raw), tag):
+            raise RemoteProtocolError("frame MAC does not check (forged, replayed or from "
+                                      "another session)")
+    elif flags & FLAG_MAC:
+        raise RemoteProtocolError("frame with a MAC on a connection that has no session")
+    else:
+        header_raw = PyBytes_FromStringAndSize(<const char *> p + FIXED, header_bytes)
+    try:
+        header = unpackb(header_raw, raw=False, strict_map_key=False)
+    except Exception as exc:        # msgpack raises several unrelated types on garbage
+        raise RemoteProtocolError(f"frame header is not msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise RemoteProtocolError(f"frame header is a {type(header).__name__}, not a map")
+    return header
 
 
-cdef class FrameReceiver:
-    """wire.FrameReceiverTwin in C: see there for the rules; the behaviour is the same."""
-
-    cdef object _on_frame
-    cdef object _on_error
-    cdef object _on_pause
-    cdef object _on_resume
-    cdef public object limits
-    cdef bytearray _scratch
-    cdef Py_ssize_t _start
-    cdef Py_ssize_t _end
-    cdef object _direct             # (prefix, header, payload view, bytes filled) or None
-    cdef Py_ssize_t _needed
-    cdef object _stalled            # (prefix, header) waiting for budget, or None
-    cdef public bint failed
-    cdef public bint frame_started
-    cdef public bint held
-    cdef public object mac
-    cdef object _header             # the header of the frame at _start, once checked
-
-    def __init__(self, on_frame, on_error, limits=None, on_pause=None, on_resume=None):
-        self._on_frame = on_frame
-        self._on_error = on_error
-        self._on_pause = on_pause or (lambda: None)
-        self._on_resume = on_resume or (lambda: None)
-        self.limits = limits or Limits()
-        self._scratch = bytearray(SCRATCH)
-        self._start = 0
-        self._end = 0
-        self._direct = None
-        self._needed = 0
-        self._stalled = None
-        self.failed = False
-        self.frame_started = False
-        self.held = False
-        self.mac = None
-        self._header = None
-
-    # -- the event loop's calls ----------------------------------------------------------------
-
-    def get_buffer(self, sizehint):
-        if self._direct is not None:
-            _, _, payload, filled = self._direct
-            return payload[filled:]
-        if self._end == len(self._scratch):
-            self._make_room()
-        return memoryview(self._scratch)[self._end:]
-
-    def buffer_updated(self, Py_ssize_t nbytes):
-        if self.failed:
-            return
-        try:
-            if self._direct is not None:
-                prefix, header, payload, filled = self._direct
-                filled += nbytes
-                if filled < len(payload):
-                    self._direct = (prefix, header, payload, filled)
-                    return
-                self._direct = None
-                self._deliver(prefix, header, payload)
-            else:
-                self._end += nbytes
-            self._parse()
-        except RemoteProtocolError as exc:
-            self.failed = True
-            self._on_error(exc)
-
-    def feed(self, data):
-        """Receive `data` exactly as the event loop would (see the twin)."""
-        view = memoryview(data)
-        while view.nbytes and not self.failed:
-            if self._stalled is not None:
-                raise BlockingIOError("the receiver waits for its budget")
-            buffer = self.get_buffer(-1)
-            count = min(len(buffer), view.nbytes)
-            buffer[:count] = view[:count]
-            view = view[count:]
-            self.buffer_updated(count)
-
-    @property
-    def waiting_for_budget(self):
-        return self._stalled is not None
-
-    def close(self):
-        """The connection ended: give back what the unfinished frame reserved."""
-        self.failed = True
-        if self._direct is not None:
-            prefix = self._direct[0]
-            self._direct = None
-            for budget in self.limits.budgets:
-                budget.give(prefix.payload_bytes)
-        self._stalled = None
-
-    def resume(self):
-        """The owner resumed reading: cut the frames already buffered."""
-        self.held = False
-        if self.failed or self._direct is not None:
-            return
-        try:
-            self._parse()
-        except RemoteProtocolError as exc:
-            self.failed = True
-            self._on_error(exc)
-
-    def release(self, received):
-        """Give back the budget bytes a delivered frame holds, once it is answered."""
-        reserved = received.reserved
-        if reserved:
-            for budget in self.limits.budgets:
-                budget.give(reserved)
-
-    # -- parsing -------------------------------------------------------------------------------
-
-    cdef _make_room(self):
-        cdef Py_ssize_t pending = self._end - self._start
-        fresh = bytearray(max(SCRATCH, self._needed, pending + 1))
-        fresh[:pending] = memoryview(self._scratch)[self._start:self._end]
-        self._scratch = fresh
-        self._start, self._end = 0, pending
-
-    cdef _check_limits(self, Py_ssize_t header_bytes, Py_ssize_t payload_bytes):
+def cut_frames(self):
+    """wire.FrameReceiverTwin._parse in C, for the receiver that ships (wire.FrameReceiver:
+    the twin with this as its `_parse`): the same state, steps and errors. A large payload is
+    handed to the receiver's own `_reserve`; a frame whose limits are exceeded is named by its
+    `_check_limits`."""
+    cdef const unsigned char *p
+    cdef uint8_t version, kind
+    cdef uint16_t flags
+    cdef uint64_t request_id
+    cdef Py_ssize_t start, end, header_bytes, payload_bytes, body_start, payload_start
+    cdef uint32_t payload_crc, header_crc, crc
+    cdef bytearray scratch
+    while self._stalled is None and self._direct is None and not self.held:
+        start, end = self._start, self._end
+        if end - start < FIXED:
+            self._needed = FIXED
+            break
+        scratch = self._scratch
+        p = <const unsigned char *> PyByteArray_AS_STRING(scratch) + start
+        version, kind = p[4], p[5]
+        flags = p[6] | (p[7] << 8)
+        request_id = load64(p + 8)
+        header_bytes = load32(p + 16)
+        payload_bytes = load32(p + 20)
+        payload_crc = load32(p + 24)
+        header_crc = load32(p + 28)
+        if memcmp(p, PyBytes_AS_STRING(MAGIC), 4) != 0 or version != VERSION or \
+                kind < 1 or kind > 4 or flags & ~FLAG_MAC or \
+                (flags & FLAG_MAC and header_bytes < MAC_BYTES) or \
+                header_bytes > HEADER_MAX or payload_bytes > PAYLOAD_MAX:
+            decode_prefix(scratch, start)                       # names what is wrong
+            raise RemoteProtocolError("bad frame prefix")       # (not reached)
         limits = self.limits
-        if header_bytes > limits.header_bytes_max:
-            raise RemoteProtocolError(
-                f"frame header of {header_bytes} bytes is over this connection's limit "
-                f"({limits.header_bytes_max})")
-        if payload_bytes > limits.payload_bytes_max:
-            raise RemoteProtocolError(
-                f"frame payload of {payload_bytes} bytes is over this connection's "
-                f"limit ({limits.payload_bytes_max})")
-
-    cdef object _header_of(self, const unsigned char *p, Py_ssize_t header_bytes,
-                           uint16_t flags, uint32_t header_crc):
-        """frame.decode_header, on the frame at `p` whose header is in."""
-        cdef uint32_t crc = cairn_crc32c_update(0, p, CRC_COVERED, HW)
-        crc = cairn_crc32c_update(crc, p + FIXED, header_bytes, HW)
-        if crc != header_crc:
-            raise RemoteProtocolError("frame header checksum mismatch (corrupted in flight?)")
-        mac = self.mac
-        if mac is not None:
-            if not flags & FLAG_MAC:
-                raise RemoteProtocolError("frame without a MAC on an authenticated connection")
-            header_raw = PyBytes_FromStringAndSize(<const char *> p + FIXED,
-                                                   header_bytes - MAC_BYTES)
-            tag = PyBytes_FromStringAndSize(<const char *> p + FIXED + header_bytes - MAC_BYTES,
-                                            MAC_BYTES)
-            fixed = PyBytes_FromStringAndSize(<const char *> p, CRC_COVERED)
-            if not compare_digest(mac.next(fixed, header_raw), tag):
-                raise RemoteProtocolError("frame MAC does not check (forged, replayed or from "
-                                          "another session)")
-        elif flags & FLAG_MAC:
-            raise RemoteProtocolError("frame with a MAC on a connection that has no session")
-        else:
-            header_raw = PyBytes_FromStringAndSize(<const char *> p + FIXED, header_bytes)
-        try:
-            header = unpackb(header_raw, raw=False, strict_map_key=False)
-        except Exception as exc:        # msgpack raises several unrelated types on garbage
-            raise RemoteProtocolError(f"frame header is not msgpack: {exc}") from None
-        if not isinstance(header, dict):
-            raise RemoteProtocolError(f"frame header is a {type(header).__name__}, not a map")
-        return header
-
-    cdef _parse(self):
-        """Cut every complete frame out of the scratch buffer (the twin's `_parse`)."""
-        cdef const unsigned char *p
-        cdef uint8_t version, kind
-        cdef uint16_t flags
-        cdef uint64_t request_id
-        cdef Py_ssize_t header_bytes, payload_bytes, body_start, payload_start
-        cdef uint32_t payload_crc, header_crc, crc
-        while self._stalled is None and self._direct is None and not self.held:
-            if self._end - self._start < FIXED:
-                self._needed = FIXED
-                break
-            p = <const unsigned char *> PyByteArray_AS_STRING(self._scratch) + self._start
-            version, kind = p[4], p[5]
-            flags = p[6] | (p[7] << 8)
-            request_id = load64(p + 8)
-            header_bytes = load32(p + 16)
-            payload_bytes = load32(p + 20)
-            payload_crc = load32(p + 24)
-            header_crc = load32(p + 28)
-            if memcmp(p, PyBytes_AS_STRING(MAGIC), 4) != 0 or version != VERSION or \
-                    kind < 1 or kind > 4 or flags & ~FLAG_MAC or \
-                    (flags & FLAG_MAC and header_bytes < MAC_BYTES) or \
-                    header_bytes > HEADER_MAX or payload_bytes > PAYLOAD_MAX:
-                decode_prefix(self._scratch, self._start)       # names what is wrong
-                raise RemoteProtocolError("bad frame prefix")   # (not reached)
-            self._check_limits(header_bytes, payload_bytes)
-            body_start = self._start + FIXED
-            if self._end - body_start < header_bytes:
-                self._needed = FIXED + header_bytes
-                break
-            if self._header is None:
-                # Decoded once per frame: a MAC check advances the session's frame counter.
-                self._header = self._header_of(p, header_bytes, flags, header_crc)
-            header = self._header
-            payload_start = body_start + header_bytes
-            if payload_bytes >= DIRECT_MIN:
-                prefix = Prefix(KINDS[kind], request_id, header_bytes, payload_bytes,
-                                payload_crc, header_crc,
-                                PyBytes_FromStringAndSize(<const char *> p, CRC_COVERED), flags)
-                self._start = payload_start
-                self._header = None
-                self._reserve(prefix, header)
-                continue
-            if self._end - payload_start < payload_bytes:
-                self._needed = FIXED + header_bytes + payload_bytes
-                break
-            payload = PyBytes_FromStringAndSize(<const char *> p + FIXED + header_bytes,
-                                                payload_bytes)
-            self._start = payload_start + payload_bytes
+        if header_bytes > limits.header_bytes_max or payload_bytes > limits.payload_bytes_max:
+            self._check_limits(decode_prefix(scratch, start))   # names which
+        body_start = start + FIXED
+        if end - body_start < header_bytes:
+            self._needed = FIXED + header_bytes
+            break
+        header = self._header
+        if header is None:
+            # Decoded once per frame: a MAC check advances the session's frame counter.
+            header = self._header = _header_of(self.mac, p, header_bytes, flags, header_crc)
+        payload_start = body_start + header_bytes
+        if payload_bytes >= DIRECT_MIN:
+            self._start = payload_start
             self._header = None
-            budgets = self.limits.budgets
-            for budget in budgets:
-                budget.force(payload_bytes)
-            # frame.decode_payload for a payload under BLOCK_CRCS_BYTES_MIN (= DIRECT_MIN)
-            crc = cairn_crc32c_update(0, <const unsigned char *> PyBytes_AS_STRING(payload),
-                                      payload_bytes, HW) if payload_bytes else 0
-            if crc != payload_crc:
-                raise RemoteProtocolError(f"frame payload checksum mismatch ({payload_bytes} "
-                                          "bytes)")
-            self._on_frame(Frame(KINDS[kind], request_id, header, payload,
-                                 payload_bytes if budgets else 0))
-        if self._direct is None and self._start == self._end:
-            self._start = self._end = 0
-        self.frame_started = self._direct is not None or self._stalled is not None or \
-            self._end > self._start
-
-    cdef _reserve(self, prefix, header):
-        budgets = self.limits.budgets
-        short = [budget for budget in budgets if not budget.fits(prefix.payload_bytes)]
-        if short:
-            self._stalled = (prefix, header)
-            self._on_pause()
-            short[0].wait(self._retry)
-            return
+            self._reserve(Prefix(KINDS[kind], request_id, header_bytes, payload_bytes,
+                                 payload_crc, header_crc,
+                                 PyBytes_FromStringAndSize(<const char *> p, CRC_COVERED),
+                                 flags), header)
+            continue
+        if end - payload_start < payload_bytes:
+            self._needed = FIXED + header_bytes + payload_bytes
+            break
+        payload = PyBytes_FromStringAndSize(<const char *> p + FIXED + header_bytes,
+                                            payload_bytes)
+        self._start = payload_start + payload_bytes
+        self._header = None
+        budgets = limits.budgets
         for budget in budgets:
-            budget.force(prefix.payload_bytes)
-        payload = POOL.get(prefix.payload_bytes)[:prefix.payload_bytes]
-        have = min(self._end - self._start, prefix.payload_bytes)
-        payload[:have] = memoryview(self._scratch)[self._start:self._start + have]
-        self._start += have
-        if have < prefix.payload_bytes:
-            self._direct = (prefix, header, payload, have)
-            self._start = self._end = 0
-            return
-        self._deliver(prefix, header, payload)
-
-    def _retry(self):
-        if self._stalled is None or self.failed:
-            return
-        prefix, header = self._stalled
-        self._stalled = None
-        try:
-            self._reserve(prefix, header)
-            if self._stalled is None:
-                self._on_resume()
-                self._parse()
-        except RemoteProtocolError as exc:
-            self.failed = True
-            self._on_error(exc)
-
-    cdef _deliver(self, prefix, header, payload):
-        reserved = prefix.payload_bytes if self.limits.budgets else 0
-        self._on_frame(decode_payload(prefix, header, payload, reserved))
+            budget.force(payload_bytes)
+        # frame.decode_payload for a payload under BLOCK_CRCS_BYTES_MIN (= DIRECT_MIN)
+        crc = cairn_crc32c_update(0, <const unsigned char *> PyBytes_AS_STRING(payload),
+                                  payload_bytes, HW) if payload_bytes else 0
+        if crc != payload_crc:
+            raise RemoteProtocolError(f"frame payload checksum mismatch ({payload_bytes} "
+                                      "bytes)")
+        self._on_frame(Frame(KINDS[kind], request_id, header, payload,
+                             payload_bytes if budgets else 0))
+    if self._direct is None and self._start == self._end:
+        self._start = self._end = 0
+    self.frame_started = self._direct is not None or self._stalled is not None or \
+        self._end > self._start
 
 
 def encode(kind, request_id, header, payload=b"", mac=None, payload_crc=None):
@@ -438,6 +264,3 @@ def encode(kind, request_id, header, payload=b"", mac=None, payload_crc=None):
                                                  q + FIXED, head_bytes - FIXED, HW))
     return [head, *pieces]
 
-
-# Imported first, this module has wire imported now, which binds it (above).
-from cairn.common import wire as _wire  # noqa: E402

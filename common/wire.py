@@ -105,8 +105,8 @@ class FrameReceiverTwin:
     start reading while a payload waits for its budget. Each frame's `reserved` bytes were
     taken from the limits' budgets; whoever handles the frame gives them back (`release`).
 
-    The reference: what ships is its native twin (common/_wire.pyx, `FrameReceiver` below),
-    which the tests hold to the same behaviour."""
+    The reference: what ships is `FrameReceiver` below, this class with its frame-cutting
+    loop in C (common/_wire.pyx), which the tests hold to the same behaviour."""
 
     def __init__(self, on_frame, on_error, limits=None, on_pause=None, on_resume=None):
         self._on_frame = on_frame
@@ -371,16 +371,22 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.resume_reading("budget")
 
 
-# The shipped parser and encoder are native (common/_wire.pyx): the same rules and messages as
-# FrameReceiverTwin and frame.encode, in C. CAIRN_NO_EXTENSIONS=1 selects the twins.
+# The shipped parser and encoder are native where every frame passes (common/_wire.pyx): the
+# twin's frame-cutting loop and frame.encode, in C. CAIRN_NO_EXTENSIONS=1 selects the twins.
 if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
     FrameReceiver, encode = FrameReceiverTwin, frame.encode
 else:
     try:
-        from cairn.common import _wire  # noqa: E402 (it shares this module's pieces: bind)
+        from cairn.common import _wire  # noqa: E402
     except ImportError as exc:
         raise ImportError("cairn's native framing extension (cairn.common._wire) is not "
                           "built; run 'pip install -e .' in the source tree, or set "
                           "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc
-    _wire.bind(Limits, _POOL, PAYLOAD_DIRECT_BYTES_MIN, SCRATCH_BYTES)
-    FrameReceiver, encode = _wire.FrameReceiver, _wire.encode
+    assert PAYLOAD_DIRECT_BYTES_MIN == frame.BLOCK_CRCS_BYTES_MIN
+
+    class FrameReceiver(FrameReceiverTwin):
+        """The receiver every daemon and client runs: the twin with its loop in C."""
+
+        _parse = _wire.cut_frames
+
+    encode = _wire.encode

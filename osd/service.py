@@ -410,11 +410,12 @@ class ObjectService:
             finish(None, False, exc)
             return True
         backend = self.backends["replicated"]
+        complete = plan.target(self.daemon.id).complete
         try:
             local = self.store.start_apply(
-                backend.transaction(pg, name, payload, plan.version, False, manifest,
-                                    plan.target(self.daemon.id).complete, received.block_crcs),
-                then=lambda: pg.applied(plan.version, plan.target(self.daemon.id).complete))
+                backend.transaction(pg, name, payload, plan.version, False, manifest, complete,
+                                    received.block_crcs),
+                then=lambda: pg.applied(plan.version, complete))
         except Exception as exc:
             finish(plan, False, exc)
             return True

@@ -486,16 +486,23 @@ class Store:
             if record is None:
                 self._require_collection(collection)
                 raise ObjectNotFound(collection, name)
-            end = record.size if length is None else min(record.size, offset + length)
-            if offset >= end:
+            end, first, count = self._span(record, offset, length)
+            if count <= 0:
                 return record, memoryview(b"")
-            first = offset // self.block_size
-            count = -(-end // self.block_size) - first
             view = await self._read_blocks(collection, name, record, first, count)
             start = offset - first * self.block_size
             return record, view[start:start + end - offset]
         finally:
             self._unpin(pin)
+
+    def _span(self, record, offset, length):
+        """(end, first block, block count) of a read of `record` from `offset`; a count of 0
+        or less: the range holds no byte."""
+        end = record.size if length is None else min(record.size, offset + length)
+        if offset >= end:
+            return end, 0, 0
+        first = offset // self.block_size
+        return end, first, -(-end // self.block_size) - first
 
     def begin_read(self, collection, name, offset=0, length=None):
         """The first half of `read_with_stat` without a coroutine, for a get answered from
@@ -513,11 +520,9 @@ class Store:
         record = self._record(collection, name)
         if record is None:
             return None
-        end = record.size if length is None else min(record.size, offset + length)
-        if offset >= end:
+        end, first, count = self._span(record, offset, length)
+        if count <= 0:
             return None
-        first = offset // self.block_size
-        count = -(-end // self.block_size) - first
         pieces = records.slice_extents(record.extents, first, count)
         if len(pieces) != 1 or count * self.block_size > DEVICE_IO_BYTES_MAX:
             return None
