@@ -151,6 +151,24 @@ class _DeviceBase:
     async def aclose(self):
         self.close()
 
+    def allocate(self, offset, length):
+        """Make the host filesystem hold [offset, offset + length) of a device that is a file,
+        so that later writes there cannot fail for want of room in it (a sparse file only
+        takes space as it is written). Nothing to do for a block device or in memory; raises
+        DeviceNoSpace when the filesystem has no room."""
+
+
+def _allocate_file_range(device, offset, length):
+    """`allocate` of the devices opened on a path (fallocate(2), mode 0: the file's size stays
+    or grows to cover the range; blocks it already holds are kept)."""
+    if device.is_block or length <= 0:
+        return
+    try:
+        os.posix_fallocate(device.fd, offset, length)
+    except OSError as exc:
+        raise error_for_errno("allocate", exc.errno, path=device.path, offset=offset,
+                              length=length) from None
+
 
 class FileBlockDevice(_DeviceBase):
     """The reference twin: plain `os.preadv` / `os.pwritev` / `os.fdatasync`, one at a time.
@@ -168,6 +186,8 @@ class FileBlockDevice(_DeviceBase):
     def open(cls, path, pool=None):
         fd, size, is_block = _open_direct(path)
         return cls(path, fd, size, is_block, pool)
+
+    allocate = _allocate_file_range
 
     async def read_into(self, offset, buffer):
         view = memoryview(buffer).cast("B")
@@ -256,6 +276,8 @@ class UringBlockDevice(_DeviceBase):
         self.write = self._ring.write
         self.flush = self._ring.flush
         self.discard = self._ring.discard
+
+    allocate = _allocate_file_range
 
     @classmethod
     def open(cls, path, queue_depth=QUEUE_DEPTH_DEFAULT, pool=None):

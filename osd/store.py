@@ -57,6 +57,7 @@ from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX
                                  OMAP_PAGE_ENTRIES_MAX)
 from cairn.native.bufpool import aligned_copy, is_aligned
 from cairn.native.checksum import FOLD_BLOCK_BYTES, block_crcs
+from cairn.native.errors import DeviceNoSpace
 from cairn.osd import journal, records
 from cairn.osd.allocator import Allocator
 from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpty,
@@ -204,6 +205,17 @@ async def mkfs(device, meta_dir=None, *, force=False, journal=True):
     if superblock.block_count < 1:
         raise InvalidArgument(f"{device.path} is too small ({device.size_bytes} bytes) for a "
                               f"store: it needs more than {superblock.data_start_bytes} bytes")
+    try:
+        # A device that is a sparse file takes room in its filesystem only as it is written. The
+        # journal ring is written at every commit, with nothing else to fail first: a ring
+        # position meeting a full filesystem would fail a commit (and the store with it) where
+        # a data write answers `no_space`. So the superblock and the ring take their room now.
+        device.allocate(0, superblock.data_start_bytes)
+    except DeviceNoSpace as exc:
+        raise DeviceNoSpace(f"{exc}: the filesystem under {device.path} has no room for the "
+                            f"store's superblock and journal ({superblock.data_start_bytes} "
+                            "bytes)", path=device.path, offset=0,
+                            length=superblock.data_start_bytes, errno=exc.errno) from None
     meta_dir = meta_dir or default_meta_dir(device.path, superblock.uuid)
     if old is not None:
         old_meta = default_meta_dir(device.path, old.uuid)
@@ -306,6 +318,11 @@ class Store:
                                 f"({superblock.uuid})")
         store = cls(device, superblock, meta_dir, db)
         if store._journal is not None:
+            try:
+                device.allocate(0, superblock.data_start_bytes)     # a store made before mkfs did
+            except DeviceNoSpace as exc:
+                log.warning("%s: could not reserve the journal's room in the device file (%s); "
+                            "a commit may fail if its filesystem fills", device.path, exc)
             try:
                 await store._replay()
             except BaseException:

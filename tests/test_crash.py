@@ -13,6 +13,7 @@ object and offset, and `cairn-osd fsck --deep` (a real process) names the object
 """
 
 import asyncio
+import errno
 import json
 import os
 import random
@@ -22,7 +23,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cairn.native import DeviceError, MemoryBlockDevice, UringBlockDevice
+from cairn.native import DeviceError, DeviceNoSpace, MemoryBlockDevice, UringBlockDevice
 from cairn.osd.errors import ChecksumError, StoreError
 from cairn.osd.fsck import fsck
 from cairn.osd.store import Store, Transaction, mkfs
@@ -242,3 +243,61 @@ def test_bit_flips_on_a_real_device_are_caught(disk_dir):
     shallow = subprocess.run([sys.executable, "-m", "cairn.osd.cli", "fsck", "--device", path],
                              capture_output=True, text=True, timeout=120)
     assert shallow.returncode == 0, shallow.stdout + shallow.stderr
+
+
+@pytest.mark.faults
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem to fill needs root "
+                                              "(CI runs as root)")
+def test_a_full_filesystem_under_a_device_file_never_fails_a_commit(disk_dir):
+    """A device that is a sparse file on a filesystem that fills up: writes of new data are
+    refused with DeviceNoSpace (the OSD's `no_space`) and the store goes on. Commits that write
+    nothing but their journal record (zero-length puts, deletes) still go through, because mkfs
+    made the filesystem hold the ring. Before it did, the first such commit at a ring position
+    never written failed with ENOSPC, and the store with it (seen on a 64 GiB disk under six
+    12 GiB device files)."""
+    image, mountpoint = os.path.join(disk_dir, "fs.img"), os.path.join(disk_dir, "mnt")
+    make_file(disk_dir, 48 << 20, "fs.img")
+    subprocess.run(["mkfs.ext4", "-q", "-F", image], check=True, capture_output=True)
+    os.makedirs(mountpoint)
+    subprocess.run(["mount", "-o", "loop", image, mountpoint], check=True, capture_output=True)
+    try:
+        path = make_file(mountpoint, 256 << 20)     # far bigger than its filesystem
+        meta = os.path.join(disk_dir, "meta")       # RocksDB on a filesystem with room
+
+        async def body():
+            device = UringBlockDevice.open(path)
+            try:
+                superblock = await mkfs(device, meta)
+                assert os.stat(path).st_blocks * 512 >= superblock.data_start_bytes
+                store = await Store.open(device, meta)
+                await store.create_collection("c")
+                await store.put("c", "before", b"b" * 50_000)
+                with open(os.path.join(mountpoint, "filler"), "wb") as filler:
+                    chunk = bytes(1 << 20)
+                    try:
+                        while True:
+                            filler.write(chunk)
+                            filler.flush()
+                    except OSError as exc:
+                        assert exc.errno == errno.ENOSPC
+                with pytest.raises(DeviceNoSpace, match="no space left on the device"):
+                    await store.put("c", "big", os.urandom(4 << 20))
+                # 1,500 records of at least 4 KiB each: most of the 8 MiB ring, past positions
+                # no commit had written before.
+                for i in range(1500):
+                    await store.put("c", f"empty{i}", b"")
+                    if i % 3 == 2:
+                        await store.delete("c", f"empty{i - 1}")
+                assert store.statistics()["journal"]["checkpoints_total"] >= 1
+                assert await store.read_bytes("c", "before") == b"b" * 50_000
+                await store.close()
+                store = await Store.open(device, meta)
+                assert await store.read_bytes("c", "empty1499") == b""
+                assert store.usage("c") == (1 + 1000, 50_000)
+                await store.close()
+            finally:
+                await device.aclose()
+
+        run(body())
+    finally:
+        subprocess.run(["umount", mountpoint], check=False, capture_output=True)
