@@ -5,8 +5,13 @@ memory is page-aligned (4 KiB), so every buffer here comes from an `mmap`, in si
 of two, 4 KiB and up). Recycling matters: a fresh 4 MiB mapping costs 1,024 page faults on first
 touch, which would cap a reader near a few GB/s.
 
-Large buffers (1 MiB and up) are carved from slabs: one mapping of several buffers, aligned to
-2 MiB, advised for transparent huge pages and touched in order when made. Why: a device request
+Buffers from 64 KiB up are carved from slabs: one mapping of several buffers, aligned to
+2 MiB, advised for transparent huge pages and touched in order when made. Why slabs at all: such
+a buffer often leaves without `put()` (a read sent as it is, a received payload handed to the
+caller), and a dropped mapping must be made and faulted in again for the next one. That cost
+62 us per 64 KiB buffer on the development VM (mmap, 16 page faults, munmap), against 2 us for a
+slab's buffer and its reclaim: 64 KiB gets paid it twice, once in the OSD's read and once in the
+client's receive. Why large buffers want slabs besides: a device request
 is a list of physically contiguous segments and the queue bounds how many (this machine's virtio
 disk: 254 per request; NVMe PRP/SGL limits are similar), so a 1 MiB buffer of scattered 4 KiB
 pages is split into several requests. Where THP works, a slab's buffers are 2 MiB pages and a
@@ -30,19 +35,22 @@ import numpy as np
 # we target (4Kn NVMe). `cairn.common.limits` asserts that the store's block is a multiple of it.
 ALIGN_BYTES = 4096
 
-# Free buffers kept per small size class: enough for a queue depth of 4 KiB..512 KiB ops without
+# Free buffers kept per small size class: enough for a queue depth of 4 KiB..32 KiB ops without
 # holding memory forever.
 POOL_BUFFERS_PER_CLASS_MAX = 64
 
-# Size classes from SLAB_CLASS_MIN_BYTES up come from slabs of at least SLAB_BYTES_MIN (and at
-# least SLAB_BUFFERS_MIN buffers), aligned to HUGE_PAGE_BYTES. Classes above SLAB_CLASS_MAX_BYTES
+# Size classes from SLAB_CLASS_MIN_BYTES up come from slabs of at least SLAB_BYTES_MIN (below
+# 1 MiB: SMALL_SLAB_BYTES, one huge page) and at least SLAB_BUFFERS_MIN buffers, aligned to
+# HUGE_PAGE_BYTES. A class takes another slab only when all of its buffers are lent, so a size
+# that is never used costs nothing. Classes above SLAB_CLASS_MAX_BYTES
 # (objects over 16 MiB: rare) get a mapping each, not touched in advance, and at most
 # HUGE_BUFFERS_PER_CLASS_MAX are kept: a frame that claims 64 MiB and sends nothing then costs
 # address space, not memory (a slab of four 128 MiB buffers, touched, cost 512 MiB of RSS).
-SLAB_CLASS_MIN_BYTES = 1 << 20
+SLAB_CLASS_MIN_BYTES = 64 << 10
 SLAB_CLASS_MAX_BYTES = 16 << 20
 HUGE_BUFFERS_PER_CLASS_MAX = 2
 SLAB_BYTES_MIN = 16 << 20
+SMALL_SLAB_BYTES = 2 << 20
 SLAB_BUFFERS_MIN = 4
 HUGE_PAGE_BYTES = 2 << 20
 
@@ -132,7 +140,8 @@ class BufferPool:
         self._slots[size].append((slab, offset))
 
     def _new_slab(self, size, slots):
-        count = max(SLAB_BUFFERS_MIN, SLAB_BYTES_MIN // size)
+        count = max(SLAB_BUFFERS_MIN,
+                    (SLAB_BYTES_MIN if size >= 1 << 20 else SMALL_SLAB_BYTES) // size)
         backing = mmap.mmap(-1, count * size + HUGE_PAGE_BYTES)
         try:
             backing.madvise(mmap.MADV_HUGEPAGE)

@@ -233,6 +233,27 @@ def test_block_size_is_a_multiple_of_direct_io_alignment():
     assert BLOCK_SIZE_BYTES % ALIGN_BYTES == 0
 
 
+def test_buffers_from_64_kib_up_are_reclaimed_when_dropped_and_smaller_ones_pooled_on_put():
+    from cairn.native.bufpool import SLAB_CLASS_MIN_BYTES, BufferPool, _buffer_address
+    pool = BufferPool()
+    addresses = set()
+    for _ in range(500):
+        view = pool.get(SLAB_CLASS_MIN_BYTES)
+        view[::4096] = b"x" * (SLAB_CLASS_MIN_BYTES // 4096)
+        addresses.add(_buffer_address(view))
+        del view                             # no put(): a read sent as it is, say
+    stats = pool.statistics()
+    assert len(addresses) == 1 and stats["allocated_total"] == 32      # one slab's buffers
+    assert stats["reused_total"] == 499
+    held = [pool.get(SLAB_CLASS_MIN_BYTES) for _ in range(40)]   # more than one slab at once
+    assert len({_buffer_address(view) for view in held}) == 40
+    assert pool.statistics()["slab_bytes_total"] == 2 * 32 * SLAB_CLASS_MIN_BYTES
+    small = pool.get(SLAB_CLASS_MIN_BYTES // 2)
+    address = _buffer_address(small)
+    pool.put(small)
+    assert _buffer_address(pool.get(SLAB_CLASS_MIN_BYTES // 2)) == address
+
+
 def test_large_buffers_come_from_aligned_slabs_and_are_reclaimed_when_dropped():
     import gc
     from cairn.native.bufpool import HUGE_PAGE_BYTES, BufferPool, _buffer_address, is_aligned
