@@ -9,8 +9,10 @@ ratios much less (DEVELOPERS.md).
 - store: object operations through the engine on a device made by mkfs, ops put | get. put
   cycles over a bounded set of names so a timed run never fills the device; get reads what put
   left (or writes its own set first). fio runs against a scratch file of the same size beside the
-  device (a store's device cannot be overwritten), with 1 MiB sequential writes/reads for objects
-  of 1 MiB and up, else random ops of the object size.
+  device (a store's device cannot be overwritten): the same block size (the object's) and depth
+  as our ops, sequential for objects of 1 MiB and up, else random. A put is compared with that
+  job and with its durable twin, which adds an fdatasync after every `concurrency` writes: 4 MiB
+  puts at 16 in flight against `fio --bs=4M --iodepth=16 --fdatasync=16`.
 """
 
 import asyncio
@@ -275,7 +277,7 @@ BENCH_COLLECTION = "bench"
 def _fio_mapping(op, size_bytes):
     """The fio job a store op is measured against (see the module docstring)."""
     if size_bytes >= 1 << 20:
-        return ("write" if op == "put" else "read"), 1 << 20
+        return ("write" if op == "put" else "read"), size_bytes
     return ("randwrite" if op == "put" else "randread"), size_bytes
 
 
@@ -316,9 +318,9 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
                 if op == "put":
                     # Our puts are durable when acknowledged, fio's writes are not. The fair
                     # twin: the same fio job with an fdatasync after every `concurrency`
-                    # objects' worth of writes, the most a store can batch into one flush
-                    # when `concurrency` clients each wait for their acknowledgement.
-                    every = concurrency * max(1, size_bytes // fio_bs)
+                    # objects, the most a store can batch into one flush when `concurrency`
+                    # clients each wait for their acknowledgement.
+                    every = concurrency
                     log(f"fio durable twin: the same job with --fdatasync={every}")
                     fio_durable = _FioBaseline(
                         lambda: run_fio(fio_file, fio_rw, fio_bs, concurrency,

@@ -132,6 +132,14 @@ def test_bench_store_put_also_compares_with_durable_fio(disk_dir):
     assert result["fio_durable"]["fdatasync"] == 4 and len(result["fio_durable"]["runs"]) == 2
     assert result["ratio_vs_fio"] > 0 and result["ratio_vs_fio_durable"] > 0
     assert not os.path.exists(path + ".fio-scratch")
+    # Large objects: fio writes blocks of the object's size, sequentially, at the same depth.
+    done = cairn("bench", "store", "--device", path, "--op", "put", "--size", "4M",
+                 "--concurrency", "2", "--seconds", "1", "--rounds", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["fio"]["rw"], result["fio"]["bs"], result["fio"]["iodepth"]) == \
+        ("write", 4 << 20, 2)
+    assert result["fio_durable"]["fdatasync"] == 2 and result["fio_durable"]["bs"] == 4 << 20
 
 
 def test_fio_scratch_may_be_a_block_device(disk_dir):
