@@ -287,6 +287,7 @@ class Store:
         self._commit_queue = []
         self._commit_wanted = asyncio.Event()
         self._committer = None
+        self._loop = None                   # set by open()
         self._committing = False            # a group is between its flush and its ack
         self._applying = 0                  # apply() calls between their start and their ack
         self._closing = False
@@ -330,7 +331,10 @@ class Store:
                 db.close()
                 raise
         store._load()
-        store._committer = asyncio.get_running_loop().create_task(store._commit_loop())
+        # The loop the store runs on, kept: asyncio.get_running_loop() makes a getpid system
+        # call on Python 3.11, twice per transaction here (1.8% of a busy OSD's time).
+        store._loop = asyncio.get_running_loop()
+        store._committer = store._loop.create_task(store._commit_loop())
         return store
 
     def _load(self):
@@ -807,7 +811,7 @@ class Store:
         self._check_usable()
         if not txn.ops:
             raise InvalidArgument("empty transaction")
-        return asyncio.get_running_loop().create_task(self._apply_counted(txn, then))
+        return self._loop.create_task(self._apply_counted(txn, then))
 
     async def _apply_counted(self, txn, then):
         self._applying += 1
@@ -847,7 +851,7 @@ class Store:
                     self.device.pool.put(view)
             if plan.dropped:
                 self.allocator.unreserve(plan.dropped)
-            plan.future = asyncio.get_running_loop().create_future()
+            plan.future = self._loop.create_future()
             self._commit_queue.append(plan)
             self._commit_wanted.set()
             return await plan.future
