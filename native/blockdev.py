@@ -21,6 +21,7 @@ says so).
 """
 
 import asyncio
+import errno
 import os
 import stat
 import time
@@ -159,15 +160,18 @@ class _DeviceBase:
 
 
 def _allocate_file_range(device, offset, length):
-    """`allocate` of the devices opened on a path (fallocate(2), mode 0: the file's size stays
-    or grows to cover the range; blocks it already holds are kept)."""
+    """`allocate` of the devices opened on a path (posix_fallocate: the file's size stays or
+    grows to cover the range; blocks it already holds are kept). A filesystem that cannot
+    allocate ahead (its fallocate is missing, and glibc's fallback cannot read through
+    O_DIRECT) is left as it is: the range then takes its room as it is written, as before."""
     if device.is_block or length <= 0:
         return
     try:
         os.posix_fallocate(device.fd, offset, length)
     except OSError as exc:
-        raise error_for_errno("allocate", exc.errno, path=device.path, offset=offset,
-                              length=length) from None
+        if exc.errno == errno.ENOSPC:
+            raise error_for_errno("allocate", exc.errno, path=device.path, offset=offset,
+                                  length=length) from None
 
 
 class FileBlockDevice(_DeviceBase):
