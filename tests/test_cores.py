@@ -254,6 +254,73 @@ def test_buffers_from_64_kib_up_are_reclaimed_when_dropped_and_smaller_ones_pool
     assert _buffer_address(pool.get(SLAB_CLASS_MIN_BYTES // 2)) == address
 
 
+def test_slab_buffers_a_burst_needed_go_back_to_the_system_once_an_interval_passes_unused(
+        monkeypatch):
+    """Hundreds of 64 KiB payloads at once need many slabs. While a load keeps using them
+    they stay (no slab is made and unmade per burst); once they sat free for a whole trim
+    interval, all but what the interval used go back to the system, unmapped."""
+    import gc
+    import types
+    import weakref
+    from cairn.native import bufpool
+    clock = [1000.0]
+    monkeypatch.setattr(bufpool, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    size = bufpool.SLAB_CLASS_MIN_BYTES
+    pool = bufpool.BufferPool()
+
+    def burst(count):
+        views = [pool.get(size) for _ in range(count)]
+        for index, view in enumerate(views):
+            view[:8] = index.to_bytes(8, "little")
+        assert all(int.from_bytes(view[:8], "little") == index
+                   for index, view in enumerate(views))
+        return views
+
+    views = burst(320)                                    # ten slabs of 32
+    mapping = weakref.ref(views[100].obj.base)            # the mapping under the fourth
+    for round_ in range(5):                               # a steady load, within an interval
+        for view in views[:160]:
+            pool.put(view)                                # handed back
+        views.clear()                                     # or dropped: reclaimed
+        gc.collect()
+        clock[0] += 0.5
+        views = burst(320)
+    assert pool.statistics()["slabs_released_total"] == 0
+    assert pool.statistics()["slab_bytes"] == 320 * size
+    views.clear()
+    gc.collect()
+    clock[0] += bufpool.TRIM_INTERVAL_S                   # all free for an interval ...
+    pool.put(pool.get(size))
+    clock[0] += bufpool.TRIM_INTERVAL_S                   # ... and another, one buffer used
+    pool.put(pool.get(size))
+    stats = pool.statistics()
+    assert stats["slabs_released_total"] == 9 and stats["slab_bytes"] == 32 * size
+    assert stats["lent_large"] == 0
+    gc.collect()
+    assert mapping() is None                              # unmapped, not only forgotten
+    views = burst(64)                                     # what stays still serves
+    assert len({bufpool._buffer_address(view) for view in views}) == 64
+    assert pool.statistics()["slab_bytes"] == 2 * 32 * size
+
+
+def test_trim_gives_back_a_class_nothing_uses_any_more(monkeypatch):
+    """What an OSD calls with each heartbeat: a class whose burst is over and that no op
+    touches again is trimmed all the same."""
+    import types
+    from cairn.native import bufpool
+    clock = [50.0]
+    monkeypatch.setattr(bufpool, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    pool = bufpool.BufferPool()
+    views = [pool.get(4 << 20) for _ in range(16)]        # four slabs of four 4 MiB buffers
+    views.clear()
+    assert pool.statistics()["slab_bytes"] == 64 << 20
+    for _ in range(2):
+        clock[0] += bufpool.TRIM_INTERVAL_S
+        pool.trim()
+    assert pool.statistics()["slab_bytes"] == 0 and pool.statistics()["slabs_released_total"] == 4
+    assert len(pool.get(4 << 20)) == 4 << 20                # a new slab when needed again
+
+
 def test_large_buffers_come_from_aligned_slabs_and_are_reclaimed_when_dropped():
     import gc
     from cairn.native.bufpool import HUGE_PAGE_BYTES, BufferPool, _buffer_address, is_aligned
