@@ -28,10 +28,9 @@ never a requirement. A returned buffer must not be used again by the caller.
 Slabs go back to the system when a whole trim interval (TRIM_INTERVAL_S) did not need them: a
 class counts its fewest free buffers since its last trim, and that many buffers' worth of wholly
 free slabs are unmapped at the next trim (on a buffer's return, or `trim()`, which an OSD calls
-with each heartbeat). So a burst does not leave the RSS at its peak (an OSD after 4 MiB, 64 KiB
-and 4 KiB runs: 219-284 MiB without trimming; after 4 MiB and 64 KiB runs with it: 112-113
-MiB), and a steady load, which uses its buffers within every interval, never makes and
-unmakes a slab.
+with each heartbeat). So a burst does not leave the RSS at its peak (an OSD after 4 MiB and
+64 KiB runs: 219-284 MiB without trimming, 112-115 MiB with it), and a steady load, which uses
+its buffers within every interval, never makes and unmakes a slab.
 """
 
 import mmap
