@@ -49,11 +49,6 @@ def receive_buffer_statistics():
     return _POOL.statistics()
 
 
-def trim_receive_buffers():
-    """Give back the receive pool's slabs that a whole trim interval did not use."""
-    _POOL.trim()
-
-
 class ByteBudget:
     """Bytes a daemon (or one connection) may hold for requests it received and has not yet
     answered. `take` never fails when nothing is held, so one frame larger than the limit still

@@ -24,17 +24,9 @@ A buffer not returned with `put()` is not lost: small ones are garbage-collected
 mapping, large ones go back to their slab's free list when the last view of them is dropped (a
 `weakref.finalize` on the numpy array behind the view). Returning one early is an optimisation,
 never a requirement. A returned buffer must not be used again by the caller.
-
-Slabs go back to the system when a whole trim interval (TRIM_INTERVAL_S) did not need them: a
-class counts its fewest free buffers since its last trim, and that many buffers' worth of wholly
-free slabs are unmapped at the next trim (on a buffer's return, or `trim()`, which an OSD calls
-with each heartbeat). So a burst does not leave the RSS at its peak (an OSD after 4 MiB and
-64 KiB runs: 219-284 MiB without trimming, 112-115 MiB with it), and a steady load, which uses
-its buffers within every interval, never makes and unmakes a slab.
 """
 
 import mmap
-import time
 import weakref
 
 import numpy as np
@@ -61,8 +53,6 @@ SLAB_BYTES_MIN = 16 << 20
 SMALL_SLAB_BYTES = 2 << 20
 SLAB_BUFFERS_MIN = 4
 HUGE_PAGE_BYTES = 2 << 20
-# A slab class gives back what it did not need for this long (see BufferPool._trim).
-TRIM_INTERVAL_S = 5.0
 
 
 class BufferPool:
@@ -80,15 +70,10 @@ class BufferPool:
         self._free = {}                     # small class size -> list of mmap
         self._slots = {}                    # large class size -> list of (slab array, offset)
         self._lent = {}                     # id(array) -> (class size, slab, offset, finalizer)
-        self._slabs = {}                    # id(slab) -> [buffers, free ones, slab, class]
-        self._spare = {}                    # class -> fewest free buffers since its last trim
-        self._trim_at = {}                  # class -> when it may be trimmed next
         self._buffers_per_class_max = buffers_per_class_max
         self.allocated_total = 0
         self.reused_total = 0
-        self.slab_bytes_total = 0           # made since start
-        self.slab_bytes = 0                 # held now
-        self.slabs_released_total = 0
+        self.slab_bytes_total = 0
 
     @staticmethod
     def class_size(length):
@@ -134,7 +119,7 @@ class BufferPool:
             if lent is not None:
                 size, slab, offset, finalizer = lent
                 finalizer.detach()
-                self._give_back(size, slab, offset)
+                self._slots[size].append((slab, offset))
 
     def _get_large(self, size, rounded):
         slots = self._slots.setdefault(size, [])
@@ -143,9 +128,6 @@ class BufferPool:
         else:
             self._new_slab(size, slots)
         slab, offset = slots.pop()
-        self._slabs[id(slab)][1] -= 1
-        if len(slots) < self._spare.get(size, 0):
-            self._spare[size] = len(slots)
         array = slab[offset:offset + size]          # a new array object for every loan
         finalizer = weakref.finalize(array, self._reclaim, id(array), size, slab, offset)
         finalizer.atexit = False
@@ -155,43 +137,7 @@ class BufferPool:
     def _reclaim(self, key, size, slab, offset):
         # The last view of a large buffer was dropped without put(): take it back.
         self._lent.pop(key, None)
-        self._give_back(size, slab, offset)
-
-    def _give_back(self, size, slab, offset):
-        """A slab buffer is free again; at most every TRIM_INTERVAL_S, its class is trimmed."""
-        slots = self._slots[size]
-        slots.append((slab, offset))
-        self._slabs[id(slab)][1] += 1
-        now = time.monotonic()
-        if now >= self._trim_at.get(size, 0.0):
-            self._trim(size, now)
-
-    def trim(self):
-        """Trim every slab class whose interval has passed: what a daemon calls now and then,
-        so that a class nothing uses any more is trimmed too."""
-        now = time.monotonic()
-        for size in list(self._slots):
-            if now >= self._trim_at.get(size, 0.0):
-                self._trim(size, now)
-
-    def _trim(self, size, now):
-        """Give back to the system the slabs of a class whose buffers were not needed during
-        the last interval: as many wholly free slabs as the class's fewest free buffers in it
-        (`_spare`) cover. A burst (hundreds of MiB of payloads at once) then does not leave
-        the RSS at its peak, and a steady load does not make and unmake slabs: what it used in
-        the interval stays."""
-        spare = self._spare.get(size, 0)
-        slots = self._slots[size]
-        for key, (count, free, slab, slab_size) in list(self._slabs.items()):
-            if slab_size != size or free != count or spare < count:
-                continue
-            del self._slabs[key]
-            slots[:] = [slot for slot in slots if slot[0] is not slab]
-            spare -= count
-            self.slab_bytes -= count * size
-            self.slabs_released_total += 1
-        self._spare[size] = len(slots)
-        self._trim_at[size] = now + TRIM_INTERVAL_S
+        self._slots[size].append((slab, offset))
 
     def _new_slab(self, size, slots):
         count = max(SLAB_BUFFERS_MIN,
@@ -206,15 +152,12 @@ class BufferPool:
         slab = whole[skip:skip + count * size]
         slab[:] = 0                                 # fault every page in now, in order
         slots.extend((slab, index * size) for index in reversed(range(count)))
-        self._slabs[id(slab)] = [count, count, slab, size]
         self.allocated_total += count
         self.slab_bytes_total += count * size
-        self.slab_bytes += count * size
 
     def statistics(self):
         return {"allocated_total": self.allocated_total, "reused_total": self.reused_total,
                 "slab_bytes_total": self.slab_bytes_total, "lent_large": len(self._lent),
-                "slab_bytes": self.slab_bytes, "slabs_released_total": self.slabs_released_total,
                 "free": {size: len(free) for size, free in self._free.items()},
                 "free_large": {size: len(slots) for size, slots in self._slots.items()}}
 

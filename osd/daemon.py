@@ -263,9 +263,6 @@ class OsdDaemon:
         # Runs until stop().
         while True:
             await asyncio.sleep(self._interval_s())
-            # Buffers a burst needed and nothing has used since go back to the system.
-            self.device.pool.trim()
-            wire.trim_receive_buffers()
             try:
                 device = self.device.latency_snapshot()
                 summary = latency.summarise(self._device_reported, device)
