@@ -258,9 +258,18 @@ def test_followers_catch_up_from_the_log_and_from_a_snapshot(local_cluster):
     log_log = open(f"{cluster.dir}/logs/{behind_log}.log").read()
     assert "installed a snapshot" in snapshot_log
     assert "installed a snapshot" not in log_log
-    _, status = cluster.cairn("status")
-    positions = status["mons"]["positions"]
-    assert len({positions[name]["log_index"] for name in mons(cluster)}) == 1, positions
+    # Every monitor at one log index. The leader may have just appended an entry (an OSD's
+    # report) that its followers take a moment later, so this is waited for, not read once.
+    seen = []
+
+    def level():
+        _, status = cluster.cairn("status")
+        seen.append(status["mons"]["positions"])
+        return len({seen[-1][name]["log_index"] for name in mons(cluster)}) == 1
+    try:
+        cluster.wait_for("every monitor at the same log index", level, 10)
+    except AssertionError:
+        raise AssertionError(f"monitors' positions never met: {seen[-3:]}") from None
 
 
 def test_two_of_three_dead_refuses_changes_keeps_reads_then_resumes(local_cluster):
