@@ -274,11 +274,12 @@ STORE_OPS = ("put", "get")
 BENCH_COLLECTION = "bench"
 
 
-def _fio_mapping(op, size_bytes):
-    """The fio job a store op is measured against (see the module docstring)."""
+def _fio_rw(op, size_bytes):
+    """fio's --rw for a store op of objects of `size_bytes`, which is also its block size (see
+    the module docstring)."""
     if size_bytes >= 1 << 20:
-        return ("write" if op == "put" else "read"), size_bytes
-    return ("randwrite" if op == "put" else "randread"), size_bytes
+        return "write" if op == "put" else "read"
+    return "randwrite" if op == "put" else "randread"
 
 
 async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
@@ -298,7 +299,7 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
         name_count -= name_count % concurrency
         fio = fio_durable = None
         if compare_fio and fio_available():
-            fio_rw, fio_bs = _fio_mapping(op, size_bytes)
+            fio_rw = _fio_rw(op, size_bytes)
             if fio_file is None and not device.is_block:
                 scratch = fio_file = os.fspath(path) + ".fio-scratch"
             if fio_file is None:
@@ -310,10 +311,10 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
                 if "read" in fio_rw:
                     log(f"laying out {format_size(region)} of {fio_file} for fio's read test ...")
                     lay_out(fio_file, region)
-                log(f"fio on {fio_file}: {fio_rw} {format_size(fio_bs)} iodepth {concurrency}, "
-                    f"{seconds} s ...")
+                log(f"fio on {fio_file}: {fio_rw} {format_size(size_bytes)} iodepth "
+                    f"{concurrency}, {seconds} s ...")
                 fio = _FioBaseline(
-                    lambda: run_fio(fio_file, fio_rw, fio_bs, concurrency, seconds / rounds,
+                    lambda: run_fio(fio_file, fio_rw, size_bytes, concurrency, seconds / rounds,
                                     region))
                 if op == "put":
                     # Our puts are durable when acknowledged, fio's writes are not. The fair
@@ -323,7 +324,7 @@ async def bench_store(path, op, size_bytes, concurrency, seconds, meta_dir=None,
                     every = concurrency
                     log(f"fio durable twin: the same job with --fdatasync={every}")
                     fio_durable = _FioBaseline(
-                        lambda: run_fio(fio_file, fio_rw, fio_bs, concurrency,
+                        lambda: run_fio(fio_file, fio_rw, size_bytes, concurrency,
                                         seconds / rounds, region, fdatasync=every),
                         label="fio --fdatasync")
         try:
