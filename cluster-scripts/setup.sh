@@ -31,10 +31,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ -n "$made_policy" ]; then as_root rm -f /usr/sbin/policy-rc.d; fi
 fi
 
-PYTHON=${PYTHON:-python3}
+# The interpreter: Debian's own python3.11 (installed above with python3-dev and python3-venv)
+# unless PYTHON names another. The daemons' per-op work is interpreter-bound, and Debian's build
+# ran a 3-OSD cluster's 4 KiB gets and puts about 10% faster than a plain source build of 3.11
+# (pyenv's default, which runs the interpreter from a shared libpython): README, "Storing data".
+PREFERRED_PYTHON=/usr/bin/python3.11
+PYTHON=${PYTHON:-$([ -x "$PREFERRED_PYTHON" ] && echo "$PREFERRED_PYTHON" || echo python3)}
 if [ ! -x .venv/bin/python ]; then
-  echo "setup: creating .venv with $($PYTHON --version)"
+  echo "setup: creating .venv with $($PYTHON --version) ($(command -v "$PYTHON"))"
   "$PYTHON" -m venv .venv
+else
+  venv_python=$(.venv/bin/python -c 'import sys; print(sys._base_executable)')
+  if [ "$(readlink -f "$venv_python")" != "$(readlink -f "$(command -v "$PYTHON")")" ]; then
+    echo "setup: note: .venv runs $venv_python, not $PYTHON; remove .venv and run this again" \
+         "to rebuild it on $PYTHON"
+  fi
 fi
 log=$(mktemp)
 pip_quietly() {
