@@ -449,12 +449,13 @@ class Peer:
             log.warning("dropping %s: it does not read its pushes", self.addr)
             self.close()
 
-    def send(self, kind, request_id, header, payload=b""):
-        """Queue one frame; a connection the peer already closed just drops it."""
+    def send(self, kind, request_id, header, payload=b"", payload_crc=None):
+        """Queue one frame; a connection the peer already closed just drops it. `payload_crc`:
+        the payload's crc32c where the caller has it (`frame.encode`)."""
         if self.closed or self._transport.is_closing():
             self.closed = True
             return
-        buffers = wire.encode(kind, request_id, header, payload, self.send_mac)
+        buffers = wire.encode(kind, request_id, header, payload, self.send_mac, payload_crc)
         nbytes = sum(memoryview(buffer).nbytes for buffer in buffers)
         self.sent_total += nbytes
         self._outbox.add(buffers, nbytes)
@@ -588,9 +589,10 @@ class _ServerConnection:
         budgets[1].force(nbytes)
         return True
 
-    def answer_fast(self, received, header, payload, reserved):
-        """Send the REPLY of a request `fast` took, which reserved `reserved` reply bytes."""
-        self.peer.send(Kind.REPLY, received.request_id, header, payload)
+    def answer_fast(self, received, header, payload, reserved, payload_crc=None):
+        """Send the REPLY of a request `fast` took, which reserved `reserved` reply bytes
+        (`payload_crc`: the payload's crc32c where the caller has it, `frame.encode`)."""
+        self.peer.send(Kind.REPLY, received.request_id, header, payload, payload_crc)
         self.replied(reserved)
         self._fast_done(received)
 

@@ -55,6 +55,26 @@ def crc_and_block_crcs(view):
     return crc, crcs
 
 
+def range_crc(view, crcs, start, length):
+    """crc32c of `view[start:start + length]`, where `view` holds FOLD_BLOCK_BYTES blocks whose
+    crc32cs are `crcs` (as `block_crcs` gives them; a stored object's, just verified): the
+    blocks wholly inside the range are folded from their crcs without reading them, and only
+    a partial first or last block is read. A get's reply needs this checksum of data the store
+    has just checked block by block, so the data is read once, not twice."""
+    view = memoryview(view).cast("B")
+    end = start + length
+    first = -(-start // FOLD_BLOCK_BYTES)           # the first block wholly inside the range
+    stop = end // FOLD_BLOCK_BYTES                  # ... and the block after the last one
+    if first >= stop:
+        return _crc32c(view[start:end])
+    crc = _crc32c(view[start:first * FOLD_BLOCK_BYTES]) if start < first * FOLD_BLOCK_BYTES \
+        else 0
+    crc = fold(memoryview(crcs)[first * 4:stop * 4], crc)
+    if stop * FOLD_BLOCK_BYTES < end:
+        crc = _crc32c(view[stop * FOLD_BLOCK_BYTES:end], crc)
+    return crc
+
+
 def block_crcs_reference(view, block_size):
     """crc32c of each `block_size` block of `view` (its length a multiple of `block_size`)."""
     length = memoryview(view).nbytes

@@ -538,7 +538,8 @@ class ObjectService:
         self._object_locks.release(key)
         del self._started[serial]
         try:
-            data = self.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN)
+            data, data_crc = self.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN,
+                                                    crc=True)
         except Exception:
             connection.fall_back(received, reserved)      # read around a damaged copy, errors
             return
@@ -548,7 +549,7 @@ class ObjectService:
         connection.answer_fast(received, {"size": record.size,
                                           "version": pgs.version_of(record.attrs),
                                           "manifest": pgs.MANIFEST_ATTR in record.attrs},
-                               data, reserved)
+                               data, reserved, data_crc)
         self.op_latency.record("get", time.monotonic_ns() - started_ns)
 
     async def _shard_read(self, header, payload):

@@ -56,7 +56,7 @@ from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX
                                  DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX,
                                  OMAP_PAGE_ENTRIES_MAX)
 from cairn.native.bufpool import aligned_copy, is_aligned
-from cairn.native.checksum import FOLD_BLOCK_BYTES, block_crcs
+from cairn.native.checksum import FOLD_BLOCK_BYTES, block_crcs, range_crc
 from cairn.native.errors import DeviceNoSpace
 from cairn.osd import journal, records
 from cairn.osd.allocator import Allocator
@@ -566,10 +566,12 @@ class Store:
         self.device.pool.put(pending.view)
         self._unpin(pending.pin)
 
-    def finish_read(self, pending, copy_below=0):
+    def finish_read(self, pending, copy_below=0, crc=False):
         """The data of a PendingRead whose future is done, as `read_with_stat` gives it (its
         record is `pending.record`); raises what that read would (ChecksumError, device
-        errors)."""
+        errors). `crc`: (data, its crc32c) instead, the crc folded from the block crcs just
+        checked (`checksum.range_crc`: the bytes are not read again), or None where the store's
+        blocks are not the fold's size."""
         view = pending.view
         try:
             try:
@@ -581,8 +583,14 @@ class Store:
                 raise
         finally:
             self._unpin(pending.pin)
+        data_crc = None
+        if crc and self.block_size == FOLD_BLOCK_BYTES:
+            data_crc = range_crc(
+                view, pending.record.crcs[pending.first * 4:(pending.first + pending.count) * 4],
+                pending.start, pending.length)
         view = view[pending.start:pending.start + pending.length]
-        return view if pending.record.size >= copy_below else self._copied(view)
+        data = view if pending.record.size >= copy_below else self._copied(view)
+        return (data, data_crc) if crc else data
 
     async def read_bytes(self, collection, name, offset=0, length=None):
         """`read()` copied into bytes, the buffer handed back to the pool."""

@@ -93,3 +93,28 @@ def test_folded_block_crcs_are_the_crc_of_the_whole(count, tail, seed, head):
 def test_fold_refuses_a_partial_crc():
     with pytest.raises(ValueError, match="4 bytes each"):
         native_fold(b"abc")
+
+
+@given(blocks=st.integers(1, 6), seed=st.integers(0, 2**32), data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_a_range_crc_is_the_crc_of_the_range(blocks, seed, data):
+    """A get's reply checksum from the block crcs the store just checked (`range_crc`): any
+    range of the blocks, partial first and last blocks, ranges inside one block, empty ones."""
+    whole = random.Random(seed).randbytes(blocks * 4096)
+    start = data.draw(st.integers(0, len(whole)))
+    length = data.draw(st.integers(0, len(whole) - start))
+    crcs = block_crcs(whole, 4096)
+    assert checksum.range_crc(memoryview(whole), crcs, start, length) == \
+        oracle(whole[start:start + length])
+
+
+def test_a_range_crc_reads_only_the_partial_blocks():
+    """The blocks wholly inside the range are folded from their crcs, not read: a middle block
+    changed after its crc was taken does not change the result (the data was read once)."""
+    data = bytearray(random.Random(7).randbytes(3 * 4096))
+    crcs = block_crcs(bytes(data), 4096)
+    expected = oracle(bytes(data[100:3 * 4096 - 100]))
+    data[4096:2 * 4096] = bytes(4096)
+    assert checksum.range_crc(memoryview(data), crcs, 100, 3 * 4096 - 200) == expected
+    data[0:4096] = bytes(4096)                      # a partial block is read: it counts
+    assert checksum.range_crc(memoryview(data), crcs, 100, 3 * 4096 - 200) != expected
