@@ -108,6 +108,9 @@ def test_a_range_crc_is_the_crc_of_the_range(blocks, seed, data):
         oracle(whole[start:start + length])
 
 
+@pytest.mark.skipif(checksum.fold is checksum.fold_reference,
+                    reason="CAIRN_NO_EXTENSIONS=1: the reference fold goes bit by bit, so "
+                    "range_crc reads the whole range instead")
 def test_a_range_crc_reads_only_the_partial_blocks():
     """The blocks wholly inside the range are folded from their crcs, not read: a middle block
     changed after its crc was taken does not change the result (the data was read once)."""
