@@ -42,7 +42,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 else
   venv_python=$(.venv/bin/python -c 'import sys; print(sys._base_executable)')
-  if [ "$(readlink -f "$venv_python")" != "$(readlink -f "$(command -v "$PYTHON")")" ]; then
+  wanted_python=$("$PYTHON" -c 'import sys; print(sys.executable)' 2>/dev/null || true)
+  if [ "$(readlink -f "$venv_python")" != "$(readlink -f "$wanted_python")" ]; then
     echo "setup: note: .venv runs $venv_python, not $PYTHON; remove .venv and run this again" \
          "to rebuild it on $PYTHON"
   fi
