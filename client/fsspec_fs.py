@@ -56,6 +56,14 @@ class CairnFileSystem(AbstractFileSystem):
             self._namespaces = {}
         return self._client
 
+    def close(self):
+        """Close this filesystem's client (its connections and its loop's thread). fsspec keeps
+        filesystem objects for reuse, so one closed is still usable: its next call connects
+        again."""
+        client, self._client, self._namespaces = self._client, None, {}
+        if client is not None and self._pid == os.getpid():
+            client.close()
+
     def _call(self, coroutine):
         """Run `coroutine` on the client's loop; client errors arrive as the OSError a file
         system gives (PermissionDenied as PermissionError, EACCES; NoSpace as ENOSPC)."""

@@ -32,6 +32,10 @@ def cairn_cluster():
         cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
         yield cluster
     finally:
+        from cairn.client.fsspec_fs import CairnFileSystem
+        for fs in list(CairnFileSystem._cache.values()):       # fsspec keeps them: close
+            fs.close()                                          # their clients first
+        CairnFileSystem.clear_instance_cache()
         subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "down", "--dir",
                         f"{directory}/c", "--purge"], capture_output=True, timeout=120)
         kill_leftovers(f"{directory}/c")
@@ -71,3 +75,15 @@ class TestCairnOpen(abstract.AbstractOpenTests, CairnFixtures):
 
 class TestCairnPipe(abstract.AbstractPipeTests, CairnFixtures):
     pass
+
+
+def test_a_closed_filesystem_stops_its_client_and_connects_again_when_used(cairn_cluster):
+    from cairn.client.fsspec_fs import CairnFileSystem
+    fs = CairnFileSystem(cluster=cairn_cluster.dir)
+    fs.pipe_file("data/closing/a", b"kept")
+    client = fs._client
+    fs.close()
+    assert fs._client is None and not client._thread.is_alive()
+    fs.close()                                              # twice: nothing to do
+    assert fs.cat_file("data/closing/a") == b"kept"         # a new client
+    assert fs._client is not None and fs._client is not client
