@@ -63,18 +63,13 @@ def range_crc(view, crcs, start, length):
     has just checked block by block, so the data is read once, not twice."""
     view = memoryview(view).cast("B")
     end = start + length
-    if fold is fold_reference:                      # bit by bit: reading is cheaper
-        return _crc32c(view[start:end])
     first = -(-start // FOLD_BLOCK_BYTES)           # the first block wholly inside the range
     stop = end // FOLD_BLOCK_BYTES                  # ... and the block after the last one
-    if first >= stop:
+    if first >= stop or fold is fold_reference:     # (the reference folds bit by bit)
         return _crc32c(view[start:end])
-    crc = _crc32c(view[start:first * FOLD_BLOCK_BYTES]) if start < first * FOLD_BLOCK_BYTES \
-        else 0
+    crc = _crc32c(view[start:first * FOLD_BLOCK_BYTES])           # empty slices: crc as it is
     crc = fold(memoryview(crcs)[first * 4:stop * 4], crc)
-    if stop * FOLD_BLOCK_BYTES < end:
-        crc = _crc32c(view[stop * FOLD_BLOCK_BYTES:end], crc)
-    return crc
+    return _crc32c(view[stop * FOLD_BLOCK_BYTES:end], crc)
 
 
 def block_crcs_reference(view, block_size):

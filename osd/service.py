@@ -538,8 +538,7 @@ class ObjectService:
         self._object_locks.release(key)
         del self._started[serial]
         try:
-            data, data_crc = self.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN,
-                                                    crc=True)
+            data, data_crc = self.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN)
         except Exception:
             connection.fall_back(received, reserved)      # read around a damaged copy, errors
             return

@@ -566,12 +566,12 @@ class Store:
         self.device.pool.put(pending.view)
         self._unpin(pending.pin)
 
-    def finish_read(self, pending, copy_below=0, crc=False):
-        """The data of a PendingRead whose future is done, as `read_with_stat` gives it (its
-        record is `pending.record`); raises what that read would (ChecksumError, device
-        errors). `crc`: (data, its crc32c) instead, the crc folded from the block crcs just
-        checked (`checksum.range_crc`: the bytes are not read again), or None where the store's
-        blocks are not the fold's size."""
+    def finish_read(self, pending, copy_below=0):
+        """(data, its crc32c) of a PendingRead whose future is done: the data as
+        `read_with_stat` gives it (its record is `pending.record`), the crc folded from the
+        block crcs just checked (`checksum.range_crc`: the bytes are not read again; None where
+        the store's blocks are not the fold's size). Raises what that read would
+        (ChecksumError, device errors)."""
         view = pending.view
         try:
             try:
@@ -584,13 +584,12 @@ class Store:
         finally:
             self._unpin(pending.pin)
         data_crc = None
-        if crc and self.block_size == FOLD_BLOCK_BYTES:
+        if self.block_size == FOLD_BLOCK_BYTES:
             data_crc = range_crc(
                 view, pending.record.crcs[pending.first * 4:(pending.first + pending.count) * 4],
                 pending.start, pending.length)
         view = view[pending.start:pending.start + pending.length]
-        data = view if pending.record.size >= copy_below else self._copied(view)
-        return (data, data_crc) if crc else data
+        return (view if pending.record.size >= copy_below else self._copied(view)), data_crc
 
     async def read_bytes(self, collection, name, offset=0, length=None):
         """`read()` copied into bytes, the buffer handed back to the pool."""

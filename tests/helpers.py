@@ -222,3 +222,12 @@ def admin_auth(directory=None):
     from cairn.common import sessions
     directory = directory or os.environ.get("CAIRN_TEST_CLUSTER")
     return sessions.client_handshake(directory, "client.admin") if directory else None
+
+
+def close_fsspec_filesystems():
+    """Close the clients of the `cairn://` filesystems fsspec keeps for reuse and forget them:
+    a kept client would outlive its test's cluster, retrying."""
+    from cairn.client.fsspec_fs import CairnFileSystem
+    for fs in list(CairnFileSystem._cache.values()):
+        fs.close()
+    CairnFileSystem.clear_instance_cache()

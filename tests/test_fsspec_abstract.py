@@ -11,7 +11,7 @@ import pytest
 fsspec = pytest.importorskip("fsspec")
 import fsspec.tests.abstract as abstract  # noqa: E402
 
-from tests.helpers import LocalCluster, kill_leftovers  # noqa: E402
+from tests.helpers import LocalCluster, close_fsspec_filesystems, kill_leftovers  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 
@@ -32,10 +32,7 @@ def cairn_cluster():
         cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
         yield cluster
     finally:
-        from cairn.client.fsspec_fs import CairnFileSystem
-        for fs in list(CairnFileSystem._cache.values()):       # fsspec keeps them: close
-            fs.close()                                          # their clients first
-        CairnFileSystem.clear_instance_cache()
+        close_fsspec_filesystems()
         subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "down", "--dir",
                         f"{directory}/c", "--purge"], capture_output=True, timeout=120)
         kill_leftovers(f"{directory}/c")

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.helpers import close_fsspec_filesystems
 from tests.test_mount import Mounts
 
 torch = pytest.importorskip("torch", reason="torch is not installed (cluster-scripts/setup.sh "
@@ -72,9 +73,5 @@ def test_torch_save_and_distributed_checkpoints_through_mount_and_fsspec(local_c
         print(f"{size_mb:.0f} MB state dict: torch.save to the mount {saved_s:.1f} s, DCP "
               f"FileSystemWriter {dcp_s:.1f} s, DCP FsspecWriter {fsspec_s:.1f} s")
     finally:
-        # fsspec keeps the filesystem DCP made; its client would outlive the cluster, retrying.
-        from cairn.client.fsspec_fs import CairnFileSystem
-        for fs in list(CairnFileSystem._cache.values()):
-            fs.close()
-        CairnFileSystem.clear_instance_cache()
+        close_fsspec_filesystems()          # the one DCP made through fsspec
         mounts.stop()
