@@ -224,7 +224,9 @@ class Cluster:
             if acting.primary is not None:
                 request = dict(header, pool=pool["id"], pg=pg_index, epoch=cmap.epoch)
                 try:
-                    connection = await self._connection(acting.primary)
+                    primary = acting.primary
+                    connection = self._connections.ready(primary, cmap.osds[primary]["addr"]) \
+                        or await self._connection(primary)      # (opened once, then ready)
                     remaining = max(0.1, deadline - loop.time())
                     return await connection.request(request, payload, timeout_s=remaining)
                 except RequestFailed as exc:

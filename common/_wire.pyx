@@ -30,6 +30,11 @@ from cairn.common import frame as _frame
 
 assert sys.byteorder == "little"
 
+cdef extern from "blake2b_mac.h" nogil:
+    void cairn_frame_mac(const unsigned char *key, size_t keylen, uint64_t counter,
+                         const unsigned char *a, size_t alen, const unsigned char *b,
+                         size_t blen, unsigned char *out, size_t outlen)
+
 cdef extern from "crc32c_blocks.h" nogil:
     void cairn_crc32c_init_table()
     int cairn_crc32c_hw_available()
@@ -56,7 +61,9 @@ cdef object RemoteProtocolError = _frame.RemoteProtocolError
 cdef object LocalProtocolError = _frame.LocalProtocolError
 cdef object decode_prefix = _frame.decode_prefix
 cdef object unpackb = msgpack.unpackb
-cdef object packb = msgpack.packb
+# One packer for every frame: packb makes a Packer per call (0.49 against 0.18 µs for a
+# reply's header). Its buffer is reset after each pack (autoreset), and encode never yields.
+cdef object _pack = msgpack.Packer(use_bin_type=True).pack
 cdef object compare_digest = hmac.compare_digest
 
 
@@ -97,6 +104,48 @@ def crc32c(data, uint32_t value=0):
     return crc_of(data, value)
 
 
+cdef class FrameMac:
+    """auth.FrameMac in C (one direction's MAC key and frame counter): keyed BLAKE2b-128 of
+    the frame's first 28 bytes and its msgpack header, salted with the frame's number
+    (native/blake2b_mac.h). The frame codec below computes it without a Python object per
+    frame; `next` is the same for everyone else. auth.FrameMacTwin is the reference (hashlib)."""
+
+    cdef unsigned char _key[64]
+    cdef size_t _key_bytes
+    cdef public uint64_t count
+
+    def __cinit__(self, key):
+        cdef const unsigned char[::1] raw = key
+        if not 0 < raw.shape[0] <= 64:
+            raise ValueError(f"a MAC key is 1 to 64 bytes (got {raw.shape[0]})")
+        memcpy(self._key, &raw[0], raw.shape[0])
+        self._key_bytes = raw.shape[0]
+        self.count = 0
+
+    @property
+    def key(self):
+        return PyBytes_FromStringAndSize(<const char *> self._key, self._key_bytes)
+
+    cdef void tag(self, const unsigned char *fixed, const unsigned char *header,
+                  Py_ssize_t header_bytes, unsigned char *out) noexcept:
+        """The next frame's MAC into `out` (MAC_BYTES): `fixed` is its first 28 bytes."""
+        self.count += 1
+        cairn_frame_mac(self._key, self._key_bytes, self.count, fixed, CRC_COVERED, header,
+                        header_bytes, out, MAC_BYTES)
+
+    def next(self, fixed, header_raw):
+        """The MAC of the next frame (fixed: its first 28 bytes, header_raw: its msgpack map)."""
+        cdef const unsigned char[::1] a = fixed
+        cdef const unsigned char[::1] b = header_raw
+        cdef unsigned char out[64]
+        if a.shape[0] != CRC_COVERED:
+            raise ValueError(f"a frame's fixed part is {CRC_COVERED} bytes")
+        self.count += 1
+        cairn_frame_mac(self._key, self._key_bytes, self.count, &a[0], CRC_COVERED,
+                        &b[0] if b.shape[0] else NULL, b.shape[0], out, MAC_BYTES)
+        return PyBytes_FromStringAndSize(<const char *> out, MAC_BYTES)
+
+
 cdef object _header_of(object mac, const unsigned char *p, Py_ssize_t header_bytes,
                        uint16_t flags, uint32_t header_crc):
     """frame.decode_header, on the frame at `p` whose header is in."""
@@ -104,7 +153,21 @@ cdef object _header_of(object mac, const unsigned char *p, Py_ssize_t header_byt
     crc = cairn_crc32c_update(crc, p + FIXED, header_bytes, HW)
     if crc != header_crc:
         raise RemoteProtocolError("frame header checksum mismatch (corrupted in flight?)")
-    if mac is not None:
+    cdef unsigned char expected[64]
+    cdef unsigned char difference = 0
+    cdef Py_ssize_t i
+    if type(mac) is FrameMac:
+        if not flags & FLAG_MAC:
+            raise RemoteProtocolError("frame without a MAC on an authenticated connection")
+        (<FrameMac> mac).tag(p, p + FIXED, header_bytes - MAC_BYTES, expected)
+        for i in range(MAC_BYTES):      # constant time, as hmac.compare_digest
+            difference |= expected[i] ^ p[FIXED + header_bytes - MAC_BYTES + i]
+        if difference:
+            raise RemoteProtocolError("frame MAC does not check (forged, replayed or from "
+                                      "another session)")
+        header_raw = PyBytes_FromStringAndSize(<const char *> p + FIXED,
+                                               header_bytes - MAC_BYTES)
+    elif mac is not None:
         if not flags & FLAG_MAC:
             raise RemoteProtocolError("frame without a MAC on an authenticated connection")
         header_raw = PyBytes_FromStringAndSize(<const char *> p + FIXED,
@@ -214,7 +277,7 @@ def encode(kind, request_id, header, payload=b"", mac=None, payload_crc=None):
     if not isinstance(header, dict):
         raise LocalProtocolError(f"a frame header is a dict (got {type(header).__name__})")
     try:
-        packed = packb(header, use_bin_type=True)
+        packed = _pack(header)
     except (TypeError, ValueError) as exc:
         raise LocalProtocolError(f"frame header cannot be packed: {exc}") from None
     packed_bytes = len(<bytes> packed)
@@ -257,7 +320,9 @@ def encode(kind, request_id, header, payload=b"", mac=None, payload_crc=None):
     store32(q + 20, <uint32_t> payload_bytes)
     store32(q + 24, crc)
     memcpy(q + FIXED, PyBytes_AS_STRING(packed), packed_bytes)
-    if mac is not None:
+    if type(mac) is FrameMac:
+        (<FrameMac> mac).tag(q, q + FIXED, packed_bytes, q + FIXED + packed_bytes)
+    elif mac is not None:
         tag = mac.next(PyBytes_FromStringAndSize(<const char *> q, CRC_COVERED), packed)
         memcpy(q + FIXED + packed_bytes, PyBytes_AS_STRING(tag), MAC_BYTES)
     store32(q + CRC_COVERED, cairn_crc32c_update(cairn_crc32c_update(0, q, CRC_COVERED, HW),

@@ -317,8 +317,10 @@ def open_ticket(service_keys, blob, now):
 
 # -- frame MACs --------------------------------------------------------------------------------------
 
-class FrameMac:
-    """One direction's MAC key and frame counter."""
+class FrameMacTwin:
+    """One direction's MAC key and frame counter: the reference. What ships is `FrameMac`,
+    this in C (common/_wire.pyx; the frame codec computes it without Python objects), the
+    same function: keyed BLAKE2b-128, salted with the frame's number."""
 
     def __init__(self, key):
         self.key = key
@@ -331,3 +333,16 @@ class FrameMac:
                               digest_size=MAC_BYTES)
         mac.update(header_raw)
         return mac.digest()
+
+
+# The shipped MAC is native where every frame passes (common/_wire.pyx), as the frame codec is
+# (common/wire.py); CAIRN_NO_EXTENSIONS=1 selects the twin.
+if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
+    FrameMac = FrameMacTwin
+else:
+    try:
+        from cairn.common._wire import FrameMac  # noqa: E402
+    except ImportError as exc:
+        raise ImportError("cairn's native framing extension (cairn.common._wire) is not "
+                          "built; run 'pip install -e .' in the source tree, or set "
+                          "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc

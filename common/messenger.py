@@ -456,7 +456,11 @@ class Peer:
             self.closed = True
             return
         buffers = wire.encode(kind, request_id, header, payload, self.send_mac, payload_crc)
-        nbytes = sum(memoryview(buffer).nbytes for buffer in buffers)
+        # The frame's size without a memoryview per buffer (its head is bytes; a get's reply
+        # is a memoryview or bytes).
+        nbytes = len(buffers[0]) + (len(payload) if type(payload) is bytes else
+                                    payload.nbytes if type(payload) is memoryview else
+                                    sum(memoryview(piece).nbytes for piece in buffers[1:]))
         self.sent_total += nbytes
         self._outbox.add(buffers, nbytes)
 

@@ -241,7 +241,6 @@ class ObjectService:
         """Refuse a write (never a delete) to a pool at its quota or to a PG with a member
         the map flags full, or while this OSD is past the full ratio itself (before the map
         says so): nothing is written, reads and deletes go on (mon/capacity.py)."""
-        where = f"pg {pg.key[0]}.{pg.key[1]:x} of pool {pool['name']}"
         if pool.get("quota_full"):
             limits = [f"{pool[field]} {unit}" for field, unit in
                       (("max_objects", "objects"), ("max_bytes", "bytes")) if pool.get(field)]
@@ -256,6 +255,7 @@ class ObjectService:
         if ratio >= full_ratio and self.daemon.id not in full:
             full.append(self.daemon.id)
         if full:
+            where = f"pg {pg.key[0]}.{pg.key[1]:x} of pool {pool['name']}"
             raise RequestFailed("no_space", f"no space: {', '.join(f'osd.{m}' for m in full)} "
                                 f"of {where} reached the full ratio ({full_ratio:.0%}); writes "
                                 "refused, reads and deletes still work (delete data or add "

@@ -18,26 +18,30 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cairn.common import frame, wire
+from cairn.common import auth, frame, wire
 from cairn.common.frame import Kind, LocalProtocolError, RemoteProtocolError
 from cairn.native.checksum import crc32c
 
 pytestmark = pytest.mark.unit
 
-IMPLEMENTATIONS = {"native": (wire.FrameReceiver, wire.encode),
-                   "twin": (wire.FrameReceiverTwin, frame.encode)}
+IMPLEMENTATIONS = {"native": (wire.FrameReceiver, wire.encode, auth.FrameMac),
+                   "twin": (wire.FrameReceiverTwin, frame.encode, auth.FrameMacTwin)}
 current = {}
 
 
 @pytest.fixture(autouse=True, scope="module", params=sorted(IMPLEMENTATIONS))
 def implementation(request):
-    """The parser and encoder this round of the module's tests runs."""
-    current["receiver"], current["encode"] = IMPLEMENTATIONS[request.param]
+    """The parser, encoder and session MAC this round of the module's tests runs."""
+    current["receiver"], current["encode"], current["mac"] = IMPLEMENTATIONS[request.param]
     yield request.param
 
 
 def encode(*args, **kwargs):
     return current["encode"](*args, **kwargs)
+
+
+def frame_mac(key):
+    return current["mac"](key)
 
 
 def encode_bytes(kind, request_id, header, payload=b"", mac=None):
@@ -250,22 +254,21 @@ def test_a_payload_in_pieces_is_one_payload_on_the_wire(pieces, request_id):
 
 
 def test_a_session_accepts_only_its_own_macs_in_order():
-    from cairn.common import auth
     key = auth.new_secret()
-    sender = auth.FrameMac(key)
+    sender = frame_mac(key)
     frames = [encode_bytes(Kind.REQUEST, i, {"op": "get", "i": i}, b"x" * (i * 40_000),
                            mac=sender) for i in range(3)]
     fed = Fed()
-    fed.receiver.mac = auth.FrameMac(key)
+    fed.receiver.mac = frame_mac(key)
     fed.feed(b"".join(frames), [7, 70_000])
     assert [f.header["i"] for f in fed.frames] == [0, 1, 2] and fed.errors == []
     for stream, message in ((frames[1], "MAC does not check"),              # out of order
                             (encode_bytes(Kind.REQUEST, 1, {"op": "get"}), "without a MAC"),
                             (encode_bytes(Kind.REQUEST, 1, {"op": "get"},
-                                          mac=auth.FrameMac(auth.new_secret())),
+                                          mac=frame_mac(auth.new_secret())),
                              "MAC does not check")):                      # another session
         fed = Fed()
-        fed.receiver.mac = auth.FrameMac(key)
+        fed.receiver.mac = frame_mac(key)
         fed.feed(stream)
         assert len(fed.errors) == 1 and message in str(fed.errors[0]), fed.errors
     fed = Fed().feed(frames[0])                 # a MAC where no session exists
@@ -278,13 +281,12 @@ def test_a_session_accepts_only_its_own_macs_in_order():
 def test_maced_frames_survive_any_split(messages, cuts):
     """Each frame's MAC is checked once, however its bytes arrive (a header checked while its
     payload is still coming must not be checked again: the check advances the counter)."""
-    from cairn.common import auth
     key = auth.new_secret()
-    sender = auth.FrameMac(key)
+    sender = frame_mac(key)
     data = b"".join(encode_bytes(Kind.REPLY, i, header, payload, mac=sender)
                     for i, (header, payload) in enumerate(messages))
     fed = Fed()
-    fed.receiver.mac = auth.FrameMac(key)
+    fed.receiver.mac = frame_mac(key)
     fed.feed(data, cuts)
     assert fed.errors == []
     assert as_tuples(fed.frames) == [(Kind.REPLY, i, header, payload)
@@ -338,11 +340,10 @@ def test_payload_buffers_dropped_by_whoever_took_them_are_received_into_again():
 @settings(max_examples=150, deadline=None)
 def test_the_native_encoder_writes_the_twins_bytes(kind, request_id, header, payload, maced,
                                                    payload_crc):
-    """Byte for byte, MACs (two senders of one session key, in step) and given crcs included;
-    the payload pieces are passed on as they are by both."""
-    from cairn.common import auth
+    """Byte for byte, MACs (the shipped MAC and its twin, senders of one session key in step)
+    and given crcs included; the payload pieces are passed on as they are by both."""
     key = auth.new_secret()
-    macs = (auth.FrameMac(key), auth.FrameMac(key)) if maced else (None, None)
+    macs = (auth.FrameMac(key), auth.FrameMacTwin(key)) if maced else (None, None)
     native = wire.encode(kind, request_id, header, payload, macs[0], payload_crc)
     twin = frame.encode(kind, request_id, header, payload, macs[1], payload_crc)
     assert bytes(native[0]) == bytes(twin[0])
@@ -359,18 +360,22 @@ def test_the_native_crc_matches_the_package():
 
 
 def test_the_native_module_works_whichever_is_imported_first():
-    """Either of common/_wire.pyx and common/wire.py may be imported first, and the shipped
-    receiver runs the native loop."""
+    """Any of common/_wire.pyx, common/wire.py and common/auth.py may be imported first, and
+    the shipped receiver runs the native loop with the native MAC (run without
+    CAIRN_NO_EXTENSIONS, which this test is not about)."""
+    import os
     import subprocess
     import sys
-    for first in ("cairn.common._wire", "cairn.common.wire"):
+    environment = {k: v for k, v in os.environ.items() if k != "CAIRN_NO_EXTENSIONS"}
+    for first in ("cairn.common._wire", "cairn.common.wire", "cairn.common.auth"):
         done = subprocess.run(
             [sys.executable, "-c", f"import {first}\n"
-             "from cairn.common import _wire, frame, wire\n"
+             "from cairn.common import _wire, auth, frame, wire\n"
+             "assert auth.FrameMac is _wire.FrameMac\n"
              "got = []\n"
              "receiver = wire.FrameReceiver(got.append, print)\n"
              "receiver.feed(b''.join(wire.encode(frame.Kind.REQUEST, 1, {'op': 'x'}, b'p' * 70000)))\n"
              "assert wire.FrameReceiver._parse is _wire.cut_frames\n"
              "assert bytes(got[0].payload) == b'p' * 70000"],
-            capture_output=True, text=True, timeout=60)
+            capture_output=True, text=True, timeout=60, env=environment)
         assert done.returncode == 0, (first, done.stderr)
