@@ -46,6 +46,7 @@ extensions = [
         "cairn.common._wire",
         ["common/_wire.pyx"],
         include_dirs=["native"],
+        depends=["native/crc32c_blocks.h", "native/blake2b_mac.h"],
         extra_compile_args=["-O2"],
     ),
     # ISA-L's erasure code (Debian's libisal-dev), the library pyeclib's isa_l backends run.
