@@ -62,8 +62,12 @@ def padded_length(payload_bytes):
     return -(-(HEADER_BYTES + payload_bytes) // BLOCK_SIZE_BYTES) * BLOCK_SIZE_BYTES
 
 
+# One packer for every group (see records._PACK).
+_PACK = msgpack.Packer(use_bin_type=True).pack
+
+
 def encode_payload(ops):
-    return msgpack.packb(ops, use_bin_type=True)
+    return _PACK(ops)
 
 
 def encode(kind, uuid_bytes, position, first, last, payload=b""):

@@ -54,6 +54,10 @@ def object_prefix(collection, name_prefix=""):
 
 # The key prefix of each collection seen (a few hundred PG collections per OSD): every op
 # makes its object's key several times. Bounded: cleared when it reaches _PREFIXES_MAX.
+# One packer for every record: packb makes a Packer per call (0.49 against 0.18 µs for a small
+# map). Packing lists, dicts, ints and bytes runs no Python code, so no other thread can start
+# a pack on it before this one ends; its buffer is reset after each.
+_PACK = msgpack.Packer(use_bin_type=True).pack
 _PREFIXES = {}
 _PREFIXES_MAX = 65536
 
@@ -172,7 +176,7 @@ class ObjectRecord:
         fields = [self.size, self.version, self.mtime_ns, flat, self.crcs, self.attrs]
         if self.omap_id:
             fields.append(self.omap_id)
-        return msgpack.packb(fields, use_bin_type=True)
+        return _PACK(fields)
 
     @classmethod
     def decode(cls, raw):
