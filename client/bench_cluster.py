@@ -50,7 +50,11 @@ def add_parser(kinds):
     bench.add_argument("--cluster", default=argparse.SUPPRESS,
                        help="cluster directory, cluster.json or HOST:PORT,...")
     bench.add_argument("--pool", required=True)
-    bench.add_argument("--op", choices=OPS, default="write")
+    bench.add_argument("--op", choices=OPS, default="write",
+                       help="write: new objects (or --objects N in turn) for --seconds; seq: "
+                       "read each object of the last write run once, in order, stopping at "
+                       "the end or after --seconds (as rados bench seq); rand: read them at "
+                       "random for --seconds (default: write)")
     bench.add_argument("--size", type=parse_size, default=parse_size("4M"))
     bench.add_argument("--concurrency", type=int, default=16)
     bench.add_argument("--seconds", type=float, default=20.0)
@@ -170,8 +174,9 @@ async def run(args, say):
                                  f"run --op write{run} first") from None
             names = _names(last)
             sizes = Sizes(last["size"], last.get("dist"), last.get("seed", 0))
+            span = "each once, in order, for at most" if args.op == "seq" else "at random for"
             say(f"cairn bench cluster: {args.op} of {len(names)} objects x {args.concurrency} "
-                f"in flight for {args.seconds:g} s on pool {args.pool}")
+                f"in flight ({span} {args.seconds:g} s) on pool {args.pool}")
             cpu.start()
             result = await _read(pool, args, names, sizes, "names" not in last)
             result.update(cpu.per_1000(result["ops"]))
@@ -236,15 +241,18 @@ class CpuMeter:
                                        for kind, seconds in used.items()}}
 
 
-async def _timed(args, op):
-    """Run `op(index)` with `concurrency` workers for `seconds`; (ops, elapsed, latencies)."""
+async def _timed(args, op, count=1 << 62):
+    """Run `op(index)` for index 0, 1, ... with `concurrency` workers for `seconds`, or until
+    `count` ops have started; (ops, elapsed, latencies)."""
     latencies = []
     stop_at = time.perf_counter() + args.seconds
-    counter = iter(range(1 << 62))
+    counter = iter(range(count))
 
     async def worker():
         while time.perf_counter() < stop_at:
-            index = next(counter)
+            index = next(counter, None)
+            if index is None:
+                return
             started = time.perf_counter()
             await op(index)
             latencies.append(time.perf_counter() - started)
@@ -321,7 +329,7 @@ async def _read(pool, args, names, sizes, numbered):
     read = [0]
 
     async def get(index):
-        number = index % len(names) if args.op == "seq" else chooser.randrange(len(names))
+        number = index if args.op == "seq" else chooser.randrange(len(names))
         data = await pool.get(names[number])
         expected = sizes(number) if numbered else sizes.size
         if len(data) != expected:
@@ -329,7 +337,10 @@ async def _read(pool, args, names, sizes, numbered):
                                        f"stored {expected}")
         read[0] += len(data)
 
-    ops, elapsed, latencies = await _timed(args, get)
+    # seq reads each object once, as rados bench's seq does: a second pass would measure the
+    # OSDs' read cache (osd/store.py ReadCache), not the read path.
+    ops, elapsed, latencies = await _timed(args, get,
+                                           len(names) if args.op == "seq" else 1 << 62)
     return _result(args.op, sizes.mean, ops, elapsed, latencies, read[0])
 
 

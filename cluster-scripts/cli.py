@@ -569,6 +569,8 @@ def _start_daemons(args, directory, description, shape, mon_processes, say, tls_
                 "--id", str(osd_id), "--ready-file", entry["ready_file"],
                 "--metrics-port", "0", *(["--rack", rack] if rack else []),
                 *(["--keyring", _keyring_path(directory, name)] if args.auth == "hmac" else []),
+                *(["--read-cache", str(args.read_cache)] if args.read_cache is not None
+                  else []),
                 *tls_argv)
             description["osds"].append(entry)
     save(directory, description)
@@ -960,6 +962,9 @@ def build_parser():
     start.add_argument("--mtu", type=_bounded(1280, isolated.MTU_MAX), default=isolated.MTU_DEFAULT,
                        help=f"isolated mode: the MTU of the hosts' links (default "
                        f"{isolated.MTU_DEFAULT}: jumbo frames, as storage networks use)")
+    start.add_argument("--read-cache", type=_size, metavar="SIZE",
+                       help="each OSD's read cache for small objects (cairn-osd run "
+                       "--read-cache; default the OSD's, 64M; 0: none)")
     start.add_argument("--config", action="append", metavar="KEY=VALUE",
                        help="cluster config to set before the OSDs start (repeatable)")
     start.add_argument("--auth", choices=("hmac", "none"), default="hmac", help="hmac "

@@ -48,3 +48,8 @@ assert BLOCK_SIZE_BYTES & (BLOCK_SIZE_BYTES - 1) == 0
 assert DEVICE_IO_BYTES_MAX % BLOCK_SIZE_BYTES == 0
 assert OBJECT_SIZE_BYTES_MAX % BLOCK_SIZE_BYTES == 0
 assert COMMIT_GROUP_TRANSACTIONS_MAX > 0
+
+# Memory an OSD keeps for small objects' bytes after a read (osd/store.py ReadCache; the OSD's
+# --read-cache), and the largest object it keeps.
+READ_CACHE_BYTES_DEFAULT = 64 << 20
+READ_CACHE_OBJECT_BYTES_MAX = 64 * 1024

@@ -27,6 +27,7 @@ from cairn.common.units import format_size, parse_size
 from cairn.native import DeviceError, implementation, open_device
 from cairn.native.erasure import tune_malloc
 from cairn.osd import bench
+from cairn.common.limits import READ_CACHE_BYTES_DEFAULT
 from cairn.osd.errors import StoreError
 
 log = logging.getLogger("cairn.osd")
@@ -107,6 +108,10 @@ def build_parser(prog="cairn-osd"):
                      "here once up")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port "
                      "of the --bind address (0: any free port; default: none)")
+    run.add_argument("--read-cache", type=_size, default=READ_CACHE_BYTES_DEFAULT,
+                     metavar="SIZE", help="memory for small objects' bytes after a read, so a "
+                     "read again is answered without the device (as BlueStore's buffered "
+                     f"reads; default {READ_CACHE_BYTES_DEFAULT >> 20}M, 0: none)")
     run.add_argument("--verbose", action="store_true")
 
     demo = commands.add_parser("demo", help="single-device demo: mkfs, put and get real "
@@ -375,7 +380,7 @@ def run_daemon(args, prog):
         try:
             osd = OsdDaemon(args.device, mons, args.bind, location, meta_dir=args.meta,
                             weight=args.weight, osd_id=args.id, metrics_port=args.metrics_port,
-                            secret=secret, tls_dir=args.tls)
+                            secret=secret, tls_dir=args.tls, read_cache_bytes=args.read_cache)
         except TlsError as exc:
             log.error("cannot start: %s", exc)
             return 2

@@ -16,6 +16,7 @@ import logging
 import time
 
 from cairn.common import audit, auth, config, messenger, metrics, sessions, tls, wire
+from cairn.common.limits import READ_CACHE_BYTES_DEFAULT
 from cairn.common.pg import pool_by_id
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable
@@ -39,8 +40,10 @@ STOP_NOTICE_S_MAX = 3.0
 
 class OsdDaemon:
     def __init__(self, device_path, mon_addrs, bind_addr, location, *, meta_dir=None,
-                 weight=1.0, osd_id=None, metrics_port=None, secret=None, tls_dir=None):
+                 weight=1.0, osd_id=None, metrics_port=None, secret=None, tls_dir=None,
+                 read_cache_bytes=READ_CACHE_BYTES_DEFAULT):
         self.device_path = device_path
+        self.read_cache_bytes = read_cache_bytes
         self.meta_dir = meta_dir
         self.bind_addr = bind_addr
         self.location = dict(location)
@@ -82,6 +85,7 @@ class OsdDaemon:
     async def start(self):
         self.device = open_device(self.device_path)
         self.store = await Store.open(self.device, self.meta_dir)
+        self.store.read_cache.limit_bytes = self.read_cache_bytes
         self._device_reported = self.device.latency_snapshot()    # heartbeats report deltas
         self.audit = audit.AuditFile(f"{self.store.meta_dir}.audit.log")
         self.pgs.load_local()

@@ -44,6 +44,14 @@ def collect(daemon):
                                        labels=["osd"])
     transactions.add_metric([labels["osd"]], stats["transactions_total"])
     yield transactions
+    hits = CounterMetricFamily("cairn_osd_read_cache_hits", "gets answered from the read cache",
+                               labels=["osd"])
+    hits.add_metric([labels["osd"]], stats["read_cache"]["hits_total"])
+    yield hits
+    cached = GaugeMetricFamily("cairn_osd_read_cache_bytes", "small objects' bytes kept after "
+                               "reads", labels=["osd"])
+    cached.add_metric([labels["osd"]], stats["read_cache"]["bytes"])
+    yield cached
     space = daemon.store.statfs()
     for key, name in (("total_bytes", "cairn_osd_capacity_bytes"),
                       ("used_bytes", "cairn_osd_used_bytes")):

@@ -51,6 +51,7 @@ import msgpack
 import numpy as np
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
+from cairn.common import limits
 from cairn.common.keylocks import KeyLocks
 from cairn.common.limits import (BLOCK_SIZE_BYTES, COMMIT_GROUP_TRANSACTIONS_MAX,
                                  DEVICE_IO_BYTES_MAX, LIST_PAGE_ENTRIES_MAX,
@@ -75,6 +76,12 @@ META_ROOT_DEFAULT = "/var/lib/cairn"
 # Decoded object records kept in memory (BlueStore's onode cache). A 4 MiB object's record is
 # about 4.1 KiB (its crcs), so 16,384 entries cost at most ~70 MiB; small objects far less.
 RECORD_CACHE_ENTRIES_MAX = 16_384
+# Small objects' bytes kept after a read (BlueStore's buffered reads, on by default there:
+# `bluestore_default_buffered_read`), so an object read again is answered from memory. Filled
+# by reads only, never by writes; every commit that touches a key drops its entry, and an
+# entry is used only for the record version it was read at. Bounded in bytes (the OSD's
+# --read-cache, READ_CACHE_BYTES_DEFAULT; 0: none); objects up to READ_CACHE_OBJECT_BYTES_MAX
+# (both in common/limits.py).
 _UNCACHED = object()       # a record cache miss (None in the cache: known absent)
 # A store with a journal makes RocksDB durable (a checkpoint) when the ring is half used, and
 # after this long without a commit, so replay after a crash stays short and read-only readers
@@ -121,15 +128,54 @@ class ObjectStat:
     omap: bool = False            # the object has an omap (maybe empty)
 
 
+class ReadCache:
+    """Whole small objects' bytes (and crc32c) by object key, each for the record version it
+    was read at, least recently used first, within `limit_bytes`."""
+
+    def __init__(self, limit_bytes):
+        self.limit_bytes = limit_bytes
+        self.bytes = 0
+        self.hits_total = 0
+        self._entries = collections.OrderedDict()      # key -> (version, data, crc)
+
+    def __len__(self):
+        return len(self._entries)
+
+    def get(self, key, version):
+        """(data, crc) of `key` at `version`, or None."""
+        entry = self._entries.get(key)
+        if entry is None or entry[0] != version:
+            return None
+        self._entries.move_to_end(key)
+        self.hits_total += 1
+        return entry[1], entry[2]
+
+    def put(self, key, version, data, crc):
+        if len(data) > self.limit_bytes:
+            return
+        self.drop(key)
+        self._entries[key] = (version, data, crc)
+        self.bytes += len(data)
+        while self.bytes > self.limit_bytes:
+            self.bytes -= len(self._entries.popitem(last=False)[1][1])
+
+    def drop(self, key):
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.bytes -= len(entry[1])
+
+
 class PendingRead:
     """A read `Store.begin_read` started: its device read's `future`, and what `finish_read`
-    needs to check and cut the result (the store is pinned until then)."""
+    needs to check and cut the result (the store is pinned until then). `cached`: the
+    object's (bytes, crc) from the read cache instead (no device read, no pin, no buffer)."""
 
     __slots__ = ("collection", "name", "record", "view", "future", "pin", "first", "count",
-                 "start", "length")
+                 "start", "length", "cached")
 
     def __init__(self, collection, name, record, view, future, pin, first, count, start,
-                 length):
+                 length, cached=None):
+        self.cached = cached
         self.collection = collection
         self.name = name
         self.record = record
@@ -284,6 +330,7 @@ class Store:
         # dict: evicting a plain dict's first key scans every slot deleted before it, which made
         # each put at 4 KiB cost more the longer a run went.
         self._cache = collections.OrderedDict()
+        self.read_cache = ReadCache(limits.READ_CACHE_BYTES_DEFAULT)
         self._commit_queue = []
         self._commit_wanted = asyncio.Event()
         self._committer = None
@@ -544,6 +591,13 @@ class Store:
         end, first, count = self._span(record, offset, length)
         if count <= 0:
             return None
+        if record.size <= limits.READ_CACHE_OBJECT_BYTES_MAX:
+            cached = self.read_cache.get(records.object_key(collection, name), record.version)
+            if cached is not None:
+                future = self._loop.create_future()
+                future.set_result(None)
+                return PendingRead(collection, name, record, None, future, None, first, count,
+                                   offset, end - offset, cached)
         pieces = records.slice_extents(record.extents, first, count)
         if len(pieces) != 1 or count * self.block_size > DEVICE_IO_BYTES_MAX:
             return None
@@ -560,7 +614,8 @@ class Store:
     def abandon_read(self, pending):
         """Give up a PendingRead (its data unwanted): the buffer and the pin go back once its
         device read is done."""
-        pending.future.add_done_callback(lambda _: self._forget_read(pending))
+        if pending.cached is None:
+            pending.future.add_done_callback(lambda _: self._forget_read(pending))
 
     def _forget_read(self, pending):
         self.device.pool.put(pending.view)
@@ -571,7 +626,13 @@ class Store:
         `read_with_stat` gives it (its record is `pending.record`), the crc folded from the
         block crcs just checked (`checksum.range_crc`: the bytes are not read again; None where
         the store's blocks are not the fold's size). Raises what that read would
-        (ChecksumError, device errors)."""
+        (ChecksumError, device errors). A small object read whole is kept in the read cache."""
+        if pending.cached is not None:
+            data, data_crc = pending.cached
+            if pending.start or pending.length != len(data):
+                data = data[pending.start:pending.start + pending.length]
+                data_crc = None
+            return data, data_crc
         view = pending.view
         try:
             try:
@@ -589,7 +650,15 @@ class Store:
                 view, pending.record.crcs[pending.first * 4:(pending.first + pending.count) * 4],
                 pending.start, pending.length)
         view = view[pending.start:pending.start + pending.length]
-        return (view if pending.record.size >= copy_below else self._copied(view)), data_crc
+        record = pending.record
+        if record.size >= copy_below:
+            return view, data_crc
+        data = self._copied(view)
+        if pending.start == 0 and pending.length == record.size and \
+                record.size <= limits.READ_CACHE_OBJECT_BYTES_MAX and data_crc is not None:
+            self.read_cache.put(records.object_key(pending.collection, pending.name),
+                                record.version, data, data_crc)
+        return data, data_crc
 
     async def read_bytes(self, collection, name, offset=0, length=None):
         """`read()` copied into bytes, the buffer handed back to the pool."""
@@ -1464,6 +1533,7 @@ class Store:
         for plan in group:
             for key, record in plan.records.items():
                 self._cache_put(key, record)      # None: known absent
+                self.read_cache.drop(key)
             for key, created in plan.collections.items():
                 name = key[len(records.PREFIX_COLLECTION):].decode()
                 if created:
@@ -1516,6 +1586,10 @@ class Store:
                     "checkpoints_total": self.checkpoints_total,
                     "past_journal_total": self.records_past_journal_total,
                     "replayed_records": self.replayed_records},
+                "read_cache": {"limit_bytes": self.read_cache.limit_bytes,
+                               "bytes": self.read_cache.bytes,
+                               "objects": len(self.read_cache),
+                               "hits_total": self.read_cache.hits_total},
                 "device": self.device.statistics()}
 
 

@@ -189,7 +189,9 @@ def test_writes_below_min_size_are_refused_and_reads_continue(local_cluster):
             names, _ = await client.pool("data").list(prefix="bench.")
             return [name for name in names if name != "bench.last"]
     assert len(run(listed())) == 60
-    bench("--op", "seq", "--seconds", "0.5", "--cleanup")
+    # seq reads each object once and stops (as rados bench seq), long before its time is up.
+    seq = bench("--op", "seq", "--seconds", "30", "--cleanup")
+    assert seq["ops"] == 60 and seq["seconds"] < 30
     assert run(listed()) == []
     refused = subprocess.run([sys.executable, "-m", "cairn.client.cli", "bench", "cluster",
                               "--cluster", cluster.dir, "--pool", "data", "--op", "rand",

@@ -264,3 +264,46 @@ async def fast_ops(cluster, op="get"):
         finally:
             await admin.close()
     return total
+
+
+def test_a_small_object_read_again_is_answered_from_its_primary_read_cache(local_cluster):
+    """Gets fill the primary's read cache (puts never do); a second get of a small object is
+    answered from it, a large one is read again; an overwrite is seen at once; an OSD started
+    with --read-cache 0 (cairn-cluster up --read-cache 0) keeps nothing."""
+    from cairn.client.cluster import Cluster
+
+    async def read_cache(cluster):
+        totals = collections.Counter()
+        for entry in cluster.description["osds"]:
+            admin = await connect_as_admin(entry["addr"])
+            try:
+                totals.update((await admin.request({"op": "status"})).header["store"][
+                    "read_cache"])
+            finally:
+                await admin.close()
+        return totals
+
+    async def main(cluster, cached):
+        objects = {"small": b"s" * 4096, "odd": b"o" * 60_000, "large": b"L" * 200_000}
+        async with await Cluster.connect(cluster.dir) as client:
+            pool = client.pool("rbd")
+            for name, data in objects.items():
+                await pool.put(name, data)
+            assert (await read_cache(cluster))["objects"] == 0
+            for _ in range(2):
+                for name, data in objects.items():
+                    assert await pool.get(name) == data
+                    assert await pool.get(name, 100, 50) == data[100:150]
+            after = await read_cache(cluster)
+            assert after["objects"] == (2 if cached else 0)
+            assert after["bytes"] == (4096 + 60_000 if cached else 0)
+            # Whole gets and ranges of the two small objects, after their first whole get.
+            assert after["hits_total"] == (2 * 2 + 1 * 2 if cached else 0), after
+            await pool.put("small", b"new")
+            assert await pool.get("small") == b"new"
+            assert await pool.get("small") == b"new"
+
+    for cached, extra in ((True, ()), (False, ("--read-cache", "0"))):
+        cluster = local_cluster(hosts=3, osds_per_host=1, extra=extra)
+        cluster.cairn("pool", "create", "rbd", "--replicated", "3", "--pg-num", "8")
+        run(main(cluster, cached))

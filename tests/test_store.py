@@ -569,3 +569,103 @@ def test_a_group_too_big_for_the_journal_is_synced_past_it_and_survives_a_crash(
         await assert_fsck_clean(store)
         await store.close()
     run(body())
+
+
+async def uring_store(disk_dir, tmp_path):
+    """(device, store) on a fresh io_uring device file (the one device with `submit_read`,
+    which the callback reads a fast get makes need), collection "c" made."""
+    from cairn.native import UringBlockDevice
+    from tests.helpers import make_file
+    device = UringBlockDevice.open(make_file(disk_dir, 64 << 20))
+    meta = str(tmp_path / "meta")
+    await mkfs(device, meta)
+    store = await Store.open(device, meta)
+    await store.create_collection("c")
+    return device, store
+
+
+async def fast_read(store, name, offset=0, length=None):
+    """A get the way the OSD's fast path reads (begin_read, then finish_read once done):
+    (data, crc, whether the read came from the read cache)."""
+    pending = store.begin_read("c", name, offset, length)
+    assert pending is not None
+    await pending.future
+    data, crc = store.finish_read(pending, copy_below=64 * 1024)
+    return bytes(data), crc, pending.cached is not None
+
+
+def test_a_small_object_read_again_comes_from_the_read_cache_until_it_changes(disk_dir,
+                                                                                tmp_path):
+    """Reads fill the cache (writes never do); a cached get reads nothing from the device and
+    gives the same bytes and crc; ranges are cut from the cached object; every commit that
+    touches the object (put, write, set_attrs, rename, delete) drops it."""
+    from cairn.native.checksum import crc32c
+
+    async def body():
+        device, store = await uring_store(disk_dir, tmp_path)
+        data = os.urandom(5000)
+        await store.put("c", "obj", data)
+        reads = device.statistics()["ops_total"]["read"]
+        assert await fast_read(store, "obj") == (data, crc32c(data), False)
+        assert store.statistics()["read_cache"]["objects"] == 1
+        assert await fast_read(store, "obj") == (data, crc32c(data), True)
+        assert await fast_read(store, "obj", 4000, 600) == (data[4000:4600], None, True)
+        assert device.statistics()["ops_total"]["read"] == reads + 1
+        assert store.statistics()["read_cache"]["hits_total"] == 2
+        for change in (lambda: store.put("c", "obj", b"new bytes"),
+                       lambda: store.write("c", "obj", 2, b"W"),
+                       lambda: store.set_attrs("c", "obj", {"a": b"1"})):
+            await change()
+            expected = await store.read_bytes("c", "obj")
+            assert await fast_read(store, "obj") == (expected, crc32c(expected), False)
+            assert await fast_read(store, "obj") == (expected, crc32c(expected), True)
+        await store.apply(Transaction().rename("c", "obj", "c", "moved"))
+        assert store.begin_read("c", "obj") is None
+        assert (await fast_read(store, "moved"))[2] is False
+        await store.delete("c", "moved")
+        assert store.begin_read("c", "moved") is None and store.read_cache.bytes == 0
+        await store.close()
+        device.close()
+    run(body())
+
+
+def test_a_read_that_ends_after_a_commit_never_serves_the_old_bytes_again(disk_dir, tmp_path):
+    """A read started before a put and finished after it caches what it read under the old
+    version; the next get sees the new record and reads the device."""
+    async def body():
+        device, store = await uring_store(disk_dir, tmp_path)
+        await store.put("c", "obj", b"old" * 100)
+        pending = store.begin_read("c", "obj")
+        await store.put("c", "obj", b"new" * 100)
+        await pending.future
+        data, _ = store.finish_read(pending, copy_below=64 * 1024)
+        assert bytes(data) == b"old" * 100       # what the read saw when it started
+        assert await fast_read(store, "obj") == (b"new" * 100, crc32c(b"new" * 100), False)
+        assert (await fast_read(store, "obj"))[2] is True
+        await store.close()
+        device.close()
+
+    from cairn.native.checksum import crc32c
+    run(body())
+
+
+def test_the_read_cache_keeps_its_bytes_bound_and_only_small_objects(disk_dir, tmp_path):
+    async def body():
+        device, store = await uring_store(disk_dir, tmp_path)
+        store.read_cache.limit_bytes = 3 * 4096
+        for index in range(5):
+            await store.put("c", f"o{index}", bytes([index]) * 4096)
+            await fast_read(store, f"o{index}")
+        assert store.read_cache.bytes == 3 * 4096 and len(store.read_cache) == 3
+        assert [(await fast_read(store, f"o{i}"))[2] for i in (4, 3, 2)] == [True] * 3
+        assert (await fast_read(store, "o0"))[2] is False           # the oldest went first
+        await store.put("c", "big", os.urandom(128 * 1024))
+        await fast_read(store, "big")
+        assert (await fast_read(store, "big"))[2] is False          # over 64 KiB: not kept
+        store.read_cache.limit_bytes = 0
+        await store.put("c", "o9", b"x" * 10)
+        await fast_read(store, "o9")
+        assert (await fast_read(store, "o9"))[2] is False           # --read-cache 0
+        await store.close()
+        device.close()
+    run(body())
