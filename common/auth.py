@@ -40,7 +40,7 @@ import struct
 
 import msgpack
 
-from cairn.common.frame import MAC_BYTES
+from cairn.common.frame import MAC_BYTES, native_codec
 
 SECRET_BYTES = 32
 CHALLENGE_BYTES = 16
@@ -337,12 +337,5 @@ class FrameMacTwin:
 
 # The shipped MAC is native where every frame passes (common/_wire.pyx), as the frame codec is
 # (common/wire.py); CAIRN_NO_EXTENSIONS=1 selects the twin.
-if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
-    FrameMac = FrameMacTwin
-else:
-    try:
-        from cairn.common._wire import FrameMac  # noqa: E402
-    except ImportError as exc:
-        raise ImportError("cairn's native framing extension (cairn.common._wire) is not "
-                          "built; run 'pip install -e .' in the source tree, or set "
-                          "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc
+_native = native_codec()
+FrameMac = FrameMacTwin if _native is None else _native.FrameMac

@@ -50,6 +50,7 @@ assert OBJECT_SIZE_BYTES_MAX % BLOCK_SIZE_BYTES == 0
 assert COMMIT_GROUP_TRANSACTIONS_MAX > 0
 
 # Memory an OSD keeps for small objects' bytes after a read (osd/store.py ReadCache; the OSD's
-# --read-cache), and the largest object it keeps.
+# --read-cache), and the largest object it would keep: in practice those under 64 KiB, the ones
+# a get copies (from 64 KiB up a reply is sent from its device buffer as it is).
 READ_CACHE_BYTES_DEFAULT = 64 << 20
 READ_CACHE_OBJECT_BYTES_MAX = 64 * 1024

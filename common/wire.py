@@ -29,7 +29,6 @@ The first error is reported to `on_error` and nothing more is read.
 
 import asyncio
 import collections
-import os
 
 from cairn.common import frame
 from cairn.native.bufpool import BufferPool
@@ -373,15 +372,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
 # The shipped parser and encoder are native where every frame passes (common/_wire.pyx): the
 # twin's frame-cutting loop and frame.encode, in C. CAIRN_NO_EXTENSIONS=1 selects the twins.
-if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
+_wire = frame.native_codec()
+if _wire is None:
     FrameReceiver, encode = FrameReceiverTwin, frame.encode
 else:
-    try:
-        from cairn.common import _wire  # noqa: E402
-    except ImportError as exc:
-        raise ImportError("cairn's native framing extension (cairn.common._wire) is not "
-                          "built; run 'pip install -e .' in the source tree, or set "
-                          "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc
     assert PAYLOAD_DIRECT_BYTES_MIN == frame.BLOCK_CRCS_BYTES_MIN
 
     class FrameReceiver(FrameReceiverTwin):
