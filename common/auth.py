@@ -40,7 +40,8 @@ import struct
 
 import msgpack
 
-from cairn.common.frame import MAC_BYTES, native_codec
+from cairn.common.frame import MAC_BYTES
+from cairn.common.wire import native_codec
 
 SECRET_BYTES = 32
 CHALLENGE_BYTES = 16

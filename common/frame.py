@@ -32,7 +32,6 @@ frame in three steps. The one parser that runs them over a byte stream is
 
 import enum
 import hmac
-import os
 import struct
 
 import msgpack
@@ -84,21 +83,6 @@ class LocalProtocolError(ProtocolError):
 
 # Kind by its wire value: a dict lookup, where Kind(value) costs an enum call per frame.
 _KINDS = {int(kind): kind for kind in Kind}
-
-
-def native_codec():
-    """The native frame codec (common/_wire.pyx: the parser's loop, the encoder, the session
-    MAC), or None where CAIRN_NO_EXTENSIONS=1 selects the Python twins; an ImportError that
-    says how to build it where it is not built."""
-    if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
-        return None
-    try:
-        from cairn.common import _wire
-    except ImportError as exc:
-        raise ImportError("cairn's native framing extension (cairn.common._wire) is not "
-                          "built; run 'pip install -e .' in the source tree, or set "
-                          "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc
-    return _wire
 
 
 class Frame:

@@ -29,6 +29,7 @@ The first error is reported to `on_error` and nothing more is read.
 
 import asyncio
 import collections
+import os
 
 from cairn.common import frame
 from cairn.native.bufpool import BufferPool
@@ -370,9 +371,24 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.resume_reading("budget")
 
 
+def native_codec():
+    """The native frame codec (common/_wire.pyx: the parser's loop, the encoder, the session
+    MAC), or None where CAIRN_NO_EXTENSIONS=1 selects the Python twins; an ImportError that
+    says how to build it where it is not built."""
+    if os.environ.get("CAIRN_NO_EXTENSIONS", "") not in ("", "0"):
+        return None
+    try:
+        from cairn.common import _wire
+    except ImportError as exc:
+        raise ImportError("cairn's native framing extension (cairn.common._wire) is not "
+                          "built; run 'pip install -e .' in the source tree, or set "
+                          "CAIRN_NO_EXTENSIONS=1 for the slow reference") from exc
+    return _wire
+
+
 # The shipped parser and encoder are native where every frame passes (common/_wire.pyx): the
 # twin's frame-cutting loop and frame.encode, in C. CAIRN_NO_EXTENSIONS=1 selects the twins.
-_wire = frame.native_codec()
+_wire = native_codec()
 if _wire is None:
     FrameReceiver, encode = FrameReceiverTwin, frame.encode
 else:
