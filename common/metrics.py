@@ -69,8 +69,7 @@ class OpLatency:
         if counts is None:
             counts = self._counts[name] = [0] * latency.BUCKETS
             self._sums[name] = 0
-        index = (latency_ns // 1000).bit_length()      # latency.bucket, without a call
-        counts[index if index < latency.BUCKETS else latency.BUCKETS - 1] += 1
+        counts[latency.bucket(latency_ns)] += 1
         self._sums[name] += latency_ns
 
     def series(self):

@@ -490,7 +490,10 @@ class Store:
         anything else runs on the loop, so a lookup can never see a stale entry. (A lookup
         racing the write in the metadata thread may cache the old record, which the commit's
         update then overwrites.)"""
-        key = records.object_key(collection, name)
+        return self._record_at(records.object_key(collection, name))
+
+    def _record_at(self, key):
+        """`_record` of an object key."""
         record = self._cache.get(key, _UNCACHED)
         if record is not _UNCACHED:
             self._cache.move_to_end(key)
@@ -585,14 +588,15 @@ class Store:
                 collection not in self._collections or offset < 0 or \
                 (length is not None and length < 0):
             return None
-        record = self._record(collection, name)
+        key = records.object_key(collection, name)
+        record = self._record_at(key)
         if record is None:
             return None
         end, first, count = self._span(record, offset, length)
         if count <= 0:
             return None
         if record.size <= limits.READ_CACHE_OBJECT_BYTES_MAX:
-            cached = self.read_cache.get(records.object_key(collection, name), record.version)
+            cached = self.read_cache.get(key, record.version)
             if cached is not None:
                 future = self._loop.create_future()
                 future.set_result(None)
