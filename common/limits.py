@@ -49,6 +49,9 @@ assert DEVICE_IO_BYTES_MAX % BLOCK_SIZE_BYTES == 0
 assert OBJECT_SIZE_BYTES_MAX % BLOCK_SIZE_BYTES == 0
 assert COMMIT_GROUP_TRANSACTIONS_MAX > 0
 
+# Memory an OSD keeps for decoded object records (osd/store.py: BlueStore's onode cache): about
+# 65,000 small objects' records, or 13,000 of 4 MiB objects (their crcs are 4 KiB each).
+RECORD_CACHE_BYTES_DEFAULT = 64 << 20
 # Memory an OSD keeps for small objects' bytes after a read (osd/store.py ReadCache; the OSD's
 # --read-cache), and the largest object it would keep: in practice those under 64 KiB, the ones
 # a get copies (from 64 KiB up a reply is sent from its device buffer as it is).

@@ -44,6 +44,10 @@ def collect(daemon):
                                        labels=["osd"])
     transactions.add_metric([labels["osd"]], stats["transactions_total"])
     yield transactions
+    misses = CounterMetricFamily("cairn_osd_record_cache_misses", "object record lookups the "
+                                 "record cache did not answer (RocksDB reads)", labels=["osd"])
+    misses.add_metric([labels["osd"]], stats["record_cache"]["misses_total"])
+    yield misses
     hits = CounterMetricFamily("cairn_osd_read_cache_hits", "gets answered from the read cache",
                                labels=["osd"])
     hits.add_metric([labels["osd"]], stats["read_cache"]["hits_total"])

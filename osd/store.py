@@ -73,9 +73,13 @@ log = logging.getLogger("cairn.osd")
 
 META_ROOT_DEFAULT = "/var/lib/cairn"
 
-# Decoded object records kept in memory (BlueStore's onode cache). A 4 MiB object's record is
-# about 4.1 KiB (its crcs), so 16,384 entries cost at most ~70 MiB; small objects far less.
-RECORD_CACHE_ENTRIES_MAX = 16_384
+# Decoded object records kept in memory (BlueStore's onode cache), bounded in bytes
+# (limits.RECORD_CACHE_BYTES_DEFAULT): each entry is costed at RECORD_ENTRY_BYTES (the decoded
+# record with its attrs, its key and the cache's node: 775 bytes for a 4 KiB object, measured
+# with tracemalloc) plus its crcs (4 bytes a block: 16 KiB for a 16 MiB object). It was 16,384
+# entries whatever their size: a 4 KiB write run of more objects than that, read back in order,
+# missed on every get (each read evicted the record the next read wanted).
+RECORD_ENTRY_BYTES = 1024
 # Small objects' bytes kept after a read (BlueStore's buffered reads, on by default there:
 # `bluestore_default_buffered_read`), so an object read again is answered from memory. Filled
 # by reads only, never by writes; every commit that touches a key drops its entry, and an
@@ -330,6 +334,9 @@ class Store:
         # dict: evicting a plain dict's first key scans every slot deleted before it, which made
         # each put at 4 KiB cost more the longer a run went.
         self._cache = collections.OrderedDict()
+        self._cache_bytes = 0               # what its entries cost (RECORD_ENTRY_BYTES + crcs)
+        self.record_cache_limit_bytes = limits.RECORD_CACHE_BYTES_DEFAULT
+        self.record_cache_misses_total = 0  # lookups that went to RocksDB
         self.read_cache = ReadCache(limits.READ_CACHE_BYTES_DEFAULT)
         self._commit_queue = []
         self._commit_wanted = asyncio.Event()
@@ -498,6 +505,7 @@ class Store:
         if record is not _UNCACHED:
             self._cache.move_to_end(key)
             return record
+        self.record_cache_misses_total += 1
         raw = self._db.get(key)
         record = ObjectRecord.decode(raw) if raw is not None else None
         self._cache_put(key, record)
@@ -505,10 +513,15 @@ class Store:
 
     def _cache_put(self, key, record):
         cache = self._cache
+        old = cache.pop(key, _UNCACHED)
+        if old is not _UNCACHED:
+            self._cache_bytes -= RECORD_ENTRY_BYTES + (len(old.crcs) if old is not None else 0)
         cache[key] = record
-        cache.move_to_end(key)
-        if len(cache) > RECORD_CACHE_ENTRIES_MAX:
-            cache.popitem(last=False)
+        self._cache_bytes += RECORD_ENTRY_BYTES + (len(record.crcs) if record is not None else 0)
+        while self._cache_bytes > self.record_cache_limit_bytes and cache:
+            _, evicted = cache.popitem(last=False)
+            self._cache_bytes -= RECORD_ENTRY_BYTES + (len(evicted.crcs) if evicted is not None
+                                                       else 0)
 
     def _require_collection(self, collection):
         if collection not in self._collections:
@@ -1590,6 +1603,9 @@ class Store:
                     "checkpoints_total": self.checkpoints_total,
                     "past_journal_total": self.records_past_journal_total,
                     "replayed_records": self.replayed_records},
+                "record_cache": {"limit_bytes": self.record_cache_limit_bytes,
+                                 "bytes": self._cache_bytes, "records": len(self._cache),
+                                 "misses_total": self.record_cache_misses_total},
                 "read_cache": {"limit_bytes": self.read_cache.limit_bytes,
                                "bytes": self.read_cache.bytes,
                                "objects": len(self.read_cache),

@@ -50,6 +50,9 @@ def test_every_daemon_serves_metrics_and_health_follows_the_contract(local_clust
         ops = families.get("cairn_osd_op_latency_seconds")
         puts += sum(samples(ops, "cairn_osd_op_latency_seconds_count", op="put")) if ops else 0
         assert samples(families["cairn_osd_used_bytes"], "cairn_osd_used_bytes")[0] > 0
+        # each new object's record is looked up in RocksDB once on every OSD holding it
+        assert samples(families["cairn_osd_record_cache_misses"],
+                       "cairn_osd_record_cache_misses_total")[0] >= 20
     assert puts == 20                                           # each put counted at its primary
     client_in = sum(samples(scrape(osd["metrics"])["cairn_osd_client_bytes"],
                             "cairn_osd_client_bytes_total", direction="in")[0]

@@ -669,3 +669,43 @@ def test_the_read_cache_keeps_its_bytes_bound_and_only_small_objects(disk_dir, t
         await store.close()
         device.close()
     run(body())
+
+
+def test_the_record_cache_is_bounded_in_bytes_and_rereads_within_it_never_miss(disk_dir,
+                                                                                tmp_path):
+    """The decoded records are kept within `record_cache_limit_bytes`, each costed at
+    RECORD_ENTRY_BYTES plus its crcs: objects read back in the order they were written all
+    come from the cache while they fit (with a bound in entries, a run longer than the cache
+    missed on every read); past the bound the least recently used go first, and a record
+    read again from RocksDB is the committed one."""
+    from cairn.osd.store import RECORD_ENTRY_BYTES
+
+    async def body():
+        device, store = await uring_store(disk_dir, tmp_path)
+        small = RECORD_ENTRY_BYTES + 4                      # one block: one crc
+        store.record_cache_limit_bytes = 40 * small
+        for index in range(30):
+            await store.put("c", f"o{index}", bytes([index]) * 4096)
+        stats = store.statistics()["record_cache"]
+        assert stats["records"] == 30 and stats["bytes"] == 30 * small
+        misses = stats["misses_total"]
+        for index in range(30):
+            assert (await fast_read(store, f"o{index}"))[0] == bytes([index]) * 4096
+        assert store.statistics()["record_cache"]["misses_total"] == misses
+        await store.put("c", "big", os.urandom(1 << 20))   # 256 blocks: 1 KiB of crcs
+        assert store.statistics()["record_cache"]["bytes"] == 30 * small + \
+            RECORD_ENTRY_BYTES + 1024
+        store.record_cache_limit_bytes = 10 * small
+        await store.put("c", "o0", b"again" * 1000)         # o0 is now the most recent
+        stats = store.statistics()["record_cache"]
+        # o0 (two blocks now), big and the 7 most recent others fit in 10 one-block entries
+        assert stats["records"] == 9 and \
+            stats["bytes"] == 7 * small + (RECORD_ENTRY_BYTES + 8) + (RECORD_ENTRY_BYTES + 1024)
+        assert (await fast_read(store, "o0"))[0] == b"again" * 1000
+        assert store.statistics()["record_cache"]["misses_total"] == stats["misses_total"]
+        assert (await fast_read(store, "o1"))[0] == bytes([1]) * 4096    # evicted: RocksDB
+        assert store.statistics()["record_cache"]["misses_total"] == stats["misses_total"] + 1
+        assert store.stat("c", "big").size == 1 << 20
+        await store.close()
+        device.close()
+    run(body())
