@@ -49,6 +49,13 @@ def receive_buffer_statistics():
     return _POOL.statistics()
 
 
+def receive_pool():
+    """The pool that large payloads are received into. An OSD's device takes its buffers from
+    it too (osd/daemon.py): received writes and device reads then share one set of slabs,
+    where two pools each kept the slabs of their own busiest moment."""
+    return _POOL
+
+
 class ByteBudget:
     """Bytes a daemon (or one connection) may hold for requests it received and has not yet
     answered. `take` never fails when nothing is held, so one frame larger than the limit still

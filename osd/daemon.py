@@ -83,7 +83,7 @@ class OsdDaemon:
         return f"osd.{self.id}" if self.id is not None else "osd.?"
 
     async def start(self):
-        self.device = open_device(self.device_path)
+        self.device = open_device(self.device_path, pool=wire.receive_pool())
         self.store = await Store.open(self.device, self.meta_dir)
         self.store.read_cache.limit_bytes = self.read_cache_bytes
         self._device_reported = self.device.latency_snapshot()    # heartbeats report deltas
