@@ -216,6 +216,18 @@ async def connect_as_admin(addr, directory=None, timeout_s=3.0):
         await monc.close()
 
 
+async def osd_statuses(cluster):
+    """{osd id: its `status` reply header} of every OSD of `cluster` (a test cluster)."""
+    found = {}
+    for entry in cluster.description["osds"]:
+        admin = await connect_as_admin(entry["addr"])
+        try:
+            found[entry["id"]] = (await admin.request({"op": "status"})).header
+        finally:
+            await admin.close()
+    return found
+
+
 def admin_auth(directory=None):
     """The `authenticate` of a MonClient acting as client.admin in cluster `directory` (default
     $CAIRN_TEST_CLUSTER); None when that cluster runs without auth."""

@@ -13,7 +13,7 @@ import pytest
 
 from cairn.common import frame, messenger, sessions
 from cairn.common.frame import Kind
-from tests.helpers import connect_as_admin, run
+from tests.helpers import connect_as_admin, osd_statuses, run
 
 pytestmark = pytest.mark.cluster
 
@@ -167,14 +167,8 @@ def test_replicas_are_stored_with_the_checksums_their_frames_were_checked_with(l
             assert await fast_ops(cluster, "rep_put") == rep_puts + 2 * len(objects)
             for name, data in objects.items():
                 assert await pool.get(name) == data
-        known = 0
-        for entry in cluster.description["osds"]:
-            admin = await connect_as_admin(entry["addr"])
-            try:
-                known += (await admin.request({"op": "status"})).header["store"][
-                    "known_crcs_total"]
-            finally:
-                await admin.close()
+        known = sum(status["store"]["known_crcs_total"]
+                    for status in (await osd_statuses(cluster)).values())
         # The two objects of whole blocks, on all three OSDs, twice (the third one is copied
         # into whole blocks by the store, which computes its own).
         assert known == 2 * 3 * 2
@@ -257,14 +251,7 @@ def test_a_damaged_copy_on_the_primary_is_read_around_and_repaired(local_cluster
 
 async def fast_ops(cluster, op="get"):
     """Ops of one kind the cluster's OSDs answered on their fast path so far."""
-    total = 0
-    for entry in cluster.description["osds"]:
-        admin = await connect_as_admin(entry["addr"])
-        try:
-            total += (await admin.request({"op": "status"})).header["fast_ops"][op]
-        finally:
-            await admin.close()
-    return total
+    return sum(status["fast_ops"][op] for status in (await osd_statuses(cluster)).values())
 
 
 def test_a_small_object_read_again_is_answered_from_its_primary_read_cache(local_cluster):
@@ -275,13 +262,8 @@ def test_a_small_object_read_again_is_answered_from_its_primary_read_cache(local
 
     async def read_cache(cluster):
         totals = collections.Counter()
-        for entry in cluster.description["osds"]:
-            admin = await connect_as_admin(entry["addr"])
-            try:
-                totals.update((await admin.request({"op": "status"})).header["store"][
-                    "read_cache"])
-            finally:
-                await admin.close()
+        for status in (await osd_statuses(cluster)).values():
+            totals.update(status["store"]["read_cache"])
         return totals
 
     async def main(cluster, cached):
@@ -318,15 +300,8 @@ def test_an_osd_receives_writes_and_reads_its_device_into_one_set_of_buffers(loc
     from cairn.client.cluster import Cluster
 
     async def slab_bytes(cluster):
-        found = {}
-        for entry in cluster.description["osds"]:
-            admin = await connect_as_admin(entry["addr"])
-            try:
-                status = (await admin.request({"op": "status"})).header
-            finally:
-                await admin.close()
-            found[entry["id"]] = status["store"]["device"]["buffers"]["slab_bytes_total"]
-        return found
+        return {osd: status["store"]["device"]["buffers"]["slab_bytes_total"]
+                for osd, status in (await osd_statuses(cluster)).items()}
 
     async def main(cluster):
         async with await Cluster.connect(cluster.dir) as client:

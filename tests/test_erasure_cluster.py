@@ -22,7 +22,7 @@ from cairn.client import errors
 from cairn.client.cluster import Cluster
 from cairn.common.messenger import RequestFailed
 from cairn.common.placement import stable_pg
-from tests.helpers import connect_as_admin, run
+from tests.helpers import connect_as_admin, osd_statuses, run
 
 pytestmark = pytest.mark.cluster
 
@@ -242,12 +242,7 @@ def test_large_reads_fetch_data_shards_from_their_holders(local_cluster, tmp_pat
                     await connection.request(dict(base, **change))
                 assert refused.value.code == code, (change, refused.value)
             served = known_crcs = 0
-            for entry in cluster.description["osds"]:
-                admin = await connect_as_admin(entry["addr"])
-                try:
-                    status = (await admin.request({"op": "status"})).header
-                finally:
-                    await admin.close()
+            for status in (await osd_statuses(cluster)).values():
                 served += status["direct_reads"]
                 known_crcs += status["store"]["known_crcs_total"]
             assert served >= 6 * 3
