@@ -515,13 +515,11 @@ class Store:
         cache = self._cache
         old = cache.pop(key, _UNCACHED)
         if old is not _UNCACHED:
-            self._cache_bytes -= RECORD_ENTRY_BYTES + (len(old.crcs) if old is not None else 0)
+            self._cache_bytes -= _cached_bytes(old)
         cache[key] = record
-        self._cache_bytes += RECORD_ENTRY_BYTES + (len(record.crcs) if record is not None else 0)
+        self._cache_bytes += _cached_bytes(record)
         while self._cache_bytes > self.record_cache_limit_bytes and cache:
-            _, evicted = cache.popitem(last=False)
-            self._cache_bytes -= RECORD_ENTRY_BYTES + (len(evicted.crcs) if evicted is not None
-                                                       else 0)
+            self._cache_bytes -= _cached_bytes(cache.popitem(last=False)[1])
 
     def _require_collection(self, collection):
         if collection not in self._collections:
@@ -1611,6 +1609,11 @@ class Store:
                                "objects": len(self.read_cache),
                                "hits_total": self.read_cache.hits_total},
                 "device": self.device.statistics()}
+
+
+def _cached_bytes(record):
+    """What a record cache entry is counted as (None: a key known absent)."""
+    return RECORD_ENTRY_BYTES + (len(record.crcs) if record is not None else 0)
 
 
 def _stat_of(name, record):
