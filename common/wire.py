@@ -44,11 +44,6 @@ assert SCRATCH_BYTES >= frame.FIXED_BYTES + PAYLOAD_DIRECT_BYTES_MIN
 _POOL = BufferPool()
 
 
-def receive_buffer_statistics():
-    """The statistics of the pool that large payloads are received into (`BufferPool`)."""
-    return _POOL.statistics()
-
-
 def receive_pool():
     """The pool that large payloads are received into. An OSD's device takes its buffers from
     it too (osd/daemon.py): received writes and device reads then share one set of slabs,

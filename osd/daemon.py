@@ -198,6 +198,7 @@ class OsdDaemon:
         if op == "ping":
             return {"id": self.id, "epoch": self.monc.map.epoch if self.monc.map else 0}, b""
         if op == "status":
+            store = self.store.statistics()
             return {"id": self.id, "addr": self.addr, "uuid": self.store.superblock.uuid,
                     "epoch": self.monc.map.epoch, "peers": self._watch.peers,
                     "recovery_bytes": self.pgs.recovery_bytes_total,
@@ -219,8 +220,9 @@ class OsdDaemon:
                     "fast_ops": self.service.fast_ops,
                     "direct_plans": self.service.backends["erasure"].direct_plans_total,
                     "repairs": self.scrubber.repairs_total,
-                    "store": self.store.statistics(),
-                    "receive_buffers": wire.receive_buffer_statistics(),
+                    "store": store,
+                    # the device's pool is the receive pool (start): the same figures
+                    "receive_buffers": store["device"]["buffers"],
                     "reported": sorted(self._watch.reported)}, b""
         if op in ObjectService.OPS:
             audited = op in access.WRITE_OPS

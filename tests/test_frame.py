@@ -324,12 +324,12 @@ def test_payload_buffers_dropped_by_whoever_took_them_are_received_into_again():
     payload = bytes(range(256)) * 256
     data = encode_bytes(Kind.REQUEST, 1, {"op": "put"}, payload)
     gc.collect()
-    before = wire.receive_buffer_statistics()
+    before = wire.receive_pool().statistics()
     for round_ in range(300):
         fed = Fed().feed(data, [4096])
         assert bytes(fed.frames[0].payload) == payload, round_
         fed.frames.clear()
-    after = wire.receive_buffer_statistics()
+    after = wire.receive_pool().statistics()
     assert after["reused_total"] - before["reused_total"] >= 290
     assert after["allocated_total"] - before["allocated_total"] <= 32     # one slab at most
 
