@@ -8,6 +8,7 @@ Checks, each reported as a line naming what is wrong:
 - every object's collection exists;
 - every omap entry belongs to an object's omap (no orphaned entries), and no two objects share
   one omap id, and every id is below the next id to hand out;
+- every collection key table entry belongs to a collection that exists;
 - with `deep`: every block's data matches its crc32c (the object and offset are named).
 """
 
@@ -104,6 +105,7 @@ async def fsck(store, deep=False, progress=None):
             report.problem(f"collection {collection!r} counts {store.usage(collection)} "
                            f"(objects, bytes) but holds {found}")
     _check_omaps(store, omap_owners, report)
+    _check_key_tables(store, collections, report)
     report.blocks_referenced = int(np.count_nonzero(references))
     report.blocks_marked_used = int(np.count_nonzero(allocator.committed))
     shared = np.flatnonzero(references > 1)
@@ -141,6 +143,18 @@ def _check_omaps(store, owners, report):
             orphans[omap_id] = orphans.get(omap_id, 0) + 1
     for omap_id, count in sorted(orphans.items()):
         report.problem(f"omap id {omap_id}: {count} entries belong to no object")
+
+
+def _check_key_tables(store, collections, report):
+    """Every key table entry's collection must exist (removing a collection drops its table)."""
+    orphans = {}
+    for key, _ in store._iterate(records.PREFIX_KEYS):
+        collection = key[len(records.PREFIX_KEYS):].partition(b"\x00")[0].decode(
+            errors="replace")
+        if collection not in collections:
+            orphans[collection] = orphans.get(collection, 0) + 1
+    for collection, count in sorted(orphans.items()):
+        report.problem(f"key table of {collection!r}: {count} entries, and no such collection")
 
 
 async def _check_data(store, objects, report, progress):

@@ -16,8 +16,11 @@ What the core owns, and the rules it keeps:
   map, or from an epoch older than `min_epoch`, which a new primary's query raised
   (`check_from_primary`, `query`): once a new primary looked, the old one can no longer get a
   write acknowledged. The check runs before any await in the shell, so no op slips between.
-- **The log window.** Every write leaves a log entry (an empty store object named by version
-  in `pglog.POOL.PG`). The newest LOG_ENTRIES_KEPT are kept, trimmed in batches; the tail says
+- **The log window.** Every write leaves a log entry: an entry of the key table of the PG's log
+  collection `pglog.POOL.PG` (osd/records.py), keyed by version, its value the entry's fields
+  (`log_entry_value`). Stores written before key tables hold entries as empty objects of that
+  collection; those are read and trimmed as they are (`log_legacy`). The newest
+  LOG_ENTRIES_KEPT are kept, trimmed in batches; the tail (an object of that collection) says
   below which versions the log is no longer complete. An entry written as a *complete* member
   carries a flag: the OSD then held every acknowledged write up to it (`complete_to`). A
   member recovered up to a version is *marked*: tail and complete_to move to it. `last_update`
@@ -40,6 +43,8 @@ import collections
 import dataclasses
 import enum
 
+import msgpack
+
 from cairn.common import pg as pgs
 from cairn.native.checksum import crc32c
 
@@ -55,6 +60,16 @@ ACKED_ATTR = "a"
 # steps, as log trims do).
 STASH_TRIM_BATCH = 64
 TAIL_NAME = "~tail"              # not an entry: holds the version the log is complete after
+
+
+def log_entry_value(attrs):
+    """A log entry's fields ({name: bytes}) as its key table value."""
+    return msgpack.packb(attrs, use_bin_type=True)
+
+
+def log_entry_attrs(value):
+    """The fields of a log entry's key table value."""
+    return msgpack.unpackb(value, raw=False)
 
 
 class Refused(Exception):
@@ -164,6 +179,7 @@ class PgCore:
         self.state = "stray"
         self.min_epoch = 0
         self.log_names = None                           # deque of entry names, oldest first
+        self.log_legacy = set()                         # entries held as objects (older stores)
         self.log_tail = 0                               # the log is complete after this version
         self.last_update = 0
         self.complete_to = 0                            # every acknowledged write to here is here
@@ -357,12 +373,13 @@ class PgCore:
 
     # -- the log window -----------------------------------------------------------------------------
 
-    def log_loaded(self, names, tail_attrs, newest_complete):
+    def log_loaded(self, names, tail_attrs, newest_complete, legacy=()):
         """The log as the store holds it: entry names oldest first (without the tail object),
-        the tail object's attributes (None: none), and the newest entry that carries the
-        complete flag (None: none)."""
+        the tail object's attributes (None: none), the newest entry that carries the complete
+        flag (None: none), and those of the names held as objects (`log_legacy`)."""
         if self.log_names is not None:
             return
+        self.log_legacy = set(legacy)
         if tail_attrs is not None:
             self.log_tail = int(tail_attrs.get("t", b"0").decode(), 16)
             self.complete_to = max(self.complete_to, int(tail_attrs.get("c", b"0").decode(), 16))
@@ -388,15 +405,22 @@ class PgCore:
         if acked_to:
             attrs[ACKED_ATTR] = f"{acked_to:x}".encode()
             self.acked_seen = max(self.acked_seen, acked_to)
-        txn.put(self.log_collection, entry, b"", attrs=attrs)
+        removes = ()
         batch = self.log_trim_batch
         if len(self.log_names) > self.log_entries_kept + batch:
             oldest = sorted(set(self.log_names) - {entry})     # never this write's own entry
+            removes = []
             for old in oldest[:batch]:
-                txn.delete(self.log_collection, old)
+                if old in self.log_legacy:
+                    self.log_legacy.discard(old)
+                    txn.delete(self.log_collection, old)
+                else:
+                    removes.append(old.encode())
             self.log_names = collections.deque(oldest[batch:])
             self.log_tail = max(self.log_tail, int(oldest[batch - 1], 16))
             self._tail_ops(txn, self.log_tail, self.complete_to)
+        txn.keys_update(self.log_collection, set=[(entry.encode(), log_entry_value(attrs))],
+                        remove=removes)
 
     def _tail_ops(self, txn, tail, complete_to):
         attrs = {"t": f"{tail:x}".encode(), "c": f"{complete_to:x}".encode()}
@@ -426,6 +450,7 @@ class PgCore:
     def log_forgotten(self):
         """The log collection was deleted (a stray copy going away)."""
         self.log_names, self.log_tail, self.last_update, self.complete_to = None, 0, 0, 0
+        self.log_legacy = set()
 
     def log_summary(self, entries):
         """The log as peering exchanges it, from [(version, name)] oldest first."""

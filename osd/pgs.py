@@ -37,7 +37,7 @@ from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeo
 from cairn.common.monclient import MonitorsUnavailable
 from cairn.osd import peering
 from cairn.osd.pg import (ACKED_ATTR, COMPLETE_ATTR, TAIL_NAME, PgCore, Role, backfill_names,
-                          delta_names, hash_order)
+                          delta_names, hash_order, log_entry_attrs)
 from cairn.osd.errors import CollectionExists, ObjectNotFound
 from cairn.osd.store import Transaction
 
@@ -664,17 +664,46 @@ class PgRegistry:
                 pass
 
     def load_log(self, pg):
-        """Hand the PG's log as the store holds it to the core (once per PG)."""
+        """Hand the PG's log as the store holds it to the core (once per PG): the entries of
+        its log collection's key table, and any held as objects by an older store."""
         if pg.log_names is not None:
             return
-        names = self._all_names(pg.log_collection)
+        values = self._log_values(pg.log_collection)
+        legacy = self._all_names(pg.log_collection)
         tail_attrs = None
-        if TAIL_NAME in names:
-            names.remove(TAIL_NAME)
+        if TAIL_NAME in legacy:
+            legacy.remove(TAIL_NAME)
             tail_attrs = self.store.stat(pg.log_collection, TAIL_NAME).attrs
-        newest_complete = next((entry for entry in reversed(names) if COMPLETE_ATTR in
-                                self.store.stat(pg.log_collection, entry).attrs), None)
-        pg.log_loaded(names, tail_attrs, newest_complete)
+        for entry in legacy:
+            values[entry] = self.store.stat(pg.log_collection, entry).attrs
+        names = sorted(values)
+        newest_complete = next((entry for entry in reversed(names)
+                                if COMPLETE_ATTR in values[entry]), None)
+        pg.log_loaded(names, tail_attrs, newest_complete, legacy)
+
+    def _log_values(self, collection):
+        """{entry name: its fields} of a log collection's key table (none if no collection)."""
+        values, start_after = {}, None
+        if not self.store.has_collection(collection):
+            return values
+        while True:
+            page, more = self.store.keys_list(collection, start_after=start_after,
+                                              limit=RECOVERY_LIST_PAGE)
+            for key, value in page:
+                values[key.decode()] = log_entry_attrs(value)
+            if not more:
+                return values
+            start_after = page[-1][0]
+
+    def _log_attrs(self, pg, entry):
+        """The fields of one log entry here, or None if it is gone."""
+        if entry in pg.log_legacy:
+            try:
+                return self.store.stat(pg.log_collection, entry).attrs
+            except ObjectNotFound:
+                return None
+        value = self.store.keys_get(pg.log_collection, entry.encode())
+        return log_entry_attrs(value) if value is not None else None
 
     def load_stash(self, pg):
         """Hand the PG's rollback stash entries, and the highest acked_to its log entries
@@ -690,7 +719,7 @@ class PgRegistry:
         for entry in reversed(pg.log_names):
             if int(entry, 16) <= best:
                 break
-            attrs = self.store.stat(pg.log_collection, entry).attrs
+            attrs = self._log_attrs(pg, entry) or {}
             if ACKED_ATTR in attrs:
                 best = max(best, int(attrs[ACKED_ATTR].decode(), 16))
         return best
@@ -720,9 +749,8 @@ class PgRegistry:
         self.load_log(pg)
         entries = []
         for entry in sorted(pg.log_names):
-            try:
-                attrs = self.store.stat(pg.log_collection, entry).attrs
-            except ObjectNotFound:
+            attrs = self._log_attrs(pg, entry)
+            if attrs is None:
                 continue
             entries.append((int(entry, 16), attrs.get("n", b"").decode()))
         return entries

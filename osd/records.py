@@ -9,6 +9,7 @@ Key layout in RocksDB (bytes sort in this order, so a collection's objects list 
     b"O" + collection + 0 + name  an object record (below)
     b"B" + segment (u32 BE)       allocator bitmap segment (`allocator.SEGMENT_BLOCKS` bits)
     b"M" + omap id (u64 BE) + key one entry of an object's omap (its sorted key/value table)
+    b"K" + collection + 0 + key   one entry of a collection's own key table (below)
     b"N"                          the next omap id to hand out (u64 big-endian)
     b"J"                          where journal replay starts: the ring position after the
                                   last commit group this state holds (u64 big-endian;
@@ -22,6 +23,10 @@ transaction that last changed it), small attributes, the modification time and i
 An object's omap lives in its own key range (`omap_range`), named by an id rather than by the
 object's name, so a rename moves a table of a million entries by rewriting one record, and a
 delete drops it with one range deletion. Id 0: the object has no omap yet.
+
+A collection's key table holds small entries that belong to no object (a PG's log: one entry
+per write, osd/pgs.py). Changing an entry takes no object lock, looks nothing up and leaves no
+record to cache: one metadata key per entry, gone with its collection.
 """
 
 import dataclasses
@@ -42,6 +47,7 @@ PREFIX_BITMAP = b"B"
 PREFIX_OMAP = b"M"
 KEY_OMAP_NEXT = b"N"
 KEY_JOURNAL = b"J"
+PREFIX_KEYS = b"K"
 
 
 def collection_key(collection):
@@ -74,6 +80,16 @@ def object_key(collection, name):
             _PREFIXES.clear()
         _PREFIXES[collection] = prefix
     return prefix + name.encode()
+
+
+def keys_prefix(collection):
+    """The prefix of every entry of `collection`'s key table."""
+    return PREFIX_KEYS + collection.encode() + b"\x00"
+
+
+def keys_range(collection):
+    """[start, end) of `collection`'s key table (NUL sorts first, so SOH ends it)."""
+    return keys_prefix(collection), PREFIX_KEYS + collection.encode() + b"\x01"
 
 
 def bitmap_key(segment_index):

@@ -65,8 +65,8 @@ from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpt
                               CollectionNotFound, InvalidArgument, NoSpace, ObjectNotFound,
                               StoreError, StoreExists, StoreMismatch)
 from cairn.osd.records import ObjectRecord
-from cairn.osd.txn import (CreateCollection, Delete, OmapUpdate, Put,  # noqa: F401
-                           RemoveCollection, Rename, SetAttrs, Transaction, Write)
+from cairn.osd.txn import (CreateCollection, Delete, KeysUpdate, OmapUpdate,  # noqa: F401
+                           Put, RemoveCollection, Rename, SetAttrs, Transaction, Write)
 from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
 
 log = logging.getLogger("cairn.osd")
@@ -791,6 +791,32 @@ class Store:
             size += len(key) - len(base) + len(value)
         return entries, False
 
+    def keys_get(self, collection, key):
+        """The value of `key` in `collection`'s key table (committed state), or None."""
+        self._check_open()
+        records.check_collection_name(collection)
+        records.check_omap_key(key)
+        self._require_collection(collection)
+        return self._db.get(records.keys_prefix(collection) + bytes(key))
+
+    def keys_list(self, collection, start_after=None, limit=1000):
+        """([(key, value)] in key order, more) of `collection`'s key table after
+        `start_after`, at most `limit` entries; `more`: a later page has some."""
+        self._check_open()
+        records.check_collection_name(collection)
+        self._require_collection(collection)
+        if not 1 <= limit <= OMAP_PAGE_ENTRIES_MAX:
+            raise InvalidArgument(f"key list limit must be within 1..{OMAP_PAGE_ENTRIES_MAX} "
+                                  f"(was {limit})")
+        base = records.keys_prefix(collection)
+        start = base if start_after is None else base + bytes(start_after) + b"\x00"
+        entries = []
+        for key, value in self._iterate(base, start):
+            if len(entries) == limit:
+                return entries, True
+            entries.append((key[len(base):], value))
+        return entries, False
+
     def _omap_id(self, collection, name):
         return self._existing(collection, name).omap_id
 
@@ -920,8 +946,10 @@ class Store:
             kind = type(op)
             if kind is CreateCollection or kind is RemoveCollection:
                 continue
-            keys.add(records.object_key(op.collection, op.name))
             collections_written.add(op.collection)
+            if kind is KeysUpdate:
+                continue                    # no object: nothing to lock
+            keys.add(records.object_key(op.collection, op.name))
             if kind is Rename:
                 keys.add(records.object_key(op.target_collection, op.target_name))
                 collections_written.add(op.target_collection)
@@ -980,6 +1008,8 @@ class Store:
                     self._plan_remove_collection(plan, op)
                 elif isinstance(op, Rename):
                     self._plan_rename(plan, op)
+                elif isinstance(op, KeysUpdate):
+                    self._plan_keys(plan, op)
                 else:
                     if not self._collection_exists(plan, op.collection):
                         raise CollectionNotFound(op.collection)
@@ -1043,11 +1073,14 @@ class Store:
                            for key, record in plan.records.items())
         committed_live = any(
             plan.records.get(key, True) is not None for key, _ in self._iterate(prefix))
+        table = records.keys_prefix(op.collection)
         writers = self._collection_writers[op.collection] - (
-            1 if any(key.startswith(prefix) for key in plan.records) else 0)
+            1 if any(key.startswith(prefix) for key in plan.records) or
+            any(change[1].startswith(table) for change in plan.omap) else 0)
         if planned_live or committed_live or writers > 0:
             raise CollectionNotEmpty(op.collection)
         plan.collections[records.collection_key(op.collection)] = False
+        plan.omap.append(("range", *records.keys_range(op.collection)))   # its key table
 
     def _plan_rename(self, plan, op):
         for collection in (op.collection, op.target_collection):
@@ -1085,6 +1118,15 @@ class Store:
             plan.omap.append(("put", records.omap_key(new.omap_id, key), value))
         new.mtime_ns = time.time_ns()
         return new
+
+    def _plan_keys(self, plan, op):
+        if not self._collection_exists(plan, op.collection):
+            raise CollectionNotFound(op.collection)
+        prefix = records.keys_prefix(op.collection)
+        for key in op.removes:
+            plan.omap.append(("delete", prefix + key))
+        for key, value in op.sets:
+            plan.omap.append(("put", prefix + key, value))
 
     def _drop_omap(self, plan, record):
         """The omap of a record going away (deleted, replaced by a put or a rename)."""

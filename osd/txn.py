@@ -64,6 +64,12 @@ class OmapUpdate(typing.NamedTuple):
     clear: bool             # drop every entry first
 
 
+class KeysUpdate(typing.NamedTuple):
+    collection: str
+    sets: tuple             # ((key, value), ...): bytes
+    removes: tuple          # (key, ...): absent keys are fine
+
+
 class Transaction:
     """Operations applied atomically by `Store.apply()`, in order.
 
@@ -154,6 +160,31 @@ class Transaction:
                                   f"({OMAP_UPDATE_BYTES_MAX}); split it")
         self.ops.append(OmapUpdate(collection, name, tuple((bytes(k), bytes(v)) for k, v in sets),
                                    tuple(bytes(k) for k in removes), bool(clear)))
+        return self
+
+    def keys_update(self, collection, set=(), remove=()):
+        """Change `collection`'s key table (entries that belong to no object: records.py):
+        remove the keys in `remove`, then set the (key, value) pairs in `set`. Keys and values
+        follow the omap limits. No object is locked or looked up: two transactions that set
+        the same key leave the one that commits last."""
+        records.check_collection_name(collection)
+        sets = tuple(set.items() if isinstance(set, dict) else set)
+        removes = tuple(remove)
+        total = 0
+        for pair in sets:
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                raise InvalidArgument("key table entries to set are (key, value) pairs")
+            records.check_omap_key(pair[0])
+            records.check_omap_value(pair[1])
+            total += len(pair[0]) + len(pair[1])
+        for key in removes:
+            records.check_omap_key(key)
+            total += len(key)
+        if total > OMAP_UPDATE_BYTES_MAX:
+            raise InvalidArgument(f"a key table update of {total} bytes is over the limit "
+                                  f"({OMAP_UPDATE_BYTES_MAX}); split it")
+        self.ops.append(KeysUpdate(collection, tuple((bytes(k), bytes(v)) for k, v in sets),
+                                   tuple(bytes(k) for k in removes)))
         return self
 
     @staticmethod

@@ -75,6 +75,8 @@ def test_bench_store_put_then_get_json(disk_dir):
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout.strip().splitlines()[-1])
         assert BENCH_FIELDS <= set(result) and result["ops"] > 0 and result["op"] == op
+        from cairn.common.daemon import GC_THRESHOLDS
+        assert tuple(result["gc_thresholds"]) == GC_THRESHOLDS     # measured as an OSD runs
     # The timed puts cycled over a bounded name set and left the store consistent.
     checked = cli("fsck", "--device", path, "--deep", "--json")
     report = json.loads(checked.stdout.strip().splitlines()[-1])

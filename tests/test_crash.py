@@ -32,16 +32,28 @@ from tests.helpers import make_file, run
 NAMES = [f"n{i}" for i in range(8)]
 
 
+KEY = "key:"                     # the model's name for an entry of collection c's key table
+
+
 def random_txn(rng, state, names):
     """A transaction over `names` (disjoint from others in its batch) and its expected effect:
-    {name: bytes or None}."""
+    {name: bytes or None}, where KEY + name stands for the key table entry `name`."""
     effect = {}
     txn = Transaction()
     for _ in range(rng.randint(1, 3)):
         name = rng.choice(names)
         current = effect[name] if name in effect else state.get(name)
         choice = rng.random()
-        if current is not None and choice < 0.2:
+        if rng.random() < 0.25:
+            # The key table (a PG log's home): set or remove an entry, no object involved.
+            if rng.random() < 0.3:
+                txn.keys_update("c", remove=[name.encode()])
+                effect[KEY + name] = None
+            else:
+                value = rng.randbytes(rng.randint(0, 300))
+                txn.keys_update("c", set=[(name.encode(), value)])
+                effect[KEY + name] = value
+        elif current is not None and choice < 0.2:
             txn.delete("c", name)
             effect[name] = None
         elif current is not None and choice < 0.55:
@@ -102,6 +114,8 @@ async def crash_scenario(seed, meta, journal=True, rounds=12, ops_max=150, width
         names, _ = store.list_objects("c", limit=100)
         for name in names:
             seen[name] = await store.read_bytes("c", name)
+        entries, _ = store.keys_list("c", limit=100)
+        seen.update((KEY + key.decode(), value) for key, value in entries)
         expected = dict(acked)
         for effect, before in unknown:
             after_matches = all(seen.get(name) == value for name, value in effect.items())

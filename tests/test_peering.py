@@ -602,6 +602,69 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
     run(main())
 
 
+def test_the_pg_log_lives_in_its_collection_key_table_and_reads_an_older_stores_objects(
+        tmp_path):
+    """Each write's log entry is one key table entry of the PG's log collection (no object, no
+    lock, no record); a store written before key tables holds its entries as empty objects:
+    an OSD that starts on it reads those, serves them in its log and trims them with the
+    rest, objects and entries alike."""
+    from tests.helpers import run
+
+    def member(store):
+        daemon = types.SimpleNamespace(store=store, id=0, monc=None,
+                                       service=types.SimpleNamespace(collection_lock=asyncio.Lock()))
+        registry = PgRegistry(daemon)
+        return registry, registry.shell((1, 0))
+
+    async def write(store, registry, pg, sequence):
+        version = 1 << 32 | sequence
+        txn = Transaction().put(pg.collection, f"o{sequence}", b"x")
+        registry.log_ops(pg, txn, version, f"o{sequence}", delete=False, complete=True)
+        await store.apply(txn)
+        pg.applied(version, complete=True)
+
+    async def main():
+        device = MemoryBlockDevice(16 << 20)
+        await mkfs(device, str(tmp_path / "meta"))
+        store = await Store.open(device, str(tmp_path / "meta"))
+        registry, pg = member(store)
+        await registry.ensure_collections(pg)
+        # An older OSD's log: entries 1..3 as objects, the third flagged complete.
+        old = Transaction()
+        for sequence in (1, 2, 3):
+            attrs = {"n": f"o{sequence}".encode(), "o": b"p"}
+            if sequence == 3:
+                attrs["c"] = b"1"
+            old.put(pg.log_collection, pgs.log_entry_name(1 << 32 | sequence), b"", attrs=attrs)
+            old.put(pg.collection, f"o{sequence}", b"x")
+        await store.apply(old)
+        registry.load_log(pg)
+        assert pg.log_legacy == {pgs.log_entry_name(1 << 32 | s) for s in (1, 2, 3)}
+        assert pg.last_update == pg.complete_to == 1 << 32 | 3
+        for sequence in (4, 5):
+            await write(store, registry, pg, sequence)
+        assert store.list_objects(pg.log_collection)[0] == \
+            [pgs.log_entry_name(1 << 32 | s) for s in (1, 2, 3)]       # no new objects
+        entries, _ = store.keys_list(pg.log_collection)
+        assert [key.decode() for key, _ in entries] == \
+            [pgs.log_entry_name(1 << 32 | s) for s in (4, 5)]
+        assert registry.log_entries(pg) == [(1 << 32 | s, f"o{s}") for s in range(1, 6)]
+        # A restart reads both kinds again.
+        registry, pg = member(store)
+        assert registry.log_entries(pg) == [(1 << 32 | s, f"o{s}") for s in range(1, 6)]
+        # Trims delete the old objects and the new entries alike.
+        pg.log_entries_kept, pg.log_trim_batch = 2, 2
+        for sequence in range(6, 12):
+            await write(store, registry, pg, sequence)
+        assert store.list_objects(pg.log_collection)[0] == ["~tail"]
+        kept = registry.log_entries(pg)
+        assert kept and all(version > 1 << 32 | 5 for version, _ in kept)
+        assert pg.log_legacy == set()
+        assert len(store.keys_list(pg.log_collection)[0]) == len(kept)
+        await store.close()
+    run(main())
+
+
 def test_acked_to_survives_a_restart_of_an_erasure_member(tmp_path):
     """The acked_to a primary sends with each erasure-coded write is what stops a later
     recovery from rolling an acknowledged version back (ErasureBackend._roll_back). It is kept

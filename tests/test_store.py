@@ -268,6 +268,68 @@ def test_concurrent_transactions_share_commits(open_twin, tmp_path):
     run(body())
 
 
+def test_a_collection_key_table_takes_no_object_lock_and_goes_with_its_collection(open_twin,
+                                                                                    tmp_path):
+    """A collection's key table (where a PG's log lives): entries set and removed in
+    transactions, with objects atomically; no object is locked, so transactions on the same
+    table share commit groups (locked, they would commit one by one); the table counts as no
+    object; it survives a remount and goes with its collection."""
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        await store.apply(Transaction().put("c", "obj", b"x").keys_update(
+            "c", set=[(b"0001", b"first"), (b"0002", b"second")]))
+        assert store.keys_get("c", b"0001") == b"first" and store.keys_get("c", b"none") is None
+        assert store.usage("c")[0] == 1 and store.list_objects("c")[0] == ["obj"]
+        # Thirty transactions on the table at once commit together, in far fewer groups.
+        commits = store.statistics()["commits_total"]
+        await asyncio.gather(*(store.apply(Transaction().keys_update(
+            "c", set=[(b"1%03d" % i, b"v%d" % i)], remove=[b"0002"])) for i in range(30)))
+        assert store.statistics()["commits_total"] - commits < 30
+        entries, more = store.keys_list("c", limit=1000)
+        assert not more and [key for key, _ in entries] == \
+            [b"0001"] + [b"1%03d" % i for i in range(30)]
+        page, more = store.keys_list("c", start_after=b"1010", limit=5)
+        assert more and [key for key, _ in page] == [b"1%03d" % i for i in range(11, 16)]
+        # Atomic with object ops: a transaction that fails leaves the table as it was.
+        with pytest.raises(ObjectNotFound):
+            await store.apply(Transaction().keys_update("c", set=[(b"9999", b"no")])
+                              .delete("c", "never-was"))
+        assert store.keys_get("c", b"9999") is None
+        with pytest.raises(CollectionNotFound):
+            await store.apply(Transaction().keys_update("missing", set=[(b"k", b"v")]))
+        with pytest.raises(InvalidArgument):
+            Transaction().keys_update("c", set=[(b"", b"v")])
+        with pytest.raises(InvalidArgument):
+            Transaction().keys_update("c", set=[(b"k", b"v" * (64 * 1024 + 1))])
+        await assert_fsck_clean(store)
+        await store.close()
+        store = await Store.open(device, meta)
+        assert store.keys_get("c", b"1029") == b"v29"
+        # A collection with entries but no objects is empty: removing it drops its table.
+        await store.create_collection("log")
+        await store.apply(Transaction().keys_update("log", set=[(b"a", b"1"), (b"b", b"2")]))
+        await store.remove_collection("log")
+        await store.create_collection("log")
+        assert store.keys_list("log")[0] == []
+        await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_fsck_names_key_table_entries_whose_collection_is_gone(tmp_path):
+    async def body():
+        device, meta, store = await memory_store(tmp_path)
+        await store.apply(Transaction().keys_update("c", set=[(b"k", b"v")]))
+        await store.apply(Transaction().put("c", "o", b"x"))
+        store._db.put(b"K" + b"gone\x00" + b"k", b"v")     # what a lost removal would leave
+        report = await fsck(store)
+        assert not report.clean
+        assert report.problems == ["key table of 'gone': 1 entries, and no such collection"]
+        await store.close()
+    run(body())
+
+
 def test_remount_keeps_everything(open_twin, tmp_path):
     async def body():
         device, meta, store = await fresh_store(open_twin, tmp_path)
