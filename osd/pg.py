@@ -62,9 +62,13 @@ STASH_TRIM_BATCH = 64
 TAIL_NAME = "~tail"              # not an entry: holds the version the log is complete after
 
 
+# One packer for every entry (packb makes one per call); see records._PACK.
+_PACK = msgpack.Packer(use_bin_type=True).pack
+
+
 def log_entry_value(attrs):
     """A log entry's fields ({name: bytes}) as its key table value."""
-    return msgpack.packb(attrs, use_bin_type=True)
+    return _PACK(attrs)
 
 
 def log_entry_attrs(value):
