@@ -772,13 +772,16 @@ class Store:
         `prefix`, after `start_after`, at most `limit` of them and (when given) about
         `max_bytes` of keys and values (at least one entry). `more`: a later page has some."""
         self._check_open()
-        if not 1 <= limit <= OMAP_PAGE_ENTRIES_MAX:
-            raise InvalidArgument(f"omap list limit must be within 1..{OMAP_PAGE_ENTRIES_MAX} "
-                                  f"(was {limit})")
+        _check_page_limit("omap list", limit, OMAP_PAGE_ENTRIES_MAX)
         omap_id = self._omap_id(collection, name)
         if not omap_id:
             return [], False
-        base = records.omap_prefix(omap_id)
+        return self._page(records.omap_prefix(omap_id), prefix, start_after, limit, max_bytes)
+
+    def _page(self, base, prefix, start_after, limit, max_bytes=None):
+        """([(key without `base`, value)] in key order, more) of the keys under `base` that
+        start with `prefix`, after `start_after`: at most `limit`, and (when given) about
+        `max_bytes` of keys and values (at least one entry)."""
         start = base + bytes(prefix)
         if start_after is not None:
             start = max(start, base + bytes(start_after) + b"\x00")
@@ -802,20 +805,14 @@ class Store:
     def keys_list(self, collection, start_after=None, limit=1000):
         """([(key, value)] in key order, more) of `collection`'s key table after
         `start_after`, at most `limit` entries; `more`: a later page has some."""
+        self._check_listable(collection, "key list", limit, OMAP_PAGE_ENTRIES_MAX)
+        return self._page(records.keys_prefix(collection), b"", start_after, limit)
+
+    def _check_listable(self, collection, what, limit, limit_max):
         self._check_open()
         records.check_collection_name(collection)
         self._require_collection(collection)
-        if not 1 <= limit <= OMAP_PAGE_ENTRIES_MAX:
-            raise InvalidArgument(f"key list limit must be within 1..{OMAP_PAGE_ENTRIES_MAX} "
-                                  f"(was {limit})")
-        base = records.keys_prefix(collection)
-        start = base if start_after is None else base + bytes(start_after) + b"\x00"
-        entries = []
-        for key, value in self._iterate(base, start):
-            if len(entries) == limit:
-                return entries, True
-            entries.append((key[len(base):], value))
-        return entries, False
+        _check_page_limit(what, limit, limit_max)
 
     def _omap_id(self, collection, name):
         return self._existing(collection, name).omap_id
@@ -835,12 +832,7 @@ class Store:
 
         Returns (names, next_start_after): pass the second back to get the next page; it is
         None on the last page."""
-        self._check_open()
-        records.check_collection_name(collection)
-        self._require_collection(collection)
-        if not 1 <= limit <= LIST_PAGE_ENTRIES_MAX:
-            raise InvalidArgument(f"list limit must be within 1..{LIST_PAGE_ENTRIES_MAX} "
-                                  f"(was {limit})")
+        self._check_listable(collection, "list", limit, LIST_PAGE_ENTRIES_MAX)
         key_prefix = records.object_prefix(collection, prefix)
         name_offset = len(records.object_prefix(collection))
         start = None
@@ -1651,6 +1643,11 @@ class Store:
                                "objects": len(self.read_cache),
                                "hits_total": self.read_cache.hits_total},
                 "device": self.device.statistics()}
+
+
+def _check_page_limit(what, limit, limit_max):
+    if not 1 <= limit <= limit_max:
+        raise InvalidArgument(f"{what} limit must be within 1..{limit_max} (was {limit})")
 
 
 def _cached_bytes(record):

@@ -143,23 +143,8 @@ class Transaction:
         in `remove` and set the (key, value) pairs in `set` (a dict or pairs). A `put` of the
         object replaces its omap with an empty one; a rename carries it along."""
         self._check_object(collection, name)
-        sets = tuple(set.items() if isinstance(set, dict) else set)
-        removes = tuple(remove)
-        total = 0
-        for pair in sets:
-            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-                raise InvalidArgument("omap entries to set are (key, value) pairs")
-            records.check_omap_key(pair[0])
-            records.check_omap_value(pair[1])
-            total += len(pair[0]) + len(pair[1])
-        for key in removes:
-            records.check_omap_key(key)
-            total += len(key)
-        if total > OMAP_UPDATE_BYTES_MAX:
-            raise InvalidArgument(f"an omap update of {total} bytes is over the limit "
-                                  f"({OMAP_UPDATE_BYTES_MAX}); split it")
-        self.ops.append(OmapUpdate(collection, name, tuple((bytes(k), bytes(v)) for k, v in sets),
-                                   tuple(bytes(k) for k in removes), bool(clear)))
+        sets, removes = _checked_entries(set, remove, "an omap")
+        self.ops.append(OmapUpdate(collection, name, sets, removes, bool(clear)))
         return self
 
     def keys_update(self, collection, set=(), remove=()):
@@ -168,29 +153,34 @@ class Transaction:
         follow the omap limits. No object is locked or looked up: two transactions that set
         the same key leave the one that commits last."""
         records.check_collection_name(collection)
-        sets = tuple(set.items() if isinstance(set, dict) else set)
-        removes = tuple(remove)
-        total = 0
-        for pair in sets:
-            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-                raise InvalidArgument("key table entries to set are (key, value) pairs")
-            records.check_omap_key(pair[0])
-            records.check_omap_value(pair[1])
-            total += len(pair[0]) + len(pair[1])
-        for key in removes:
-            records.check_omap_key(key)
-            total += len(key)
-        if total > OMAP_UPDATE_BYTES_MAX:
-            raise InvalidArgument(f"a key table update of {total} bytes is over the limit "
-                                  f"({OMAP_UPDATE_BYTES_MAX}); split it")
-        self.ops.append(KeysUpdate(collection, tuple((bytes(k), bytes(v)) for k, v in sets),
-                                   tuple(bytes(k) for k in removes)))
+        self.ops.append(KeysUpdate(collection, *_checked_entries(set, remove, "a key table")))
         return self
 
     @staticmethod
     def _check_object(collection, name):
         records.check_collection_name(collection)
         records.check_object_name(name)
+
+
+def _checked_entries(sets, removes, what):
+    """((key, value) pairs to set, keys to remove) of an omap or key table update, as bytes,
+    checked against the omap limits (`what` names the table in errors)."""
+    sets = tuple(sets.items() if isinstance(sets, dict) else sets)
+    removes = tuple(removes)
+    total = 0
+    for pair in sets:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise InvalidArgument(f"entries to set in {what} are (key, value) pairs")
+        records.check_omap_key(pair[0])
+        records.check_omap_value(pair[1])
+        total += len(pair[0]) + len(pair[1])
+    for key in removes:
+        records.check_omap_key(key)
+        total += len(key)
+    if total > OMAP_UPDATE_BYTES_MAX:
+        raise InvalidArgument(f"{what} update of {total} bytes is over the limit "
+                              f"({OMAP_UPDATE_BYTES_MAX}); split it")
+    return tuple((bytes(k), bytes(v)) for k, v in sets), tuple(bytes(k) for k in removes)
 
 
 def _check_padding(data, size):

@@ -602,6 +602,34 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
     run(main())
 
 
+def member(store):
+    """(registry, the shell of PG 1.0) of one OSD on `store`, as the daemon makes them."""
+    daemon = types.SimpleNamespace(store=store, id=0, monc=None,
+                                   service=types.SimpleNamespace(collection_lock=asyncio.Lock()))
+    registry = PgRegistry(daemon)
+    return registry, registry.shell((1, 0))
+
+
+async def member_on_memory(tmp_path):
+    """(store, registry, PG 1.0's shell with its collections made) on a fresh in-memory device."""
+    device = MemoryBlockDevice(16 << 20)
+    await mkfs(device, str(tmp_path / "meta"))
+    store = await Store.open(device, str(tmp_path / "meta"))
+    registry, pg = member(store)
+    await registry.ensure_collections(pg)
+    return store, registry, pg
+
+
+async def logged_write(store, registry, pg, sequence, acked_to):
+    """Put object o<sequence> at version (1 << 32 | sequence) with its log entry, committed."""
+    version = 1 << 32 | sequence
+    txn = Transaction().put(pg.collection, f"o{sequence}", b"x")
+    registry.log_ops(pg, txn, version, f"o{sequence}", delete=False, complete=True,
+                     acked_to=acked_to)
+    await store.apply(txn)
+    pg.applied(version, complete=True)
+
+
 def test_the_pg_log_lives_in_its_collection_key_table_and_reads_an_older_stores_objects(
         tmp_path):
     """Each write's log entry is one key table entry of the PG's log collection (no object, no
@@ -610,25 +638,11 @@ def test_the_pg_log_lives_in_its_collection_key_table_and_reads_an_older_stores_
     rest, objects and entries alike."""
     from tests.helpers import run
 
-    def member(store):
-        daemon = types.SimpleNamespace(store=store, id=0, monc=None,
-                                       service=types.SimpleNamespace(collection_lock=asyncio.Lock()))
-        registry = PgRegistry(daemon)
-        return registry, registry.shell((1, 0))
-
     async def write(store, registry, pg, sequence):
-        version = 1 << 32 | sequence
-        txn = Transaction().put(pg.collection, f"o{sequence}", b"x")
-        registry.log_ops(pg, txn, version, f"o{sequence}", delete=False, complete=True)
-        await store.apply(txn)
-        pg.applied(version, complete=True)
+        await logged_write(store, registry, pg, sequence, None)
 
     async def main():
-        device = MemoryBlockDevice(16 << 20)
-        await mkfs(device, str(tmp_path / "meta"))
-        store = await Store.open(device, str(tmp_path / "meta"))
-        registry, pg = member(store)
-        await registry.ensure_collections(pg)
+        store, registry, pg = await member_on_memory(tmp_path)
         # An older OSD's log: entries 1..3 as objects, the third flagged complete.
         old = Transaction()
         for sequence in (1, 2, 3):
@@ -671,27 +685,10 @@ def test_acked_to_survives_a_restart_of_an_erasure_member(tmp_path):
     with the member's log entries and, once trimmed, in the log's tail: a member that restarts
     reports the highest one it was sent, not 0."""
     from tests.helpers import run
-
-    def member(store):
-        daemon = types.SimpleNamespace(store=store, id=0, monc=None,
-                                       service=types.SimpleNamespace(collection_lock=asyncio.Lock()))
-        registry = PgRegistry(daemon)
-        return registry, registry.shell((1, 0))
-
-    async def write(store, registry, pg, sequence, acked_to):
-        version = 1 << 32 | sequence
-        txn = Transaction().put(pg.collection, f"o{sequence}", b"x")
-        registry.log_ops(pg, txn, version, f"o{sequence}", delete=False, complete=True,
-                         acked_to=acked_to)
-        await store.apply(txn)
-        pg.applied(version, complete=True)
+    write = logged_write
 
     async def main():
-        device = MemoryBlockDevice(16 << 20)
-        await mkfs(device, str(tmp_path / "meta"))
-        store = await Store.open(device, str(tmp_path / "meta"))
-        registry, pg = member(store)
-        await registry.ensure_collections(pg)
+        store, registry, pg = await member_on_memory(tmp_path)
         registry.load_log(pg)
         await write(store, registry, pg, 1, None)
         await write(store, registry, pg, 2, 1 << 32 | 1)
