@@ -747,9 +747,10 @@ class PgRegistry:
     def log_entries(self, pg):
         """[(version, object name)] of the PG's log here, oldest first."""
         self.load_log(pg)
+        values = self._log_values(pg.log_collection)    # one scan, not a lookup per entry
         entries = []
         for entry in sorted(pg.log_names):
-            attrs = self._log_attrs(pg, entry)
+            attrs = self._log_attrs(pg, entry) if entry in pg.log_legacy else values.get(entry)
             if attrs is None:
                 continue
             entries.append((int(entry, 16), attrs.get("n", b"").decode()))
