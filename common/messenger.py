@@ -562,11 +562,13 @@ class _ServerConnection:
             self.peer.close()
             return
         fast = self._server.fast
-        if fast is not None and fast(self, received):
-            self._fast += 1
-            if len(self._tasks) + self._fast >= SERVER_REQUESTS_PER_CONNECTION_MAX:
-                self.protocol.pause_reading("requests")
-            return
+        if fast is not None:
+            self._fast += 1                 # counted first: `fast` may answer before it returns
+            if fast(self, received):
+                if len(self._tasks) + self._fast >= SERVER_REQUESTS_PER_CONNECTION_MAX:
+                    self.protocol.pause_reading("requests")
+                return
+            self._fast -= 1
         self._start_task(received)
 
     def _start_task(self, received):
@@ -813,7 +815,8 @@ async def serve(addr, handler, on_close=None, guard=None, tls=None, fast=None):
     request to answer without a task (the common case of a hot op, where a task per request is
     most of its cost); it then calls, once, `connection.answer_fast` with the reply or
     `connection.fall_back` to hand the request to `handler` after all (every error and every
-    unusual case goes that way; `fast` itself never raises).
+    unusual case goes that way; `fast` itself never raises), possibly before it returns True
+    (a get from the OSD's read cache is answered at once).
     `guard` (common/sessions.py) answers the handshake ops it names; while `guard.required`,
     a connection may send nothing else (and only small frames) until its handshake is done.
     `tls`: a server ssl.SSLContext (common/tls.py); then every connection is TLS, and one

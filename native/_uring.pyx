@@ -8,7 +8,10 @@ Theory of operation:
   operation, no busy polling.
 - `read()`, `write()`, `flush()` and `discard()` check the request (range, alignment), record it
   with a fresh future and place it in the submission queue if fewer than `depth` operations are
-  in flight, else in a FIFO backlog; they return the future. Nothing enters the kernel until the
+  in flight, else in a FIFO backlog; they return the future. `read_then()` is `read()` with a
+  callback instead of a future, called from `complete()` itself: a future's result reaches its
+  waiter through `call_soon` one loop iteration later (about 3 us per op in all), which the
+  OSD's callback-driven gets (osd/service.py `fast_get`) do not need. Nothing enters the kernel until the
   submission callback that the first request of a loop turn schedules with `loop.call_soon`, so
   one syscall carries every operation queued during that turn.
 - `complete()` reaps every completion and resolves the futures (result: the byte count; failure:
@@ -117,7 +120,8 @@ cdef class _Op:
     cdef uint64_t offset
     cdef uint64_t length
     cdef uint64_t placed_ns
-    cdef object future
+    cdef object future              # None for an op with a callback
+    cdef object then                # read_then's callback, called with None or the error
     cdef Py_buffer view
     cdef bint has_view
 
@@ -157,6 +161,7 @@ cdef class Ring:
     cdef object errors
     cdef object create_future
     cdef object call_soon
+    cdef object call_exception_handler
     cdef object submit_callback
     cdef readonly unsigned align
 
@@ -201,6 +206,7 @@ cdef class Ring:
         self.errors = errors
         self.create_future = loop.create_future
         self.call_soon = loop.call_soon
+        self.call_exception_handler = loop.call_exception_handler
         self.submit_callback = self._submit_soon
 
     def __dealloc__(self):
@@ -223,10 +229,12 @@ cdef class Ring:
         self.accepting = False
         while self.backlog:
             op = self.backlog.popleft()
-            if not op.future.done():
-                op.future.set_exception(DeviceGone("the device was closed with this operation "
-                                                   "still queued", offset=op.offset,
-                                                   length=op.length))
+            gone = DeviceGone("the device was closed with this operation still queued",
+                              offset=op.offset, length=op.length)
+            if op.then is not None:
+                self._call_then(op, gone)
+            elif not op.future.done():
+                op.future.set_exception(gone)
         self.open = False
         close(self.eventfd)
         io_uring_queue_exit(&self.ring)
@@ -267,8 +275,10 @@ cdef class Ring:
         if offset % self.align != 0 or length % self.align != 0:
             self._refuse(code, "align", offset, length)
 
-    cdef object _data_op(self, int code, long long offset, buffer, bint writable):
+    cdef object _data_op(self, int code, long long offset, buffer, bint writable,
+                         object then=None):
         cdef _Op op = _Op.__new__(_Op)
+        op.then = then
         op.code = code
         op.has_view = False
         PyObject_GetBuffer(buffer, &op.view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
@@ -283,6 +293,16 @@ cdef class Ring:
     def read(self, long long offset, buffer):
         """Read into all of `buffer` (writable, aligned) from `offset`; returns a future."""
         return self._data_op(OP_READ, offset, buffer, True)
+
+    def read_then(self, long long offset, buffer, then):
+        """`read()` without a future: `then(None)` once all of `buffer` is read, or
+        `then(error)` with the exception `read()`'s future would hold, called from
+        `complete()` (never from here: a bad request raises here, as `read()` does). An
+        exception out of `then` goes to the event loop's exception handler; the other
+        completions are still handled."""
+        if then is None:
+            raise TypeError("read_then needs a callback")
+        self._data_op(OP_READ, offset, buffer, True, then)
 
     def write(self, long long offset, buffer):
         """Write all of `buffer` (aligned) at `offset`; returns a future."""
@@ -300,7 +320,8 @@ cdef class Ring:
         return self._enqueue(self._new_op(OP_DISCARD, offset, length))
 
     cdef object _enqueue(self, _Op op):
-        op.future = self.create_future()
+        if op.then is None:
+            op.future = self.create_future()
         self.op_counts[op.code] += 1
         if op.code <= OP_WRITE:
             self.byte_counts[op.code] += op.length
@@ -397,6 +418,16 @@ cdef class Ring:
         if op.has_view:
             PyBuffer_Release(&op.view)
             op.has_view = False
+        if op.then is not None:
+            if res < 0:
+                self._call_then(op, self.errors.failed(OP_NAMES[op.code], -res, op.offset,
+                                                       op.length))
+            elif <uint64_t>res != op.length:
+                self._call_then(op, self.errors.short(OP_NAMES[op.code], res, op.offset,
+                                                      op.length))
+            else:
+                self._call_then(op, None)
+            return
         if future.done():           # cancelled by its waiter; the buffer is released now
             return
         if res < 0:
@@ -407,3 +438,11 @@ cdef class Ring:
                                                    op.length))
         else:
             future.set_result(res)
+
+    cdef _call_then(self, _Op op, error):
+        then, op.then = op.then, None
+        try:
+            then(error)
+        except BaseException as exc:
+            self.call_exception_handler({"message": "an io_uring read's callback failed",
+                                         "exception": exc})

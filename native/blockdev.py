@@ -57,8 +57,9 @@ class _DeviceBase:
     """What every twin shares: range and alignment checks, statistics, the buffer pool."""
 
     kind = "base"
-    # `submit_read(offset, buffer)`: read_into's future, started without a coroutine (a read
-    # answered from callbacks, osd/store.py `begin_read`); None where reads are coroutines.
+    # `submit_read(offset, buffer, then)`: read_into without a coroutine or a future, calling
+    # `then(None)` when done or `then(error)` with what read_into would raise (a read answered
+    # from callbacks, osd/store.py `begin_read`); None where reads are coroutines.
     submit_read = None
 
     def __init__(self, path, size_bytes, pool):
@@ -263,7 +264,8 @@ class UringBlockDevice(_DeviceBase):
     Every operation queued during one event-loop turn is submitted with one syscall at the start
     of the next turn; at most `queue_depth` are in the kernel at once, the rest wait in a FIFO.
     `read_into`, `write`, `flush` and `discard` are the ring's own methods: each checks its request
-    in C and returns a future, so no Python runs per operation on the fast path.
+    in C and returns a future, so no Python runs per operation on the fast path; `submit_read`
+    is the ring's `read_then` (a callback, no future).
     """
 
     kind = "uring"
@@ -276,7 +278,8 @@ class UringBlockDevice(_DeviceBase):
         self._loop = loop
         self._ring = Ring(fd, self.size_bytes, queue_depth, loop, self, ALIGN_BYTES)
         loop.add_reader(self._ring.eventfd, self._ring.complete)
-        self.read_into = self.submit_read = self._ring.read
+        self.read_into = self._ring.read
+        self.submit_read = self._ring.read_then
         self.write = self._ring.write
         self.flush = self._ring.flush
         self.discard = self._ring.discard

@@ -497,8 +497,8 @@ class ObjectService:
         """Take a `get` of a replicated object when nothing about it
         needs waiting (the map is current, the PG active here as primary, the object's lock
         free, nothing to recover, room for the reply, this disk not flagged slow, the object
-        in one piece), start its device read and answer from the read's callback: no task and
-        no coroutine per get. Anything else, and any error, goes the usual way (`_get`),
+        in one piece), start its device read and answer from the read's callback (or at once,
+        from the read cache): no task, no coroutine and no future per get. Anything else, and any error, goes the usual way (`_get`),
         which also says what was wrong. The same checks as `_get`, in the same order of
         effect: a fast get and a usual one cannot tell apart."""
         header = received.header
@@ -529,9 +529,11 @@ class ObjectService:
         serial = next(self._serial)
         started_ns = time.monotonic_ns()
         self._started[serial] = started_ns / 1e9
-        pending.future.add_done_callback(
-            lambda _: self._fast_got(connection, received, pending, key, reserved, serial,
-                                     started_ns))
+        if pending.done:                # from the read cache: answered now
+            self._fast_got(connection, received, pending, key, reserved, serial, started_ns)
+        else:
+            pending.then = lambda: self._fast_got(connection, received, pending, key, reserved,
+                                                  serial, started_ns)
         return True
 
     def _fast_got(self, connection, received, pending, key, reserved, serial, started_ns):

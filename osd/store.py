@@ -170,26 +170,39 @@ class ReadCache:
 
 
 class PendingRead:
-    """A read `Store.begin_read` started: its device read's `future`, and what `finish_read`
-    needs to check and cut the result (the store is pinned until then). `cached`: the
-    object's (bytes, crc) from the read cache instead (no device read, no pin, no buffer)."""
+    """A read `Store.begin_read` started, and what `finish_read` needs to check and cut its
+    result (the store is pinned until then). `done` once its one device read has completed
+    (`error`: what it failed with, else None); set `then` (no arguments) before that to be
+    called at that moment, from the device's completion handling. `cached`: the object's
+    (bytes, crc) from the read cache instead (no device read, no pin, no buffer; done at
+    once)."""
 
-    __slots__ = ("collection", "name", "record", "view", "future", "pin", "first", "count",
-                 "start", "length", "cached")
+    __slots__ = ("collection", "name", "record", "view", "pin", "first", "count", "start",
+                 "length", "cached", "done", "error", "then")
 
-    def __init__(self, collection, name, record, view, future, pin, first, count, start,
-                 length, cached=None):
+    def __init__(self, collection, name, record, view, pin, first, count, start, length,
+                 cached=None):
         self.cached = cached
         self.collection = collection
         self.name = name
         self.record = record
         self.view = view
-        self.future = future
         self.pin = pin
         self.first = first
         self.count = count
         self.start = start
         self.length = length
+        self.done = cached is not None
+        self.error = None
+        self.then = None
+
+    def completed(self, error):
+        """The device read's callback."""
+        self.error = error
+        self.done = True
+        then, self.then = self.then, None
+        if then is not None:
+            then()
 
 
 # -- mkfs / mount ---------------------------------------------------------------------------
@@ -588,8 +601,8 @@ class Store:
 
     def begin_read(self, collection, name, offset=0, length=None):
         """The first half of `read_with_stat` without a coroutine, for a get answered from
-        callbacks (osd/service.py `fast_get`): a PendingRead whose `future` completes when its
-        one device read has (then `finish_read`), or None when the read is not that simple (an
+        callbacks (osd/service.py `fast_get`): a PendingRead, `done` when its one device read
+        has (its `then` is called; then `finish_read`), or None when the read is not that simple (an
         object or collection that is not there, a store that failed, an empty range, an
         object in several pieces, a device without `submit_read`): the caller then reads the
         usual way, which also gives the error. Bad arguments raise (the caller falls back on
@@ -609,35 +622,38 @@ class Store:
         if record.size <= limits.READ_CACHE_OBJECT_BYTES_MAX:
             cached = self.read_cache.get(key, record.version)
             if cached is not None:
-                future = self._loop.create_future()
-                future.set_result(None)
-                return PendingRead(collection, name, record, None, future, None, first, count,
+                return PendingRead(collection, name, record, None, None, first, count,
                                    offset, end - offset, cached)
         pieces = records.slice_extents(record.extents, first, count)
         if len(pieces) != 1 or count * self.block_size > DEVICE_IO_BYTES_MAX:
             return None
         view = self.device.pool.get(count * self.block_size)
+        pending = PendingRead(collection, name, record, view, None, first, count,
+                              offset - first * self.block_size, end - offset)
         try:
-            future = submit(self._data_start + pieces[0][0] * self.block_size, view)
+            submit(self._data_start + pieces[0][0] * self.block_size, view, pending.completed)
         except BaseException:
             self.device.pool.put(view)
             raise
-        start = offset - first * self.block_size
-        return PendingRead(collection, name, record, view, future, self._pin(), first, count,
-                           start, end - offset)
+        pending.pin = self._pin()
+        return pending
 
     def abandon_read(self, pending):
         """Give up a PendingRead (its data unwanted): the buffer and the pin go back once its
         device read is done."""
-        if pending.cached is None:
-            pending.future.add_done_callback(lambda _: self._forget_read(pending))
+        if pending.cached is not None:
+            return
+        if pending.done:
+            self._forget_read(pending)
+        else:
+            pending.then = lambda: self._forget_read(pending)
 
     def _forget_read(self, pending):
         self.device.pool.put(pending.view)
         self._unpin(pending.pin)
 
     def finish_read(self, pending, copy_below=0):
-        """(data, its crc32c) of a PendingRead whose future is done: the data as
+        """(data, its crc32c) of a PendingRead that is `done`: the data as
         `read_with_stat` gives it (its record is `pending.record`), the crc folded from the
         block crcs just checked (`checksum.range_crc`: the bytes are not read again; None where
         the store's blocks are not the fold's size). Raises what that read would
@@ -651,7 +667,8 @@ class Store:
         view = pending.view
         try:
             try:
-                pending.future.result()
+                if pending.error is not None:
+                    raise pending.error
                 self._verify(pending.collection, pending.name, pending.record, pending.first,
                              pending.count, view)
             except BaseException:

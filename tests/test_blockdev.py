@@ -116,6 +116,55 @@ def test_many_in_flight(open_twin):
     run(body())
 
 
+def test_uring_read_with_a_callback_reports_each_read_once_and_survives_a_bad_callback(
+        disk_dir):
+    """`submit_read(offset, buffer, then)` (the ring's `read_then`, what the OSD's fast gets
+    use): more reads than the queue depth, each callback called once from the completion
+    handling (never before `submit_read` returns), with None or the typed error a future
+    would carry (a short read here); a callback that raises goes to the loop's exception
+    handler and the other reads still finish."""
+    async def body():
+        path = make_file(disk_dir, 4 << 20)
+        device = UringBlockDevice.open(path, queue_depth=8)
+        for index in range(40):
+            view = device.pool.get(BLOCK)
+            view[:] = index.to_bytes(4, "little") * (BLOCK // 4)
+            await device.write(index * BLOCK, view)
+        loop = asyncio.get_running_loop()
+        handled = []
+        loop.set_exception_handler(lambda _, context: handled.append(context["exception"]))
+        outcomes, views, finished = {}, {}, loop.create_future()
+
+        def then(index, error):
+            assert index not in outcomes
+            outcomes[index] = error
+            if index == 7:
+                raise RuntimeError("a callback's own bug")
+            if len(outcomes) == 41 and not finished.done():
+                finished.set_result(None)
+
+        for index in range(40):
+            views[index] = device.pool.get(BLOCK)
+            device.submit_read(index * BLOCK, views[index],
+                               lambda error, index=index: then(index, error))
+        os.truncate(path, (4 << 20) - BLOCK)       # the last block: a short read
+        views[40] = device.pool.get(2 * BLOCK)
+        device.submit_read((4 << 20) - 2 * BLOCK, views[40],
+                           lambda error: then(40, error))
+        assert outcomes == {}                      # nothing is called before it completes
+        await asyncio.wait_for(finished, 10)
+        assert [outcomes[index] for index in range(40)] == [None] * 40
+        for index in range(40):
+            assert bytes(views[index][:4]) == index.to_bytes(4, "little")
+        assert isinstance(outcomes[40], OutOfRange) and "short read" in str(outcomes[40])
+        assert len(handled) == 1 and "own bug" in str(handled[0])
+        with pytest.raises(MisalignedIO):          # a bad request raises at once, no callback
+            device.submit_read(1, device.pool.get(BLOCK), lambda error: then(99, error))
+        assert 99 not in outcomes
+        await device.aclose()
+    run(body())
+
+
 def test_refused_direct_io_names_the_fix():
     error = describe_open_failure("/dev/shm/x.img", OSError(errno.EINVAL, "Invalid argument"))
     assert isinstance(error, DirectIONotSupported)
