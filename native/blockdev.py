@@ -278,6 +278,7 @@ class UringBlockDevice(_DeviceBase):
         self._loop = loop
         self._ring = Ring(fd, self.size_bytes, queue_depth, loop, self, ALIGN_BYTES)
         loop.add_reader(self._ring.eventfd, self._ring.complete)
+        self.pool.add_slab_listener(self._ring.register_region)
         self.read_into = self._ring.read
         self.submit_read = self._ring.read_then
         self.write = self._ring.write
@@ -329,6 +330,7 @@ class UringBlockDevice(_DeviceBase):
             return
         self.closed = True
         self._ring.stop_accepting()
+        self.pool.remove_slab_listener(self._ring.register_region)
         self._loop.remove_reader(self._ring.eventfd)
         if self._ring.inflight == 0:
             self._ring.close()
@@ -339,5 +341,7 @@ class UringBlockDevice(_DeviceBase):
     def statistics(self):
         stats = super().statistics()
         stats.update(inflight=self._ring.inflight,
-                     backlog=self._ring.backlog_count, queue_depth=self._ring.depth)
+                     backlog=self._ring.backlog_count, queue_depth=self._ring.depth,
+                     fixed_buffers=self._ring.fixed_count,
+                     fixed_buffer_ops_total=self._ring.fixed_ops_total)
         return stats

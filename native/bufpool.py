@@ -70,10 +70,23 @@ class BufferPool:
         self._free = {}                     # small class size -> list of mmap
         self._slots = {}                    # large class size -> list of (slab array, offset)
         self._lent = {}                     # id(array) -> (class size, slab, offset, finalizer)
+        self._slabs = []                    # every slab made (they stay mapped)
+        self._slab_listeners = []
         self._buffers_per_class_max = buffers_per_class_max
         self.allocated_total = 0
         self.reused_total = 0
         self.slab_bytes_total = 0
+
+    def add_slab_listener(self, listener):
+        """Call `listener(slab)` for every slab made, those before included: a device's
+        io_uring registers them (native/_uring.pyx `register_region`)."""
+        self._slab_listeners.append(listener)
+        for slab in self._slabs:
+            listener(slab)
+
+    def remove_slab_listener(self, listener):
+        if listener in self._slab_listeners:
+            self._slab_listeners.remove(listener)
 
     @staticmethod
     def class_size(length):
@@ -154,6 +167,9 @@ class BufferPool:
         slots.extend((slab, index * size) for index in reversed(range(count)))
         self.allocated_total += count
         self.slab_bytes_total += count * size
+        self._slabs.append(slab)
+        for listener in self._slab_listeners:
+            listener(slab)
 
     def statistics(self):
         return {"allocated_total": self.allocated_total, "reused_total": self.reused_total,

@@ -165,6 +165,44 @@ def test_uring_read_with_a_callback_reports_each_read_once_and_survives_a_bad_ca
     run(body())
 
 
+def test_uring_registers_the_pools_slabs_and_uses_them_as_fixed_buffers(disk_dir):
+    """The pool's slabs (buffers from 64 KiB up) are registered with the ring, before and after
+    the device opens, and I/O on them goes through READ_FIXED / WRITE_FIXED with the same
+    bytes; small buffers and memory outside the pool take the plain path."""
+    import mmap
+
+    async def body():
+        from cairn.native.bufpool import BufferPool
+        pool = BufferPool()
+        early = pool.get(64 * 1024)                     # a slab made before the device
+        device = UringBlockDevice.open(make_file(disk_dir, 8 << 20), pool=pool)
+        stats = device.statistics()
+        if stats["fixed_buffers"] == 0:
+            pytest.skip("this kernel or memlock limit takes no registered buffers")
+        late = pool.get(1 << 20)                        # a slab made after it
+        assert device.statistics()["fixed_buffers"] == 2
+        early[:] = os.urandom(len(early))
+        late[:] = os.urandom(len(late))
+        await device.write(0, early)
+        await device.write(1 << 20, late)
+        assert device.statistics()["fixed_buffer_ops_total"] == 2
+        assert bytes(await device.read(0, len(early))) == bytes(early)
+        assert bytes(await device.read(1 << 20, len(late))) == bytes(late)
+        assert device.statistics()["fixed_buffer_ops_total"] == 4  # the reads' slab buffers
+        small = pool.get(4096)
+        small[:] = b"s" * 4096
+        outside = memoryview(mmap.mmap(-1, 64 * 1024))
+        outside[:] = b"o" * len(outside)
+        await device.write(2 << 20, small)
+        await device.write(3 << 20, outside)
+        assert device.statistics()["fixed_buffer_ops_total"] == 4
+        assert bytes(await device.read(2 << 20, 4096)) == b"s" * 4096
+        assert bytes(await device.read(3 << 20, len(outside))) == bytes(outside)
+        await device.aclose()
+        pool.get(4 << 20)                               # a closed device registers nothing
+    run(body())
+
+
 def test_refused_direct_io_names_the_fix():
     error = describe_open_failure("/dev/shm/x.img", OSError(errno.EINVAL, "Invalid argument"))
     assert isinstance(error, DirectIONotSupported)
