@@ -11,9 +11,9 @@ Theory of operation:
   in flight, else in a FIFO backlog; they return the future. `read_then()` is `read()` with a
   callback instead of a future, called from `complete()` itself: a future's result reaches its
   waiter through `call_soon` one loop iteration later (about 3 us per op in all), which the
-  OSD's callback-driven gets (osd/service.py `fast_get`) do not need. Nothing enters the kernel until the
-  submission callback that the first request of a loop turn schedules with `loop.call_soon`, so
-  one syscall carries every operation queued during that turn.
+  OSD's callback-driven gets (osd/service.py `fast_get`) do not need. Nothing enters the
+  kernel until the submission callback that the first request of a loop turn schedules with
+  `loop.call_soon`, so one syscall carries every operation queued during that turn.
 - `complete()` reaps every completion and resolves the futures (result: the byte count; failure:
   the exception that the `errors` object builds), then moves backlog into the freed slots and
   submits them.

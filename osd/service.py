@@ -494,13 +494,13 @@ class ObjectService:
 
 
     def fast_get(self, connection, received):
-        """Take a `get` of a replicated object when nothing about it
-        needs waiting (the map is current, the PG active here as primary, the object's lock
-        free, nothing to recover, room for the reply, this disk not flagged slow, the object
-        in one piece), start its device read and answer from the read's callback (or at once,
-        from the read cache): no task, no coroutine and no future per get. Anything else, and any error, goes the usual way (`_get`),
-        which also says what was wrong. The same checks as `_get`, in the same order of
-        effect: a fast get and a usual one cannot tell apart."""
+        """Take a `get` of a replicated object when nothing about it needs waiting (the map is
+        current, the PG active here as primary, the object's lock free, nothing to recover,
+        room for the reply, this disk not flagged slow, the object in one piece), start its
+        device read and answer from the read's callback (or at once, from the read cache): no
+        task, no coroutine and no future per get. Anything else, and any error, goes the usual
+        way (`_get`), which also says what was wrong. The same checks as `_get`, in the same
+        order of effect: a fast get and a usual one cannot tell apart."""
         header = received.header
         try:
             if header.get("direct"):
