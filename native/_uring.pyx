@@ -492,24 +492,17 @@ cdef class Ring:
         if op.has_view:
             PyBuffer_Release(&op.view)
             op.has_view = False
-        if op.then is not None:
-            if res < 0:
-                self._call_then(op, self.errors.failed(OP_NAMES[op.code], -res, op.offset,
-                                                       op.length))
-            elif <uint64_t>res != op.length:
-                self._call_then(op, self.errors.short(OP_NAMES[op.code], res, op.offset,
-                                                      op.length))
-            else:
-                self._call_then(op, None)
+        if op.then is None and future.done():   # cancelled by its waiter; buffer released now
             return
-        if future.done():           # cancelled by its waiter; the buffer is released now
-            return
+        error = None
         if res < 0:
-            future.set_exception(self.errors.failed(OP_NAMES[op.code], -res, op.offset,
-                                                    op.length))
+            error = self.errors.failed(OP_NAMES[op.code], -res, op.offset, op.length)
         elif op.code <= OP_WRITE and <uint64_t>res != op.length:
-            future.set_exception(self.errors.short(OP_NAMES[op.code], res, op.offset,
-                                                   op.length))
+            error = self.errors.short(OP_NAMES[op.code], res, op.offset, op.length)
+        if op.then is not None:
+            self._call_then(op, error)
+        elif error is not None:
+            future.set_exception(error)
         else:
             future.set_result(res)
 

@@ -180,14 +180,14 @@ class PendingRead:
     __slots__ = ("collection", "name", "record", "view", "pin", "first", "count", "start",
                  "length", "cached", "done", "error", "then")
 
-    def __init__(self, collection, name, record, view, pin, first, count, start, length,
+    def __init__(self, collection, name, record, view, first, count, start, length,
                  cached=None):
         self.cached = cached
         self.collection = collection
         self.name = name
         self.record = record
         self.view = view
-        self.pin = pin
+        self.pin = None                 # the store's pin, taken once the read is submitted
         self.first = first
         self.count = count
         self.start = start
@@ -602,11 +602,11 @@ class Store:
     def begin_read(self, collection, name, offset=0, length=None):
         """The first half of `read_with_stat` without a coroutine, for a get answered from
         callbacks (osd/service.py `fast_get`): a PendingRead, `done` when its one device read
-        has (its `then` is called; then `finish_read`), or None when the read is not that simple (an
-        object or collection that is not there, a store that failed, an empty range, an
-        object in several pieces, a device without `submit_read`): the caller then reads the
-        usual way, which also gives the error. Bad arguments raise (the caller falls back on
-        any exception too)."""
+        has (its `then` is called; then `finish_read`), or None when the read is not that
+        simple (an object or collection that is not there, a store that failed, an empty
+        range, an object in several pieces, a device without `submit_read`): the caller then
+        reads the usual way, which also gives the error. Bad arguments raise (the caller falls
+        back on any exception too)."""
         submit = self.device.submit_read
         if submit is None or self._closing or self._failure is not None or \
                 collection not in self._collections or offset < 0 or \
@@ -622,13 +622,13 @@ class Store:
         if record.size <= limits.READ_CACHE_OBJECT_BYTES_MAX:
             cached = self.read_cache.get(key, record.version)
             if cached is not None:
-                return PendingRead(collection, name, record, None, None, first, count,
-                                   offset, end - offset, cached)
+                return PendingRead(collection, name, record, None, first, count, offset,
+                                   end - offset, cached)
         pieces = records.slice_extents(record.extents, first, count)
         if len(pieces) != 1 or count * self.block_size > DEVICE_IO_BYTES_MAX:
             return None
         view = self.device.pool.get(count * self.block_size)
-        pending = PendingRead(collection, name, record, view, None, first, count,
+        pending = PendingRead(collection, name, record, view, first, count,
                               offset - first * self.block_size, end - offset)
         try:
             submit(self._data_start + pieces[0][0] * self.block_size, view, pending.completed)
