@@ -15,6 +15,7 @@ import sys
 import time
 
 from cairn.common import auth, messenger, sessions, tls
+from cairn.common.codes import Code
 from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
 from cairn.common.placement import PlacementError
 from cairn.common.units import format_size, parse_size
@@ -298,11 +299,11 @@ async def run(args):
     try:
         authenticate = sessions.client_handshake(args.cluster)
     except auth.AuthError as exc:
-        raise messenger.RequestFailed("permission_denied", str(exc)) from None
+        raise messenger.RequestFailed(Code.PERMISSION_DENIED, str(exc)) from None
     try:
         context = tls.for_cluster(args.cluster)
     except tls.TlsError as exc:
-        raise messenger.RequestFailed("tls", str(exc)) from None
+        raise messenger.RequestFailed(Code.TLS, str(exc)) from None
     monc = MonClient(mons, deadline_s=ADMIN_DEADLINE_S, name="cairn", authenticate=authenticate,
                      tls=context)
     try:

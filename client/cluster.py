@@ -21,10 +21,10 @@ import dataclasses
 import secrets
 
 from cairn.client import striping
-from cairn.client.errors import (DataUnavailable, NoSpace, ObjectNotFound, PermissionDenied,
-                                 PoolNotFound, PoolUnavailable, PreconditionFailed, ProtocolError,
-                                 QuotaExceeded, Timeout, Unsupported)
-from cairn.common import auth, messenger, pg as pgs, sessions, tls
+from cairn.client.errors import (ObjectNotFound, PermissionDenied, PoolNotFound, PreconditionFailed,
+                                 ProtocolError, Timeout)
+from cairn.common import auth, codes, messenger, pg as pgs, sessions, tls
+from cairn.common.codes import Code
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonClient, MonitorsUnavailable, load_cluster
 from cairn.common.placement import stable_pg
@@ -102,7 +102,7 @@ class Cluster:
             raise Timeout(str(exc)) from None
         except RequestFailed as exc:
             await monc.close()
-            if exc.code == "permission_denied":
+            if exc.code == Code.PERMISSION_DENIED:
                 raise PermissionDenied(exc.message) from None
             raise
         return cls(monc, op_timeout_s)
@@ -230,15 +230,13 @@ class Cluster:
                     remaining = max(0.1, deadline - loop.time())
                     return await connection.request(request, payload, timeout_s=remaining)
                 except RequestFailed as exc:
-                    if exc.code == "not_found" and maybe_applied and header["op"] == "delete":
+                    if exc.code == Code.NOT_FOUND and maybe_applied and header["op"] == "delete":
                         return None
-                    if exc.code == "auth_expired" and loop.time() < deadline:
+                    if exc.code == Code.AUTH_EXPIRED and loop.time() < deadline:
                         continue                # the OSD closed it: reconnect with a new ticket
                     self._raise_typed(exc, maybe_applied)
                     last_error = f"osd.{acting.primary}: {exc.message}"
-                    # `again` can follow a partial apply (a replica failed); wrong_primary and
-                    # stale are refusals before any change.
-                    maybe_applied = maybe_applied or exc.code == "again"
+                    maybe_applied = maybe_applied or codes.meaning(exc.code).may_have_applied
                 except (ConnectionClosed, RequestTimeout) as exc:
                     last_error = f"osd.{acting.primary}: {exc}"
                     maybe_applied = True
@@ -260,26 +258,19 @@ class Cluster:
 
     @staticmethod
     def _raise_typed(exc, maybe_applied=False):
-        if exc.code == "not_found":
-            raise ObjectNotFound(exc.message) from None
-        if exc.code == "no_space":
-            raise NoSpace(exc.message) from None
-        if exc.code == "quota":
-            raise QuotaExceeded(exc.message) from None
-        if exc.code == "pool_unavailable":
-            raise PoolUnavailable(exc.message) from None
-        if exc.code == "unavailable":
-            raise DataUnavailable(exc.message) from None
-        if exc.code == "precondition":
+        """Raise the client error an OSD's error code stands for (common/codes.py), unless the
+        code is one to retry after the map moves (wrong_primary, stale, again, ...)."""
+        meaning = codes.meaning(exc.code)
+        if meaning.retryable:
+            return
+        if meaning.error is PreconditionFailed:
             # After a retry, the condition may fail because the first attempt succeeded.
             raise PreconditionFailed(exc.message, maybe_applied=maybe_applied) from None
-        if exc.code == "unsupported":
-            raise Unsupported(exc.message) from None
-        if exc.code == "permission_denied":
+        if meaning.error is PermissionDenied:
             raise PermissionDenied(striping.logical_names(exc.message)) from None
-        if exc.code in ("invalid", "protocol", "unknown_op", "internal", "io_error"):
+        if meaning.error is ProtocolError:
             raise ProtocolError(f"{exc.code}: {exc.message}") from None
-        # wrong_primary, again: retry after the map moves
+        raise meaning.error(exc.message) from None
 
 
 class Pool:

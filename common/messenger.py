@@ -22,7 +22,8 @@ import ssl
 import time
 import weakref
 
-from cairn.common import auth, frame, wire
+from cairn.common import auth, codes, frame, wire
+from cairn.common.codes import Code
 from cairn.common.frame import Kind, RemoteProtocolError
 
 log = logging.getLogger("cairn.messenger")
@@ -88,7 +89,8 @@ class RequestTimeout(MessengerError):
 
 
 class RequestFailed(MessengerError):
-    """The remote answered with an error: `code` (a short word) and a message for people."""
+    """The remote answered with an error: `code` (a `codes.Code`; a word this build does not
+    know stays a string) and a message for people."""
 
     def __init__(self, code, message):
         super().__init__(message)
@@ -308,7 +310,7 @@ class Connection:
         if future.done():
             return                          # its caller went away
         if received.kind == Kind.ERROR:
-            future.set_exception(RequestFailed(str(received.header.get("error", "error")),
+            future.set_exception(RequestFailed(codes.parse(received.header.get("error", "error")),
                                                str(received.header.get("message", ""))))
         else:
             future.set_result(received)
@@ -908,4 +910,4 @@ def _send_failure(peer, received, exc):
     # One request is one item: log, answer, keep serving.
     log.error("request %r from %s failed", received.header.get("op"), peer.addr, exc_info=exc)
     peer.send(Kind.ERROR, received.request_id,
-              {"error": "internal", "message": f"{type(exc).__name__}: {exc}"})
+              {"error": Code.INTERNAL, "message": f"{type(exc).__name__}: {exc}"})

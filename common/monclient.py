@@ -32,6 +32,7 @@ import msgpack
 
 from cairn.common import messenger
 from cairn.common.clustermap import ClusterMap, Incremental, MapError
+from cairn.common.codes import Code
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 
 log = logging.getLogger("cairn.monclient")
@@ -192,7 +193,7 @@ class MonClient:
             except RequestFailed as exc:
                 # No quorum is weather, not an answer: an election may be under way, or this
                 # monitor is cut off from the majority. Try another while time is left.
-                if exc.code != "no_quorum" or deadline - loop.time() < NO_QUORUM_RETRY_S_MIN:
+                if exc.code != Code.NO_QUORUM or deadline - loop.time() < NO_QUORUM_RETRY_S_MIN:
                     raise
                 refused = exc
                 log.info("%s: monitor %s: %s; trying another", self.name, connection.addr,

@@ -12,6 +12,7 @@ import os
 import time
 
 from cairn.common import auth
+from cairn.common.codes import Code
 from cairn.common.messenger import RequestFailed
 
 # A client renews its ticket once less than this share of its lifetime is left.
@@ -19,13 +20,13 @@ TICKET_RENEW_SHARE = 1 / 3
 
 
 def refused(message):
-    return RequestFailed("permission_denied", message)
+    return RequestFailed(Code.PERMISSION_DENIED, message)
 
 
 def _challenge(header, field="cc"):
     value = header.get(field)
     if not isinstance(value, bytes) or len(value) != auth.CHALLENGE_BYTES:
-        raise RequestFailed("invalid", f"{field} must be {auth.CHALLENGE_BYTES} bytes")
+        raise RequestFailed(Code.INVALID, f"{field} must be {auth.CHALLENGE_BYTES} bytes")
     return value
 
 
@@ -48,7 +49,7 @@ class MonGuard:
         try:
             auth.check_entity(entity)
         except auth.AuthError as exc:
-            raise RequestFailed("invalid", str(exc)) from None
+            raise RequestFailed(Code.INVALID, str(exc)) from None
         client_challenge = _challenge(header)
         found = self._lookup(entity)
         if found is None:
@@ -149,7 +150,7 @@ def unwrap_reply(connection, header, field="key"):
     wrapped, nonce = header.get(field), header.get("nonce")
     if "wrap_key" not in session or not isinstance(wrapped, bytes) or \
             len(wrapped) != auth.SECRET_BYTES or not isinstance(nonce, bytes):
-        raise RequestFailed("invalid", "the monitor's reply holds no wrapped key")
+        raise RequestFailed(Code.INVALID, "the monitor's reply holds no wrapped key")
     return auth.unwrap(session["wrap_key"], wrapped, nonce)
 
 
@@ -180,7 +181,7 @@ class Tickets:
         blob, expires, lifetime = (reply.header.get(key) for key in ("ticket", "expires", "ttl"))
         if not isinstance(blob, bytes) or not isinstance(expires, float) or \
                 not isinstance(lifetime, (int, float)):
-            raise RequestFailed("invalid", "malformed ticket reply from the monitor")
+            raise RequestFailed(Code.INVALID, "malformed ticket reply from the monitor")
         return blob, unwrap_reply(connection, reply.header), expires, lifetime
 
     def forget(self):

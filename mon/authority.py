@@ -17,6 +17,7 @@ import os
 import time
 
 from cairn.common import audit, auth, config
+from cairn.common.codes import Code
 from cairn.common.frame import Frame, Kind
 from cairn.common.messenger import RequestFailed
 
@@ -31,7 +32,7 @@ MON_OPS = frozenset({"raft", "auth_change"})
 ADMIN_OPS = frozenset({"auth_add", "auth_get", "auth_ls", "auth_rm", "auth_caps",
                        "audit_read"})
 ANY_OPS = frozenset({"auth_get_ticket"})
-MON_OPS = MON_OPS | {"audit_append"}
+MON_OPS = MON_OPS | {"audit_append", "peer_invalid_report"}
 # Recorded in the audit log (with refusals of anything): changes, and reads of keys.
 AUDITED_OPS = WRITE_OPS | (ADMIN_OPS - {"auth_ls", "audit_read"})
 # Audit events a monitor queues for Raft; beyond, the oldest are dropped (and counted).
@@ -39,7 +40,7 @@ AUDIT_QUEUED_MAX = 1000
 
 
 def refuse(peer, op, missing):
-    return RequestFailed("permission_denied", auth.denied(peer.entity, op, missing))
+    return RequestFailed(Code.PERMISSION_DENIED, auth.denied(peer.entity, op, missing))
 
 
 def check(peer, op, header):
@@ -67,7 +68,7 @@ def check(peer, op, header):
         claimed = header.get("id", header.get("reporter"))
         if entity.startswith("osd.") and op in ("osd_boot", "osd_heartbeat", "osd_failure",
                                                 "osd_stop") and claimed != int(entity[4:]):
-            raise RequestFailed("permission_denied", f"permission denied: {entity} may not "
+            raise RequestFailed(Code.PERMISSION_DENIED, f"permission denied: {entity} may not "
                                 f"{op} as osd.{claimed}")
 
 
@@ -94,7 +95,7 @@ def _entity_arg(header):
     try:
         return auth.check_entity(header.get("entity"))
     except auth.AuthError as exc:
-        raise RequestFailed("invalid", str(exc)) from None
+        raise RequestFailed(Code.INVALID, str(exc)) from None
 
 
 def _caps_arg(header):
@@ -102,7 +103,7 @@ def _caps_arg(header):
     try:
         return auth.Caps.parse(caps).texts()
     except auth.AuthError as exc:
-        raise RequestFailed("invalid", str(exc)) from None
+        raise RequestFailed(Code.INVALID, str(exc)) from None
 
 
 # -- requests (bound into Monitor's request table) ---------------------------------------------
@@ -112,7 +113,7 @@ async def auth_get_ticket(monitor, peer, header):
     if store.auth_mode == "none" or peer is None or peer.caps is None:
         return {"auth": "none"}, b""
     if not store.service:
-        raise RequestFailed("no_quorum", "no service key yet: the leader makes the first one "
+        raise RequestFailed(Code.NO_QUORUM, "no service key yet: the leader makes the first one "
                             "within a second of its election; retry")
     generation = _sealing_generation(store.service)
     ttl = ticket_ttl_s(monitor.map)
@@ -136,7 +137,7 @@ async def auth_add(monitor, peer, header):
     """Add an entity with a new key (refused if it exists: `auth caps` changes caps)."""
     entity, caps = _entity_arg(header), _caps_arg(header)
     if entity in monitor.store.auth:
-        raise RequestFailed("exists", f"{entity} exists; 'cairn auth caps' changes its caps, "
+        raise RequestFailed(Code.EXISTS, f"{entity} exists; 'cairn auth caps' changes its caps, "
                             "'cairn auth rm' removes it")
     secret = auth.new_secret()
     await commit(monitor, {"set": {entity: [monitor.store.seal(secret), caps]}},
@@ -151,7 +152,7 @@ async def auth_caps(monitor, peer, header):
     entity, caps = _entity_arg(header), _caps_arg(header)
     found = monitor.store.auth.get(entity)
     if found is None:
-        raise RequestFailed("not_found", f"no entity {entity}")
+        raise RequestFailed(Code.NOT_FOUND, f"no entity {entity}")
     await commit(monitor, {"set": {entity: [monitor.store.seal(found[0]), caps]}},
                  header.get("rid"))
     return {"entity": entity, "caps": caps}, b""
@@ -160,9 +161,9 @@ async def auth_caps(monitor, peer, header):
 async def auth_rm(monitor, peer, header):
     entity = _entity_arg(header)
     if entity == "mon.":
-        raise RequestFailed("invalid", "the mon. key cannot be removed")
+        raise RequestFailed(Code.INVALID, "the mon. key cannot be removed")
     if entity not in monitor.store.auth:
-        raise RequestFailed("not_found", f"no entity {entity}")
+        raise RequestFailed(Code.NOT_FOUND, f"no entity {entity}")
     await commit(monitor, {"rm": [entity]}, header.get("rid"))
     return {"entity": entity, "removed": True}, b""
 
@@ -177,7 +178,7 @@ async def auth_get(monitor, peer, header):
     entity = _entity_arg(header)
     found = monitor.store.auth.get(entity)
     if found is None or entity == "mon.":
-        raise RequestFailed("not_found", f"no entity {entity}")
+        raise RequestFailed(Code.NOT_FOUND, f"no entity {entity}")
     reply = {"entity": entity, "caps": found[1]}
     if peer is not None and "wrap_key" in peer.state:
         reply.update(_wrapped(peer, found[0]))
@@ -188,7 +189,7 @@ async def auth_change(monitor, peer, header):
     """A follower's key change, committed by this leader."""
     change = header.get("change")
     if not isinstance(change, dict) or not set(change) <= {"set", "rm", "svc"}:
-        raise RequestFailed("invalid", "auth_change needs a change of set, rm or svc")
+        raise RequestFailed(Code.INVALID, "auth_change needs a change of set, rm or svc")
     command = {"t": "auth", **change}
     if header.get("rid") is not None:
         command["rid"] = header["rid"]
@@ -231,7 +232,7 @@ async def audit_append(monitor, peer, header):
     events = header.get("events")
     if not isinstance(events, list) or len(events) > AUDIT_QUEUED_MAX or \
             not all(isinstance(found, dict) for found in events):
-        raise RequestFailed("invalid", "audit_append needs a list of events")
+        raise RequestFailed(Code.INVALID, "audit_append needs a list of events")
     await monitor._replicate({"t": "audit", "events": events})
     return {}, b""
 

@@ -68,10 +68,11 @@ import msgpack
 
 from cairn.common import audit, config, messenger, sessions, throttle, tls
 from cairn.common.clustermap import Incremental, MapError
+from cairn.common.codes import Code
 from cairn.common.daemon import crash_on_error
 from cairn.common.frame import Frame, Kind
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.mon import alerts, authority, capacity, health, netloss, raft, slowdisk
+from cairn.mon import alerts, authority, capacity, health, netloss, peerguard, raft, slowdisk
 from cairn.mon.failure import FailureDetector
 from cairn.mon.raft import ChangeRefused, NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
@@ -125,13 +126,13 @@ RID_BYTES_MAX = 64
 assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
-              "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
+              "pool_delete", "peer_invalid_report", "config_set", "pg_last_active", "pg_set_active", "mon_add",
               "mon_remove", "status", "health", "health_history", "df", "pool_set_quota",
               "pool_allow_from", "auth_change"}
 
 
 def no_quorum(message):
-    return RequestFailed("no_quorum", f"no quorum: {message}")
+    return RequestFailed(Code.NO_QUORUM, f"no quorum: {message}")
 
 
 class Monitor:
@@ -188,6 +189,7 @@ class Monitor:
                                                tls=tls_client)
         self._was_member = False
         self._audit_queue = collections.deque()     # audit events not yet committed
+        self._peer_findings = peerguard.Findings()  # raft messages refused (MON_PEER_INVALID)
         self.audit_dropped_total = 0
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -218,7 +220,8 @@ class Monitor:
         self._tasks = [loop.create_task(self._raft_loop(), name="raft loop"),
                        loop.create_task(self._tick_loop(), name="failure detector"),
                        loop.create_task(self._alert_loop(), name="alerts"),
-                       loop.create_task(self._audit_loop(), name="audit")]
+                       loop.create_task(self._audit_loop(), name="audit"),
+                       loop.create_task(self._peer_report_loop(), name="peer reports")]
         for task in self._tasks:
             task.add_done_callback(crash_on_error)
         log.info("%s serving %s: fsid %s, epoch %d, %d OSDs, %d pools; raft term %d, log %d, "
@@ -481,13 +484,13 @@ class Monitor:
         if incremental.epoch != self.map.epoch + 1:
             log.error("entry %d: epoch %d does not follow %d; skipped", index, incremental.epoch,
                       self.map.epoch)
-            refused = RequestFailed("stale", f"epoch {incremental.epoch} does not follow "
+            refused = RequestFailed(Code.STALE, f"epoch {incremental.epoch} does not follow "
                                     f"{self.map.epoch}")
         else:
             try:
                 new_map = self.map.apply(incremental)
             except MapError as exc:
-                refused = RequestFailed("invalid", str(exc))
+                refused = RequestFailed(Code.INVALID, str(exc))
         if refused is not None:
             self.store.apply_nothing(index, None if rid is None else
                                      (rid, {"error": refused.code, "message": refused.message}))
@@ -511,7 +514,7 @@ class Monitor:
         current = self.store.pg_active(pool_id, pg_index)
         if current is not None and current[0] > epoch:
             self.store.apply_nothing(index)
-            return RequestFailed("stale", f"pg {pool_id}.{pg_index:x} went active at epoch "
+            return RequestFailed(Code.STALE, f"pg {pool_id}.{pg_index:x} went active at epoch "
                                  f"{current[0]}, after {epoch}")
         self.store.apply_pg_active(index, pool_id, pg_index,
                                    [epoch, command["acting"], command["complete"]])
@@ -585,9 +588,39 @@ class Monitor:
     def _on_raft(self, received):
         header = received.header
         if header.get("fsid") != self.map.fsid:
-            raise RequestFailed("invalid", f"raft messages for cluster {header.get('fsid')!r}, "
+            raise RequestFailed(Code.INVALID, f"raft messages for cluster {header.get('fsid')!r}, "
                                 f"this is {self.map.fsid}")
         source, addr = header.get("from"), header.get("addr")
+        try:
+            wires = msgpack.unpackb(bytes(received.payload), strict_map_key=False)
+            if not isinstance(wires, list):
+                raise ValueError("not a list")
+            messages = [raft.message_from_wire(wire) for wire in wires]
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise RequestFailed(Code.INVALID, f"malformed raft messages: {exc}") from None
+        now = time.monotonic()
+        refused = None
+        for m in messages:
+            if m.target != self.name:
+                continue
+            if m.source != source:
+                refused = raft.PeerInvalid(m.source, m.kind, f"sent in a batch from {source!r}")
+            else:
+                try:
+                    self.raft.step(m)
+                    self._seen[m.source] = now
+                    continue
+                except raft.PeerInvalid as exc:
+                    refused = exc
+            break
+        self._wake.set()
+        if refused is not None:
+            # The core changed nothing for it; the rest of the batch is dropped with it.
+            log.warning("refused a raft message from %s (%s): %s", str(source)[:64],
+                        received.header.get("addr"), refused)
+            self._peer_findings.record(self.name, refused.sender, refused.kind.value,
+                                       refused.reason, now)
+            raise RequestFailed(Code.INVALID, f"raft message refused: {refused}")
         if isinstance(source, str) and isinstance(addr, str) and \
                 len(source) <= MON_NAME_BYTES_MAX:
             try:
@@ -595,19 +628,30 @@ class Monitor:
                 self._learned_addrs[source] = addr
             except ValueError:
                 pass
+        return {}, b""
+
+    async def _peer_report_loop(self):
+        # Runs until the monitor stops: a follower's refused raft messages go to the leader,
+        # which answers `cairn health` (mon/peerguard.py).
+        while True:
+            await asyncio.sleep(ALERT_INTERVAL_S)
+            if self.is_leader:
+                self._peer_findings.pending()           # the leader's own: already in its check
+                continue
+            reports = self._peer_findings.pending()
+            if not reports:
+                continue
+            header = {"op": "peer_invalid_report", "reports": reports}
+            try:
+                await self._forward(Frame(Kind.REQUEST, 0, header, b""))
+            except (RequestFailed, ConnectionClosed, RequestTimeout) as exc:
+                log.warning("raft peer findings not reported to the leader: %s", exc)
+
+    async def _peer_invalid_report(self, peer, header):
         try:
-            wires = msgpack.unpackb(bytes(received.payload), strict_map_key=False)
-            if not isinstance(wires, list):
-                raise ValueError("not a list")
-            messages = [raft.message_from_wire(wire) for wire in wires]
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            raise RequestFailed("invalid", f"malformed raft messages: {exc}") from None
-        now = time.monotonic()
-        for m in messages:
-            if m.target == self.name:
-                self._seen[m.source] = now
-                self.raft.step(m)
-        self._wake.set()
+            self._peer_findings.merge(header.get("reports"), time.monotonic())
+        except ValueError as exc:
+            raise RequestFailed(Code.INVALID, f"peer_invalid_report: {exc}") from None
         return {}, b""
 
     # -- Raft: proposals and reads ------------------------------------------------------------------
@@ -703,7 +747,7 @@ class Monitor:
             try:
                 self.map.apply(incremental)
             except MapError as exc:
-                raise RequestFailed("invalid", str(exc)) from None
+                raise RequestFailed(Code.INVALID, str(exc)) from None
             command = {"t": "map", "inc": incremental.to_dict(), "why": why}
             if rid is not None:
                 command["rid"] = rid
@@ -718,14 +762,14 @@ class Monitor:
             return self._on_raft(received)
         handler = _REQUESTS.get(op)
         if handler is None:
-            raise RequestFailed("unknown_op", f"unknown request {op!r} (known: "
+            raise RequestFailed(Code.UNKNOWN_OP, f"unknown request {op!r} (known: "
                                 f"{', '.join(sorted(_REQUESTS))})")
         audited = op in authority.AUDITED_OPS and peer is not None and peer.entity != "mon."
         try:
             authority.check(peer, op, received.header)
             result = await self._handle(peer, received, op, handler)
         except RequestFailed as exc:
-            if audited or exc.code == "permission_denied":
+            if audited or exc.code == Code.PERMISSION_DENIED:
                 self._audit(peer, op, received.header, exc.code)
             raise
         if audited:
@@ -763,14 +807,14 @@ class Monitor:
     async def _handle(self, peer, received, op, handler):
         rid = received.header.get("rid")
         if rid is not None and not (isinstance(rid, str) and 0 < len(rid) <= RID_BYTES_MAX):
-            raise RequestFailed("invalid", f"rid (request id) must be a string of 1 to "
+            raise RequestFailed(Code.INVALID, f"rid (request id) must be a string of 1 to "
                                 f"{RID_BYTES_MAX} characters")
         local = op == "status" and received.header.get("local") is True     # its own view
         if op in LEADER_OPS and not self.is_leader and not local:
             try:
                 return await self._forward(received)
             except RequestFailed as exc:
-                if op != "status" or exc.code != "no_quorum":
+                if op != "status" or exc.code != Code.NO_QUORUM:
                     raise
                 return await self._status(peer, received.header)     # this monitor's view
         return await handler(self, peer, received.header)
@@ -860,7 +904,7 @@ class Monitor:
 
     async def _subscribe(self, peer, header):
         if peer not in self._subscribers and len(self._subscribers) >= SUBSCRIBERS_MAX:
-            raise RequestFailed("busy", f"{self.name} has {SUBSCRIBERS_MAX} subscribers; "
+            raise RequestFailed(Code.BUSY, f"{self.name} has {SUBSCRIBERS_MAX} subscribers; "
                                 "fetch maps with get_map instead")
         # Synchronous: no epoch can slip between the reply and the pushes.
         self._subscribers.add(peer)
@@ -869,13 +913,13 @@ class Monitor:
     async def _osd_boot(self, peer, header):
         uuid = header.get("uuid")
         if not isinstance(uuid, str) or not uuid:
-            raise RequestFailed("invalid", "osd_boot needs the OSD's uuid")
+            raise RequestFailed(Code.INVALID, "osd_boot needs the OSD's uuid")
         known = next((osd["id"] for osd in self.map.osds.values() if osd["uuid"] == uuid), None)
         osd_id = header.get("id", known)
         if osd_id is None:
             osd_id = next(i for i in range(OSD_ID_MAX) if i not in self.map.osds)
         if known is not None and known != osd_id:
-            raise RequestFailed("invalid", f"uuid {uuid} is osd.{known}, not osd.{osd_id}")
+            raise RequestFailed(Code.INVALID, f"uuid {uuid} is osd.{known}, not osd.{osd_id}")
         ops = []
         if known is None:
             ops.append({"op": "osd_add", "id": osd_id, "uuid": uuid,
@@ -892,7 +936,7 @@ class Monitor:
     def _known_osd(self, header, field="id"):
         osd_id = header.get(field)
         if not isinstance(osd_id, int) or osd_id not in self.map.osds:
-            raise RequestFailed("not_found", f"osd {osd_id!r} does not exist")
+            raise RequestFailed(Code.NOT_FOUND, f"osd {osd_id!r} does not exist")
         return osd_id
 
     async def _osd_heartbeat(self, peer, header):
@@ -973,7 +1017,7 @@ class Monitor:
                "weight": [{"op": "osd_weight", "id": osd_id,
                            "weight": header.get("weight")}]}.get(state)
         if ops is None:
-            raise RequestFailed("invalid", f"state must be out, in, down, reweight or weight "
+            raise RequestFailed(Code.INVALID, f"state must be out, in, down, reweight or weight "
                                 f"(was {state!r})")
         what = f"sets osd.{osd_id}'s {state} to {header.get(state)}" \
             if state in ("reweight", "weight") else f"marks osd.{osd_id} {state}"
@@ -1013,7 +1057,7 @@ class Monitor:
         try:
             value = config.display(self.map.config, key)
         except KeyError as exc:
-            raise RequestFailed("not_found", exc.args[0]) from None
+            raise RequestFailed(Code.NOT_FOUND, exc.args[0]) from None
         return {"epoch": self.map.epoch, "key": key, "value": value,
                 "set": key in self.map.config}, b""
 
@@ -1046,6 +1090,9 @@ class Monitor:
             checks["SLOW_OPS"] = health.slow_ops_check(
                 self.map, slow_ops, config.value(self.map.config, "osd.op_complaint_s"))
         checks.update(self._network_checks(up))
+        peer_invalid = self._peer_findings.check(time.monotonic())
+        if peer_invalid is not None:
+            checks["MON_PEER_INVALID"] = peer_invalid
         for name, (severity, summary, lines) in capacity.checks(
                 self.map, self._capacity, self._pool_totals(), self._ratios()).items():
             checks[name] = health.check(severity, summary, lines)
@@ -1106,7 +1153,7 @@ class Monitor:
     async def _health_history(self, peer, header):
         limit = header.get("limit", HISTORY_SHOWN)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise RequestFailed("invalid", f"limit must be a positive integer (was {limit!r})")
+            raise RequestFailed(Code.INVALID, f"limit must be a positive integer (was {limit!r})")
         await self._read_barrier()
         events = self.store.events()
         return {"events": events[-limit:], "kept": len(events)}, b""
@@ -1189,7 +1236,7 @@ class Monitor:
                 not isinstance(complete, list) or \
                 not all(isinstance(m, int) for m in acting + complete) or \
                 not set(complete) <= set(acting):
-            raise RequestFailed("invalid", "pg_set_active needs epoch, acting (OSD ids) and "
+            raise RequestFailed(Code.INVALID, "pg_set_active needs epoch, acting (OSD ids) and "
                                 "complete (a subset of acting)")
         await self._replicate({"t": "pgact", "pool": pool_id, "pg": pg_index, "epoch": epoch,
                                "acting": acting, "complete": complete})
@@ -1201,16 +1248,16 @@ class Monitor:
             return done
         name, addr = header.get("name"), header.get("addr")
         if not isinstance(name, str) or not 0 < len(name) <= MON_NAME_BYTES_MAX:
-            raise RequestFailed("invalid", "mon_add needs the new monitor's name (like mon.3)")
+            raise RequestFailed(Code.INVALID, "mon_add needs the new monitor's name (like mon.3)")
         try:
             messenger.parse_addr(addr)
         except ValueError as exc:
-            raise RequestFailed("invalid", f"mon_add needs the new monitor's address: {exc}") \
+            raise RequestFailed(Code.INVALID, f"mon_add needs the new monitor's address: {exc}") \
                 from None
         if name in self.raft.members:
             if self._addr_of(name) == addr:
                 return {"members": sorted(self.raft.members), "already": True}, b""
-            raise RequestFailed("invalid", f"{name} is already a monitor, at "
+            raise RequestFailed(Code.INVALID, f"{name} is already a monitor, at "
                                 f"{self._addr_of(name)}")
         return await self._change_members(self.raft.members | {name: addr}, header.get("rid"))
 
@@ -1220,7 +1267,7 @@ class Monitor:
             return done
         name = header.get("name")
         if name not in self.raft.members:
-            raise RequestFailed("not_found", f"no monitor {name!r} (monitors: "
+            raise RequestFailed(Code.NOT_FOUND, f"no monitor {name!r} (monitors: "
                                 f"{', '.join(sorted(self.raft.members))})")
         members = dict(self.raft.members)
         del members[name]
@@ -1245,14 +1292,14 @@ class Monitor:
         except NotLeader:
             raise no_quorum(f"{self.name} is no longer the leader; retry") from None
         except ChangeRefused as exc:
-            raise RequestFailed("busy", str(exc)) from None
+            raise RequestFailed(Code.BUSY, str(exc)) from None
         await self._committed(index)
         return {"members": sorted(members), "index": index}, b""
 
     def _pg_key(self, header):
         pool_id, pg_index = header.get("pool"), header.get("pg")
         if not isinstance(pool_id, int) or not isinstance(pg_index, int) or pg_index < 0:
-            raise RequestFailed("invalid", "a PG is named by pool (id) and pg (index)")
+            raise RequestFailed(Code.INVALID, "a PG is named by pool (id) and pg (index)")
         return pool_id, pg_index
 
     async def _osd_tree(self, peer, header):
@@ -1272,6 +1319,7 @@ _REQUESTS = {
     "osd_tree": Monitor._osd_tree,
     "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
     "mon_add": Monitor._mon_add, "mon_remove": Monitor._mon_remove,
+    "peer_invalid_report": Monitor._peer_invalid_report,
     **authority.REQUESTS,
 }
 assert LEADER_OPS <= set(_REQUESTS)

@@ -79,9 +79,26 @@ class NotLeader(RaftError):
         self.leader = leader
 
 
+class PeerInvalid(RaftError):
+    """A peer's message that no correct member could have sent: taking it could break safety.
+
+    The core refuses it before changing anything; the shell logs it with the sender and raises
+    the MON_PEER_INVALID health check. `sender` is the message's source, `reason` says what is
+    wrong, in words."""
+
+    def __init__(self, sender, kind, reason):
+        super().__init__(f"{kind.value} from {sender}: {reason}")
+        self.sender, self.kind, self.reason = sender, kind, reason
+
+
 class ChangeRefused(RaftError):
     """A membership change that is not one server at a time, or comes while another is under
     way."""
+
+
+# Why a membership change is refused (ChangeRefused's message), besides its size.
+CHANGE_PENDING = "a membership change is still being committed; try again"
+LAST_MEMBER = "the last monitor cannot be removed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -456,13 +473,13 @@ class Raft:
         Raises NotLeader, ChangeRefused."""
         self._check_leading()
         if self.pending_conf_index > self.commit or self.term_at(self.commit) != self.term:
-            raise ChangeRefused("a membership change is still being committed; try again")
+            raise ChangeRefused(CHANGE_PENDING)
         old, new = set(self.members), set(members)
         if len(old ^ new) != 1:
             raise ChangeRefused(f"add or remove exactly one monitor at a time (members "
                                 f"{sorted(old)}, asked for {sorted(new)})")
         if not new:
-            raise ChangeRefused("the last monitor cannot be removed")
+            raise ChangeRefused(LAST_MEMBER)
         index = self._append(CONF, dict(members), context)
         self.pending_conf_index = index
         for name in new - old:
@@ -526,8 +543,12 @@ class Raft:
     # -- messages ---------------------------------------------------------------------------------
 
     def step(self, m):
-        """Take one received message."""
+        """Take one received message. Raises PeerInvalid, having changed nothing, for a message
+        that breaks Raft's rules (see `_invalid`)."""
         assert m.target == self.name
+        reason = self._invalid(m)
+        if reason is not None:
+            raise PeerInvalid(m.source, m.kind, reason)
         if m.term > self.term:
             if m.kind in (Kind.PRE_VOTE, Kind.VOTE) and self.leader is not None and \
                     self.election_elapsed < self.config.election_ticks and not m.transfer:
@@ -554,6 +575,67 @@ class Raft:
                    Kind.HEARTBEAT_RESPONSE: self._on_heartbeat_response,
                    Kind.TIMEOUT_NOW: self._on_timeout_now}[m.kind]
         handler(m)
+
+    def _invalid(self, m):
+        """Why no correct peer could have sent `m` to us now, or None when it may be taken.
+
+        Each rule holds for every message a correct member sends, however late, duplicated or
+        reordered, and whatever crashes came between (the simulation in tests/test_raft.py runs
+        every message it delivers through here):
+        - one leader per term: a leader's message in our term from anyone but the leader we
+          follow, or while we lead;
+        - a leader's log holds every committed entry (Leader Completeness): an append or a
+          snapshot that contradicts an entry we know is committed;
+        - no entry or snapshot from a term beyond its sender's;
+        - a leader counts only what exists: an acknowledgement beyond our last index, a
+          read-index round we never started;
+        - only members vote: a granted vote from a name outside the members we asked;
+        - only our leader hands over to us (TIMEOUT_NOW), in our term.
+        """
+        leads = m.kind in (Kind.APPEND, Kind.HEARTBEAT, Kind.SNAPSHOT)
+        if leads and m.term == self.term:
+            if self.role is Role.LEADER:
+                return f"two leaders in term {m.term}: this member leads it"
+            if self.leader is not None and self.leader != m.source:
+                return f"two leaders in term {m.term}: {self.leader} leads it"
+        if m.kind is Kind.APPEND and m.term >= self.term:
+            for entry in m.entries:
+                if entry.term > m.term:
+                    return f"entry {entry.index} of term {entry.term}, beyond the sender's term"
+            if m.index <= self.commit and self.term_at(m.index) not in (None, m.log_term):
+                return f"previous entry {m.index} of term {m.log_term} contradicts the " \
+                       f"committed one of term {self.term_at(m.index)}"
+            for entry in m.entries:
+                if entry.index > self.commit:
+                    break
+                known = self.term_at(entry.index)
+                if known is not None and known != entry.term:
+                    return f"entry {entry.index} of term {entry.term} contradicts the " \
+                           f"committed one of term {known}"
+        if m.kind is Kind.SNAPSHOT and m.term >= self.term:
+            snap = m.snapshot
+            if snap.term > m.term:
+                return f"a snapshot of term {snap.term}, beyond the sender's term"
+            if snap.index <= self.commit and self.term_at(snap.index) not in (None, snap.term):
+                return f"a snapshot at {snap.index} of term {snap.term} contradicts the " \
+                       f"committed entry of term {self.term_at(snap.index)}"
+        if self.role is Role.LEADER and m.term == self.term:
+            if m.kind is Kind.APPEND_RESPONSE and not m.reject and m.index > self.last_index:
+                return f"acknowledges entry {m.index}; this leader's log ends at " \
+                       f"{self.last_index}"
+            if m.kind is Kind.HEARTBEAT_RESPONSE and m.context > self._read_round:
+                return f"confirms read round {m.context}; this leader started " \
+                       f"{self._read_round}"
+        if m.kind is Kind.VOTE_RESPONSE and not m.reject and self.role is Role.CANDIDATE and \
+                m.term == self.term and m.source not in self.members:
+            return f"a vote from {m.source}, not a member ({', '.join(sorted(self.members))})"
+        if m.kind is Kind.TIMEOUT_NOW:
+            if m.term > self.term:
+                return f"a handover in term {m.term}, which this member never heard led"
+            if m.term == self.term and (self.role is Role.LEADER or
+                                        self.leader not in (None, m.source)):
+                return f"a handover from {m.source}, which does not lead term {m.term}"
+        return None
 
     def _on_vote(self, m):
         pre = m.kind is Kind.PRE_VOTE

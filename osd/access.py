@@ -17,6 +17,7 @@ import functools
 import ipaddress
 
 from cairn.common import auth
+from cairn.common.codes import Code
 from cairn.common.messenger import RequestFailed
 from cairn.common.pg import pool_by_id
 
@@ -25,7 +26,7 @@ WRITE_OPS = frozenset({"put", "delete", "omap"})
 
 
 def _denied(peer, what, missing):
-    return RequestFailed("permission_denied", auth.denied(peer.entity, what, missing))
+    return RequestFailed(Code.PERMISSION_DENIED, auth.denied(peer.entity, what, missing))
 
 
 def check(peer, cmap, header):

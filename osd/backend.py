@@ -36,6 +36,7 @@ import logging
 import struct
 
 from cairn.common import config, pg as pgs
+from cairn.common.codes import Code
 from cairn.common.limits import BLOCK_SIZE_BYTES, OMAP_UPDATE_BYTES_MAX
 from cairn.common.messenger import (ConnectionClosed, RequestFailed, RequestTimeout,
                                     received_checksums)
@@ -55,7 +56,7 @@ REPLICA_TIMEOUT_S = 20.0
 ZERO_COPY_READ_BYTES_MIN = 64 * 1024
 # A replica's refusal that reaches the client as it is (any other failure of a replica write
 # becomes `again`: retry after the map changes).
-REPLICA_ERRORS_PASSED = ("no_space",)
+REPLICA_ERRORS_PASSED = (Code.NO_SPACE,)
 # Objects from this size on are encoded and decoded in a worker thread, so the event loop goes
 # on serving meanwhile (an 18+6 encode of 64 MiB takes about 20 ms).
 CODEC_THREAD_BYTES_MIN = 8 << 20
@@ -150,7 +151,7 @@ class PgBackend(abc.ABC):
         ...
 
     async def write_omap(self, pg, plan, prior, update):
-        raise RequestFailed("unsupported", f"pg {pg.key[0]}.{pg.key[1]:x} is erasure-coded; "
+        raise RequestFailed(Code.UNSUPPORTED, f"pg {pg.key[0]}.{pg.key[1]:x} is erasure-coded; "
                             "omaps live in replicated pools (keep directories and other "
                             "tables in one: 'cairn mount DATA --metadata-pool META')")
 
@@ -218,10 +219,10 @@ class PgBackend(abc.ABC):
     def _replica_failure(osd_id, exc, passed=REPLICA_ERRORS_PASSED):
         """What a replica write's failure `exc` is answered with (see `_replica_outcome`)."""
         if isinstance(exc, (ConnectionClosed, RequestTimeout)):
-            return RequestFailed("again", f"replica osd.{osd_id} did not commit ({exc}); "
+            return RequestFailed(Code.AGAIN, f"replica osd.{osd_id} did not commit ({exc}); "
                                  "retry after the map changes")
         if isinstance(exc, RequestFailed) and exc.code not in passed:
-            return RequestFailed("again", f"replica osd.{osd_id}: {exc.message}")
+            return RequestFailed(Code.AGAIN, f"replica osd.{osd_id}: {exc.message}")
         return exc
 
     def _write_header(self, pg, plan, **fields):
@@ -446,10 +447,10 @@ class ReplicatedBackend(PgBackend):
         header = {**header, "complete": target.complete}
         try:
             await self._replicate(target.osd, header, b"",
-                                  passed=REPLICA_ERRORS_PASSED + ("behind",))
+                                  passed=REPLICA_ERRORS_PASSED + (Code.BEHIND,))
             return
         except RequestFailed as exc:
-            if exc.code != "behind":
+            if exc.code != Code.BEHIND:
                 raise
         await asyncio.shield(local)                 # the copy to push must be the new one
         await self.recover_object(pg, self.me, target.osd, plan.name, plan.epoch)
@@ -465,7 +466,7 @@ class ReplicatedBackend(PgBackend):
             record = self.registry.local_record(pg, name)
             have = pgs.version_of(record.attrs) if record is not None else 0
             if have != prior:
-                raise RequestFailed("behind", f"osd.{self.me} holds {name!r} at version "
+                raise RequestFailed(Code.BEHIND, f"osd.{self.me} holds {name!r} at version "
                                     f"{have:x}, not {prior:x}: it needs the whole object")
             version_attr = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
             if record is None:
@@ -488,7 +489,7 @@ class ReplicatedBackend(PgBackend):
             header, payload = await call(source, header_of(pg, "pg_read", epoch, name=name,
                                                            omap=True))
         except RequestFailed as exc:
-            if exc.code != "not_found":
+            if exc.code != Code.NOT_FOUND:
                 raise
             await call(target, header_of(pg, "pg_remove", epoch, name=name))
             return "removed"
@@ -622,13 +623,13 @@ class ErasureBackend(PgBackend):
         shard_index, geometry = header.get("shard"), header.get("ec")
         here = self.position(pg, self.me)
         if shard_index != here:
-            raise RequestFailed("again", f"osd.{self.me} holds shard {here} of pg "
+            raise RequestFailed(Code.AGAIN, f"osd.{self.me} holds shard {here} of pg "
                                 f"{pg.key[0]}.{pg.key[1]:x} here, not {shard_index!r}; retry")
         if not delete and not pgs.valid_geometry(geometry):
-            raise RequestFailed("invalid", "an erasure-coded shard needs ec: [size, unit]")
+            raise RequestFailed(Code.INVALID, "an erasure-coded shard needs ec: [size, unit]")
         acked_to = header.get("acked_to")
         if acked_to is not None and not isinstance(acked_to, int):
-            raise RequestFailed("invalid", "acked_to must be a PG version")
+            raise RequestFailed(Code.INVALID, "acked_to must be a PG version")
         await self.apply(pg, header["name"], None if delete else payload, header["version"],
                          delete, bool(header.get("manifest")), bool(header.get("complete")),
                          shard_index, geometry, acked_to,
@@ -641,7 +642,7 @@ class ErasureBackend(PgBackend):
         expected = self.layout(self.codec(pg), *geometry).shard_bytes
         received = memoryview(payload).nbytes
         if received not in (expected, expected + -expected % BLOCK_SIZE_BYTES):
-            raise RequestFailed("invalid", f"a shard of an object of {geometry[0]} bytes "
+            raise RequestFailed(Code.INVALID, f"a shard of an object of {geometry[0]} bytes "
                                 f"(unit {geometry[1]}) is {expected} bytes, not {received}")
         return expected
 
@@ -652,7 +653,7 @@ class ErasureBackend(PgBackend):
         object was recovered before the read)."""
         record = self.store.stat(pg.collection, name)
         if pgs.shard_of(record.attrs) != self.position(pg, self.me):
-            raise RequestFailed("again", f"osd.{self.me}'s shard of {name!r} is for another "
+            raise RequestFailed(Code.AGAIN, f"osd.{self.me}'s shard of {name!r} is for another "
                                 "position; retry once it is recovered")
         size, unit = pgs.ec_geometry(record.attrs)
         return record, pgs.version_of(record.attrs), self.layout(self.codec(pg), size, unit)
@@ -762,7 +763,7 @@ class ErasureBackend(PgBackend):
 
     async def _fetch(self, pg, osd, shard_index, name, version, ranges, stash_entry=None):
         """Bytes `ranges` of shard `shard_index` of `name` at `version` from `osd`; raises
-        ShardUnavailable when the member cannot give exactly that, RequestFailed("again") when
+        ShardUnavailable when the member cannot give exactly that, RequestFailed(Code.AGAIN) when
         it refuses us as no longer this PG's primary."""
         if osd == self.me:
             try:
@@ -778,13 +779,13 @@ class ErasureBackend(PgBackend):
                 header, data = await self.registry.call(osd, self.registry.header(
                     pg, "pg_read", pg.interval[0], name=name, ranges=ranges, stash=stash_entry))
             except RequestFailed as exc:
-                if exc.code in ("wrong_primary", "stale"):
+                if exc.code in (Code.WRONG_PRIMARY, Code.STALE):
                     # The member has moved past this interval: our map is old, not the shard
                     # gone. The client retries on the newer map (and recovery never rolls an
                     # object back over shards it merely could not ask for).
-                    raise RequestFailed("again", f"pg {pg.key[0]}.{pg.key[1]:x} moved on: "
+                    raise RequestFailed(Code.AGAIN, f"pg {pg.key[0]}.{pg.key[1]:x} moved on: "
                                         f"osd.{osd}: {exc.message}") from None
-                if exc.code == "io_error" and "checksum" in exc.message:
+                if exc.code == Code.IO_ERROR and "checksum" in exc.message:
                     self._damaged(pg, name, osd, shard_index, exc.message)
                 raise ShardUnavailable(shard_index, f"osd.{osd}: {exc.message}") from None
             found = (header.get("version"), header.get("shard"))
@@ -887,7 +888,7 @@ class ErasureBackend(PgBackend):
     async def _gather(self, pg, name, version, layout, ranges, exclude=(), extra=()):
         """{shard index: bytes} of `ranges` from k shards of `version` (never mixing versions),
         asking k members at a time and more when some fail. `extra`: (osd, shard index) of
-        holders outside the acting set (a past authority). Raises RequestFailed("unavailable")
+        holders outside the acting set (a past authority). Raises RequestFailed(Code.UNAVAILABLE)
         naming the shards found when fewer than k can be read."""
         members = pg.acting.members
         candidates = [(members[index], index) for index in self._preference(pg)
@@ -912,7 +913,7 @@ class ErasureBackend(PgBackend):
                 else:
                     got[index] = result
         if len(got) < layout.k:
-            raise RequestFailed("unavailable", f"pg {pg.key[0]}.{pg.key[1]:x}: object {name!r} "
+            raise RequestFailed(Code.UNAVAILABLE, f"pg {pg.key[0]}.{pg.key[1]:x}: object {name!r} "
                                 f"(version {version:x}) has {len(got)} readable shards "
                                 f"{sorted(got)}, {layout.k} needed ({'; '.join(failures)})")
         return got
@@ -925,7 +926,7 @@ class ErasureBackend(PgBackend):
             data = await self._in_thread_if_large(span * layout.k, ecstripe.decode_span, codec,
                                                   layout, first, last, spans)
         except (NotEnoughFragments, BadFragment) as exc:
-            raise RequestFailed("io_error", f"pg {pg.key[0]}.{pg.key[1]:x}: object {name!r}: "
+            raise RequestFailed(Code.IO_ERROR, f"pg {pg.key[0]}.{pg.key[1]:x}: object {name!r}: "
                                 f"decoding failed: {exc}") from None
         skip = offset - first * layout.stripe_bytes
         return memoryview(data)[skip:skip + length]
@@ -940,14 +941,14 @@ class ErasureBackend(PgBackend):
         try:
             header, _ = await call(source, header_of(pg, "pg_read", epoch, name=name, ranges=[]))
         except RequestFailed as exc:
-            if exc.code != "not_found":
+            if exc.code != Code.NOT_FOUND:
                 raise
             await call(target, header_of(pg, "pg_remove", epoch, name=name))
             return "removed"
         version, (size, unit) = header["version"], header["ec"]
         position = self.position(pg, target)
         if position is None:
-            raise RequestFailed("again", f"osd.{target} is not acting in pg "
+            raise RequestFailed(Code.AGAIN, f"osd.{target} is not acting in pg "
                                 f"{pg.key[0]}.{pg.key[1]:x}")
         codec = self.codec(pg)
         layout = self.layout(codec, size, unit)
@@ -957,7 +958,7 @@ class ErasureBackend(PgBackend):
                 shards = await self._gather(pg, name, version, layout, None,
                                             exclude={position}, extra=[(source, header["shard"])])
             except RequestFailed as exc:
-                if exc.code != "unavailable":
+                if exc.code != Code.UNAVAILABLE:
                     raise
                 return await self._roll_back(pg, name, version, epoch, exc)
             moved = sum(len(data) for index, data in shards.items()

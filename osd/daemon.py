@@ -16,6 +16,7 @@ import logging
 import time
 
 from cairn.common import audit, auth, config, messenger, metrics, sessions, tls, wire
+from cairn.common.codes import Code
 from cairn.common.limits import READ_CACHE_BYTES_DEFAULT
 from cairn.common.pg import pool_by_id
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
@@ -230,7 +231,7 @@ class OsdDaemon:
                 listing = access.check(peer, self.monc.map, received.header)
                 header, payload = await self.service.handle(received.header, received.payload)
             except RequestFailed as exc:
-                if audited or exc.code == "permission_denied":
+                if audited or exc.code == Code.PERMISSION_DENIED:
                     self.audit_op(peer, received.header, exc.code)
                 raise
             if audited:
@@ -243,7 +244,7 @@ class OsdDaemon:
             return {"events": self.audit.read(
                 since if isinstance(since, (int, float)) else None,
                 entity if isinstance(entity, str) else None)}, b""
-        raise RequestFailed("unknown_op", f"an OSD does not serve {op!r}")
+        raise RequestFailed(Code.UNKNOWN_OP, f"an OSD does not serve {op!r}")
 
     # -- the map ----------------------------------------------------------------------------------
 

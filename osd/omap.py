@@ -22,6 +22,7 @@ and values are bytes; keys sort bytewise.
 
 import dataclasses
 
+from cairn.common.codes import Code
 from cairn.common.limits import OMAP_KEY_BYTES_MAX, OMAP_PAGE_ENTRIES_MAX, OMAP_UPDATE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
 from cairn.osd import records
@@ -51,7 +52,7 @@ class OmapRequest:
 
 
 def _invalid(message):
-    return RequestFailed("invalid", message)
+    return RequestFailed(Code.INVALID, message)
 
 
 def _checked(check, value, what):
@@ -80,7 +81,7 @@ def _list(header, field, limit=OMAP_PAGE_ENTRIES_MAX):
 
 
 def parse_update(header):
-    """The OmapRequest of an `omap` (or `rep_omap`) header; RequestFailed("invalid") for
+    """The OmapRequest of an `omap` (or `rep_omap`) header; RequestFailed(Code.INVALID) for
     anything malformed."""
     sets = []
     for pair in _list(header, "set"):
@@ -117,23 +118,23 @@ def parse_update(header):
 
 
 def check_conditions(request, name, version, current, used_prefixes=()):
-    """Raise RequestFailed("precondition") unless every condition holds for object `name` at
+    """Raise RequestFailed(Code.PRECONDITION) unless every condition holds for object `name` at
     `version` (0: absent) whose checked keys hold `current` ({key: value}) and whose table has
     keys under each of `used_prefixes` (of those the request checks)."""
     if request.if_version is not None and version != request.if_version:
         state = f"at version {version:x}" if version else "absent"
-        raise RequestFailed("precondition", f"object {name!r} is {state}, not at version "
+        raise RequestFailed(Code.PRECONDITION, f"object {name!r} is {state}, not at version "
                             f"{request.if_version:x}")
     for kind, key, value in request.conditions:
         have = current.get(key)
         if kind == "absent" and have is not None:
-            raise RequestFailed("precondition", f"key {key!r} of {name!r} exists")
+            raise RequestFailed(Code.PRECONDITION, f"key {key!r} of {name!r} exists")
         if kind == "present" and have is None:
-            raise RequestFailed("precondition", f"key {key!r} of {name!r} does not exist")
+            raise RequestFailed(Code.PRECONDITION, f"key {key!r} of {name!r} does not exist")
         if kind == "equals" and have != value:
-            raise RequestFailed("precondition", f"key {key!r} of {name!r} holds another value")
+            raise RequestFailed(Code.PRECONDITION, f"key {key!r} of {name!r} holds another value")
         if kind == "none" and key in used_prefixes:
-            raise RequestFailed("precondition", f"{name!r} has keys starting with {key!r}")
+            raise RequestFailed(Code.PRECONDITION, f"{name!r} has keys starting with {key!r}")
 
 
 def parse_keys(header):

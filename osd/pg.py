@@ -46,6 +46,7 @@ import enum
 import msgpack
 
 from cairn.common import pg as pgs
+from cairn.common.codes import Code
 from cairn.native.checksum import crc32c
 
 # Log entries kept per PG (Ceph keeps 3000 by default, osd_max_pg_log_entries); trimmed in
@@ -270,7 +271,7 @@ class PgCore:
     def check_writable(self, pool_name):
         acting = self.acting
         if not acting.writable:
-            raise Refused("pool_unavailable", f"pg {self.key[0]}.{self.key[1]:x} of pool "
+            raise Refused(Code.POOL_UNAVAILABLE, f"pg {self.key[0]}.{self.key[1]:x} of pool "
                           f"{pool_name} has {len(acting.up_members)} members up, fewer than "
                           f"min_size {acting.min_size}: writes refused")
         return acting
@@ -280,9 +281,9 @@ class PgCore:
         `acting_seen`: the acting set the op was admitted under; `existed`: whether the PG
         holds the object now (see `exists`)."""
         if self.acting is not acting_seen or not self.serving:
-            raise Refused("again", "the acting set changed; retry")
+            raise Refused(Code.AGAIN, "the acting set changed; retry")
         if delete and not existed:
-            raise Refused("not_found", f"object {name!r} not found")
+            raise Refused(Code.NOT_FOUND, f"object {name!r} not found")
         version = max(pgs.make_version(epoch, 1), self.last_update + 1, self.assigned + 1)
         self.assigned = version
         self.unsettled[version] = name
@@ -358,14 +359,14 @@ class PgCore:
         """Refuse an op from a member that is not this PG's primary here, or from an epoch
         older than the last peering's."""
         if self.removing:
-            raise Refused("again", f"osd.{self.me} is deleting its stray copy of pg "
+            raise Refused(Code.AGAIN, f"osd.{self.me} is deleting its stray copy of pg "
                           f"{self.key[0]}.{self.key[1]:x}; retry")
         acting = self.acting
         if acting is None or acting.primary != sender:
-            raise Refused("wrong_primary", f"osd.{sender} is not the primary of pg "
+            raise Refused(Code.WRONG_PRIMARY, f"osd.{sender} is not the primary of pg "
                           f"{self.key[0]}.{self.key[1]:x} here")
         if epoch < self.min_epoch:
-            raise Refused("stale", f"epoch {epoch} is older than this PG's peering (epoch "
+            raise Refused(Code.STALE, f"epoch {epoch} is older than this PG's peering (epoch "
                           f"{self.min_epoch})")
 
     def query(self, epoch):

@@ -31,6 +31,7 @@ import logging
 import time
 
 from cairn.common import config, throttle
+from cairn.common.codes import Code
 from cairn.common.daemon import crash_on_error
 from cairn.common import pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
@@ -207,13 +208,13 @@ class PgRegistry:
     async def wait_active(self, key):
         pg = self.pgs.get(key)
         if pg is None:
-            raise RequestFailed("again", f"pg {key[0]}.{key[1]:x} is not known here yet")
+            raise RequestFailed(Code.AGAIN, f"pg {key[0]}.{key[1]:x} is not known here yet")
         if pg.active.is_set():
             return pg
         try:
             await asyncio.wait_for(pg.active.wait(), ACTIVE_WAIT_S_MAX)
         except TimeoutError:
-            raise RequestFailed("again", f"pg {key[0]}.{key[1]:x} is {pg.state}, not active; "
+            raise RequestFailed(Code.AGAIN, f"pg {key[0]}.{key[1]:x} is {pg.state}, not active; "
                                 "retry") from None
         return pg
 
@@ -461,12 +462,12 @@ class PgRegistry:
             return await self.daemon.service.handle(dict(header), payload)
         osd = self.daemon.monc.map.osds.get(osd_id)
         if osd is None or not osd["addr"]:
-            raise RequestFailed("again", f"osd.{osd_id} has no address")
+            raise RequestFailed(Code.AGAIN, f"osd.{osd_id} has no address")
         try:
             connection = await self.daemon.service.connections.get(osd_id, osd["addr"])
             reply = await connection.request(header, payload, timeout_s=PEER_CALL_TIMEOUT_S)
         except (ConnectionClosed, RequestTimeout) as exc:
-            raise RequestFailed("again", f"osd.{osd_id}: {exc}") from None
+            raise RequestFailed(Code.AGAIN, f"osd.{osd_id}: {exc}") from None
         return reply.header, reply.payload
 
     def header(self, pg, op, epoch, **fields):

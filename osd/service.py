@@ -43,6 +43,7 @@ import logging
 import time
 
 from cairn.common import config, messenger
+from cairn.common.codes import Code
 from cairn.common.keylocks import KeyLocks
 from cairn.common.metrics import OpLatency
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
@@ -153,18 +154,18 @@ class ObjectService:
         """The RequestFailed an op's error is answered with (the code the client library
         turns into a typed exception); `exc` itself when it is no such error."""
         if isinstance(exc, ObjectNotFound):
-            return RequestFailed("not_found", f"object {exc.name!r} not found (osd."
+            return RequestFailed(Code.NOT_FOUND, f"object {exc.name!r} not found (osd."
                                  f"{self.daemon.id}, epoch {self.map.epoch})")
         if isinstance(exc, NoSpace):
-            return RequestFailed("no_space", str(exc))
+            return RequestFailed(Code.NO_SPACE, str(exc))
         if isinstance(exc, DeviceNoSpace):
             # The device refused a write (a file device whose filesystem is full, a thin
             # volume out of room): the transaction changed nothing, the store stays usable.
-            return RequestFailed("no_space", f"osd.{self.daemon.id}: {exc}")
+            return RequestFailed(Code.NO_SPACE, f"osd.{self.daemon.id}: {exc}")
         if isinstance(exc, ChecksumError):
-            return RequestFailed("io_error", f"osd.{self.daemon.id}: {exc}")
+            return RequestFailed(Code.IO_ERROR, f"osd.{self.daemon.id}: {exc}")
         if isinstance(exc, InvalidArgument):
-            return RequestFailed("invalid", str(exc))
+            return RequestFailed(Code.INVALID, str(exc))
         if isinstance(exc, Refused):
             return RequestFailed(exc.code, f"{exc.message} (osd.{self.daemon.id}, epoch "
                                  f"{self.map.epoch})")
@@ -175,31 +176,31 @@ class ObjectService:
     async def _pg_of(self, header, as_primary=True):
         """(pool dict, PgShell) for the op's PG, after the map checks."""
         if self.map is None:
-            raise RequestFailed("again", f"osd.{self.daemon.id} is starting (no map yet)")
+            raise RequestFailed(Code.AGAIN, f"osd.{self.daemon.id} is starting (no map yet)")
         epoch = header.get("epoch", 0)
         if not isinstance(epoch, int) or epoch < 0:
-            raise RequestFailed("invalid", f"epoch must be a non-negative integer (was {epoch!r})")
+            raise RequestFailed(Code.INVALID, f"epoch must be a non-negative integer (was {epoch!r})")
         if epoch > self.map.epoch:
             try:
                 await self.daemon.monc.wait_for_epoch(epoch, timeout_s=MAP_CATCH_UP_S_MAX)
             except TimeoutError:
-                raise RequestFailed("again", f"osd.{self.daemon.id} is at epoch "
+                raise RequestFailed(Code.AGAIN, f"osd.{self.daemon.id} is at epoch "
                                     f"{self.map.epoch}, behind {epoch}; retry") from None
         cmap = self.map
         pool_id, pg_index = header.get("pool"), header.get("pg")
         pool = pgs.pool_by_id(cmap, pool_id) if isinstance(pool_id, int) else None
         if pool is None:
-            raise RequestFailed("not_found", f"no pool with id {pool_id!r} at epoch {cmap.epoch}")
+            raise RequestFailed(Code.NOT_FOUND, f"no pool with id {pool_id!r} at epoch {cmap.epoch}")
         if not isinstance(pg_index, int) or not 0 <= pg_index < pool["pg_num"]:
-            raise RequestFailed("invalid", f"pg {pg_index!r} is not in pool {pool['name']} "
+            raise RequestFailed(Code.INVALID, f"pg {pg_index!r} is not in pool {pool['name']} "
                                 f"({pool['pg_num']} PGs)")
         if pool["kind"] not in self.backends:
-            raise RequestFailed("unsupported", f"pool {pool['name']} is {pool['kind']}; this "
+            raise RequestFailed(Code.UNSUPPORTED, f"pool {pool['name']} is {pool['kind']}; this "
                                 "version serves objects in replicated pools only")
         pg = self.registry.pgs.get((pool_id, pg_index))
         acting = pg.interval[1] if pg is not None and pg.interval else None
         if as_primary and (acting is None or acting.primary != self.daemon.id):
-            raise RequestFailed("wrong_primary", f"osd.{self.daemon.id} is not the primary of "
+            raise RequestFailed(Code.WRONG_PRIMARY, f"osd.{self.daemon.id} is not the primary of "
                                 f"pg {pool_id}.{pg_index:x} at epoch {cmap.epoch} (primary: "
                                 f"{acting.primary if acting else 'elsewhere'})")
         return pool, pg
@@ -207,7 +208,7 @@ class ObjectService:
     def _name(self, header):
         name = header.get("name")
         if not isinstance(name, str) or not name:
-            raise RequestFailed("invalid", "an object name is a non-empty string")
+            raise RequestFailed(Code.INVALID, "an object name is a non-empty string")
         return name
 
     # -- object locks -------------------------------------------------------------------------------
@@ -231,7 +232,7 @@ class ObjectService:
         pool, pg = await self._pg_of(header)
         name = self._name(header)
         if len(payload) > OBJECT_SIZE_BYTES_MAX:
-            raise RequestFailed("invalid", f"object of {len(payload)} bytes is over the limit "
+            raise RequestFailed(Code.INVALID, f"object of {len(payload)} bytes is over the limit "
                                 f"({OBJECT_SIZE_BYTES_MAX}); stripe it (put_stream)")
         self._check_room(pool, pg)
         return await self._write(pool, pg, name, payload, delete=False,
@@ -244,7 +245,7 @@ class ObjectService:
         if pool.get("quota_full"):
             limits = [f"{pool[field]} {unit}" for field, unit in
                       (("max_objects", "objects"), ("max_bytes", "bytes")) if pool.get(field)]
-            raise RequestFailed("quota", f"quota exceeded: pool {pool['name']} is at its quota "
+            raise RequestFailed(Code.QUOTA, f"quota exceeded: pool {pool['name']} is at its quota "
                                 f"({' or '.join(limits) or 'reached'}); raise it with 'cairn "
                                 f"pool set-quota {pool['name']}' or delete objects")
         members = pg.acting.members if pg.acting is not None else ()
@@ -256,7 +257,7 @@ class ObjectService:
             full.append(self.daemon.id)
         if full:
             where = f"pg {pg.key[0]}.{pg.key[1]:x} of pool {pool['name']}"
-            raise RequestFailed("no_space", f"no space: {', '.join(f'osd.{m}' for m in full)} "
+            raise RequestFailed(Code.NO_SPACE, f"no space: {', '.join(f'osd.{m}' for m in full)} "
                                 f"of {where} reached the full ratio ({full_ratio:.0%}); writes "
                                 "refused, reads and deletes still work (delete data or add "
                                 "OSDs)")
@@ -295,7 +296,7 @@ class ObjectService:
         holds the object's lock; the PG must be active and writable."""
         pool = pgs.pool_by_id(self.map, pg.key[0])
         if not pg.active.is_set():
-            raise RequestFailed("again", f"pg {pg.key[0]}.{pg.key[1]:x} is {pg.state}; a "
+            raise RequestFailed(Code.AGAIN, f"pg {pg.key[0]}.{pg.key[1]:x} is {pg.state}; a "
                                 "rollback waits until it is active")
         try:
             await self._write_under_lock(pool, pg, pg.check_writable(pool["name"]), name,
@@ -483,7 +484,7 @@ class ObjectService:
     def _fast_applied(self, connection, received, task):
         if task.cancelled():
             connection.fail_fast(received, RequestFailed(
-                "again", f"osd.{self.daemon.id} is stopping; retry"))
+                Code.AGAIN, f"osd.{self.daemon.id} is stopping; retry"))
             return
         exc = task.exception()
         if exc is not None:
@@ -564,23 +565,23 @@ class ObjectService:
         if not (isinstance(ranges, list) and 0 < len(ranges) <= PG_READ_RANGES_MAX
                 and all(isinstance(r, list) and len(r) == 2 and all(
                     type(v) is int and v >= 0 for v in r) for r in ranges)):
-            raise RequestFailed("invalid", f"ranges must be a list of 1 to "
+            raise RequestFailed(Code.INVALID, f"ranges must be a list of 1 to "
                                 f"{PG_READ_RANGES_MAX} [offset, length] pairs")
         if type(shard) is not int or type(version) is not int:
-            raise RequestFailed("invalid", "a shard read names the shard and version (integers)")
+            raise RequestFailed(Code.INVALID, "a shard read names the shard and version (integers)")
         backend = self.backend(pool)
         where = f"pg {pg.key[0]}.{pg.key[1]:x}" if pg is not None else "that pg"
         if not isinstance(backend, ErasureBackend) or pg is None or pg.interval is None or \
                 pg.interval[0] != header.get("interval") or \
                 backend.position(pg, self.daemon.id) != shard:
-            raise RequestFailed("stale", f"osd.{self.daemon.id} does not serve shard {shard!r} "
+            raise RequestFailed(Code.STALE, f"osd.{self.daemon.id} does not serve shard {shard!r} "
                                 f"of {where} in interval {header.get('interval')!r}; read "
                                 "through the primary")
         await messenger.reserve_reply(sum(length for _, length in ranges))
         record, data = await backend.read_local(pg, name, [tuple(r) for r in ranges])
         found = (pgs.version_of(record.attrs), pgs.shard_of(record.attrs))
         if found != (version, shard):
-            raise RequestFailed("stale", f"osd.{self.daemon.id} holds version {found[0]} of "
+            raise RequestFailed(Code.STALE, f"osd.{self.daemon.id} holds version {found[0]} of "
                                 f"shard {found[1]} of {name!r}, not version {version} of shard "
                                 f"{shard}; read through the primary")
         self.direct_reads_total += 1
@@ -686,7 +687,7 @@ class ObjectService:
         """The PgShell, if `from` is the PG's primary in our map and the epoch is current."""
         pool, pg = await self._pg_of(header, as_primary=False)
         if pg is None:
-            raise RequestFailed("wrong_primary", f"osd.{header.get('from')} is not the primary "
+            raise RequestFailed(Code.WRONG_PRIMARY, f"osd.{header.get('from')} is not the primary "
                                 f"of pg {header.get('pool')}.{header.get('pg'):x} at epoch "
                                 f"{self.map.epoch}")
         pg.check_from_primary(header.get("from"), header.get("epoch", 0))
@@ -695,7 +696,7 @@ class ObjectService:
     def _version(self, header):
         version = header.get("version")
         if not isinstance(version, int) or version <= 0:
-            raise RequestFailed("invalid", "a replicated op carries its PG version")
+            raise RequestFailed(Code.INVALID, "a replicated op carries its PG version")
         return version
 
     async def _rep_put(self, header, payload):
@@ -709,7 +710,7 @@ class ObjectService:
         name, version = self._name(header), self._version(header)
         prior = header.get("prior", 0)
         if not isinstance(prior, int) or prior < 0:
-            raise RequestFailed("invalid", "rep_omap carries the version it applies to")
+            raise RequestFailed(Code.INVALID, "rep_omap carries the version it applies to")
         update = omap.parse_update(header).update
         await self.backend(pool).apply_omap(pg, name, version, prior, update,
                                             bool(header.get("complete")),
@@ -747,7 +748,7 @@ class ObjectService:
         pool, pg = await self._from_primary(header)
         names = header.get("names")
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            raise RequestFailed("invalid", "pg_stat needs names: a list of object names")
+            raise RequestFailed(Code.INVALID, "pg_stat needs names: a list of object names")
         versions, sizes = [], []
         for name in names:
             record = self.registry.local_record(pg, name)
@@ -764,11 +765,11 @@ class ObjectService:
                 isinstance(ranges, list) and len(ranges) <= PG_READ_RANGES_MAX
                 and all(isinstance(r, list) and len(r) == 2 and all(
                     isinstance(v, int) and v >= 0 for v in r) for r in ranges)):
-            raise RequestFailed("invalid", f"ranges must be a list of at most "
+            raise RequestFailed(Code.INVALID, f"ranges must be a list of at most "
                                 f"{PG_READ_RANGES_MAX} [offset, length] pairs")
         stash = header.get("stash")
         if stash is not None and not (isinstance(stash, str) and stash):
-            raise RequestFailed("invalid", "stash names a rollback stash entry")
+            raise RequestFailed(Code.INVALID, "stash names a rollback stash entry")
         name = self._name(header)
         record, data = await self.backend(pool).read_local(pg, name, ranges, stash)
         reply = {"version": pgs.version_of(record.attrs),
@@ -790,7 +791,7 @@ class ObjectService:
         start_after = omap.parse_listing(header)[0]
         record = self.registry.local_record(pg, name)
         if record is None or pgs.version_of(record.attrs) != header.get("version"):
-            raise RequestFailed("again", f"{name!r} changed on osd.{self.daemon.id} during "
+            raise RequestFailed(Code.AGAIN, f"{name!r} changed on osd.{self.daemon.id} during "
                                 "its recovery; retry")
         entries, more = self.store.omap_list(pg.collection, name, start_after,
                                              limit=OMAP_PAGE_ENTRIES_MAX,
@@ -809,7 +810,7 @@ class ObjectService:
         except (ObjectNotFound, CollectionNotFound):
             stat = None
         if stat is None or pgs.version_of(stat.attrs) != header.get("version"):
-            raise RequestFailed("again", f"no push of {name!r} at this version is in progress "
+            raise RequestFailed(Code.AGAIN, f"no push of {name!r} at this version is in progress "
                                 f"on osd.{self.daemon.id}; retry the recovery")
         txn = Transaction().omap_update(pg.stash_collection, temporary, update.sets)
         if header.get("final"):
@@ -827,7 +828,7 @@ class ObjectService:
             shard, geometry = header.get("shard"), header.get("ec")
             if not (isinstance(shard, int) and 0 <= shard < pool["size"] and
                     pgs.valid_geometry(geometry)):
-                raise RequestFailed("invalid", "pg_push of a shard needs shard and ec: "
+                raise RequestFailed(Code.INVALID, "pg_push of a shard needs shard and ec: "
                                     "[size, unit]")
             attrs.update(pgs.ec_attrs(shard, *geometry))
             size = self.backend(pool).shard_bytes(pg, geometry, payload)
@@ -908,7 +909,7 @@ class ObjectService:
         deep, names = bool(header.get("deep")), header.get("names")
         limit = header.get("limit", LIST_PAGE_DEFAULT)
         if not isinstance(limit, int) or not 1 <= limit <= LIST_PAGE_DEFAULT:
-            raise RequestFailed("invalid", f"limit must be within 1..{LIST_PAGE_DEFAULT}")
+            raise RequestFailed(Code.INVALID, f"limit must be within 1..{LIST_PAGE_DEFAULT}")
         following = None
         if not self.store.has_collection(pg.collection):
             names = []
@@ -918,7 +919,7 @@ class ObjectService:
                                                        limit=limit)
         elif not (isinstance(names, list) and len(names) <= LIST_PAGE_DEFAULT
                   and all(isinstance(n, str) and n for n in names)):
-            raise RequestFailed("invalid", "names must be a list of object names")
+            raise RequestFailed(Code.INVALID, "names must be a list of object names")
         entries = []
         for name in names:
             record = self.registry.local_record(pg, name)

@@ -435,3 +435,59 @@ def test_a_partitioned_leader_steps_down_and_the_majority_elects(isolated_three_
     while run(ask(entry["addr"], {"op": "hello"}))["epoch"] < target:
         assert time.monotonic() < deadline, f"{old} did not catch up after the partition"
         time.sleep(0.2)
+
+
+async def forge_raft(addr, fsid, sender, message, keyring=None):
+    """Send one Raft message as `sender` (as a broken or hostile peer would): the reply, or the
+    RequestFailed it was refused with. With `keyring`, authenticated with its mon. key."""
+    import msgpack
+    from cairn.common import auth, messenger, sessions
+    authenticate = None
+    if keyring is not None:
+        authenticate = sessions.monitor_handshake("mon.", auth.read_keyring(keyring)["mon."])
+    connection = await messenger.connect(addr, timeout_s=5, authenticate=authenticate)
+    try:
+        return await connection.request(
+            {"op": "raft", "from": sender, "addr": "127.0.0.1:1", "fsid": fsid},
+            msgpack.packb([message]), timeout_s=5)
+    except RequestFailed as exc:
+        return exc
+    finally:
+        await connection.close()
+
+
+@pytest.mark.parametrize("auth_mode", ["none", "mon. key"])
+def test_a_forged_raft_message_is_refused_and_named_in_health(local_cluster, auth_mode):
+    # Before: one APPEND in the leader's own term from another name reached an assert in the
+    # Raft core, and the messenger ended the leader with os._exit(70).
+    from cairn.mon import raft
+    cluster = local_cluster(hosts=1, mons=3,
+                            extra=("--auth", "none") if auth_mode == "none" else ())
+    keyring = None if auth_mode == "none" else os.path.join(cluster.dir, "keys", "mon.keyring")
+    leader, status = leader_of(cluster)
+    term, fsid = status["mons"]["term"], status.get("fsid")
+    addrs = {name: entry["addr"] for name, entry in mons(cluster).items()}
+    follower, other = sorted(name for name in addrs if name != leader)
+    append = {"k": raft.Kind.APPEND.value, "s": follower, "t": leader, "T": term}
+    refused = run(forge_raft(addrs[leader], fsid, follower, append, keyring))
+    assert isinstance(refused, RequestFailed) and refused.code == "invalid", refused
+    assert "two leaders in term" in refused.message, refused.message
+    # A follower refuses a heartbeat from a second leader too, and tells the leader.
+    beat = {"k": raft.Kind.HEARTBEAT.value, "s": other, "t": follower, "T": term}
+    refused = run(forge_raft(addrs[follower], fsid, other, beat, keyring))
+    assert isinstance(refused, RequestFailed) and f"{leader} leads it" in refused.message
+    assert is_ours(mons(cluster)[leader]["pid"], cluster.dir), "the leader died"
+    deadline = time.monotonic() + 15
+    while True:
+        _, detail = cluster.cairn("health", "detail")
+        check = detail["checks"].get("MON_PEER_INVALID")
+        lines = " ".join(check["detail"]) if check else ""
+        if f"{leader} refused" in lines and f"{follower} refused" in lines:
+            break
+        assert time.monotonic() < deadline, f"MON_PEER_INVALID incomplete: {check}"
+        time.sleep(0.5)
+    assert follower in check["summary"] and other in check["summary"], check
+    assert check["severity"] == "HEALTH_WARN" and "two leaders" in lines, check
+    # The monitors keep serving: the same leader commits a map change.
+    cluster.cairn("pool", "create", "after-forgery", "--replicated", "1")
+    assert leader_of(cluster)[0] == leader

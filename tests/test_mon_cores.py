@@ -6,7 +6,7 @@ import pytest
 
 from cairn.common import config
 from cairn.common.clustermap import ClusterMap, Incremental
-from cairn.mon import health
+from cairn.mon import health, peerguard
 from cairn.mon.failure import NS_PER_S, FailureDetector
 from cairn.mon.store import FULL_MAP_EVERY_EPOCHS, LOG_EPOCHS_KEPT, MonStore, MonStoreError, mkfs
 from cairn.osd.heartbeat import PeerWatch, choose_peers
@@ -323,3 +323,46 @@ def test_mon_store_keeps_the_health_history_through_reopen_snapshot_and_install(
     follower.apply_history(8, [event("X", "raised", 9.0)])
     assert [e["check"] for e in follower.events()] == ["OSD_DOWN", "SLOW_OPS", "X"]
     follower.close()
+
+
+def test_refused_raft_messages_raise_mon_peer_invalid_until_they_age_out():
+    findings = peerguard.Findings()
+    assert findings.check(0.0) is None
+    findings.record("mon.0", "mon.1", "append", "two leaders in term 3: this member leads it", 10.0)
+    findings.record("mon.0", "mon.1", "append", "two leaders in term 3: this member leads it", 11.0)
+    check = findings.check(12.0)
+    assert check["severity"] == health.WARN and "mon.1" in check["summary"]
+    assert check["detail"] == ["mon.0 refused 2 raft message(s) from mon.1, the last 1 s ago "
+                               "(append): two leaders in term 3: this member leads it"]
+    # A follower's findings travel to the leader once, and the leader shows them.
+    follower = peerguard.Findings()
+    follower.record("mon.2", "mon.9", "vote_response", "a vote from mon.9, not a member", 11.0)
+    reports = follower.pending()
+    assert follower.pending() == []
+    findings.merge(reports, 12.0)
+    assert "mon.9" in findings.check(12.0)["summary"]
+    for bad in ("x", [{"reporter": "mon.2"}], [1], [{}] * (peerguard.FINDINGS_MAX + 1)):
+        with pytest.raises(ValueError):
+            findings.merge(bad, 12.0)
+    assert findings.check(12.0 + peerguard.SHOWN_S + 1) is None
+    # A flood of forged names costs bounded memory, and long names are clipped.
+    for n in range(peerguard.FINDINGS_MAX * 3):
+        findings.record("mon.0", f"mon.forged{n}" + "x" * 10_000, "append", "r" * 10_000, 20.0)
+    check = findings.check(20.0)
+    assert len(check["detail"]) == peerguard.FINDINGS_MAX
+    assert max(map(len, check["detail"])) < 3 * peerguard.TEXT_BYTES_MAX
+
+
+def test_every_error_code_has_one_meaning_and_unknown_words_are_protocol_errors():
+    from cairn.common import codes, errors
+    assert set(codes.MEANINGS) == set(codes.Code)
+    for code, meaning in codes.MEANINGS.items():
+        assert codes.parse(str(code)) is code and code == code.value
+        assert issubclass(meaning.error, errors.ClientError)
+    assert codes.parse("a_newer_code") == "a_newer_code"
+    assert codes.meaning("a_newer_code").error is errors.ProtocolError
+    assert not codes.meaning("a_newer_code").retryable
+    retried = {code for code, meaning in codes.MEANINGS.items() if meaning.retryable}
+    assert {codes.Code.WRONG_PRIMARY, codes.Code.STALE, codes.Code.AGAIN} <= retried
+    assert codes.meaning(codes.Code.AGAIN).may_have_applied
+    assert not codes.meaning(codes.Code.WRONG_PRIMARY).may_have_applied

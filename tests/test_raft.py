@@ -20,7 +20,8 @@ import pytest
 
 from cairn.mon import raft
 from cairn.mon.raft import (CONF, DATA, ChangeRefused, Entry, HardState, Kind, Message,
-                            NotLeader, Raft, RaftError, Restored, Role, Snapshot)
+                            NotLeader, PeerInvalid, Raft, RaftError, Restored, Role,
+                            Snapshot)
 
 pytestmark = pytest.mark.unit
 
@@ -222,6 +223,86 @@ def test_read_index_waits_for_a_heartbeat_round_from_a_majority():
     assert deliver_all(nodes, beats[:1])["reads"] == [(7, leader.commit)]
     with pytest.raises(NotLeader):
         nodes["mon.1"].read_index(8)
+
+
+def elected_three():
+    """Three cores, mon.0 leading term 1 with entries 1-2 committed everywhere."""
+    nodes = {name: make(name, seed=i) for i, name in enumerate(MEMBERS)}
+    elect(nodes, "mon.0")
+    nodes["mon.0"].propose(b"x")
+    deliver_all(nodes, nodes["mon.0"].ready().messages)
+    for _ in range(nodes["mon.0"].config.heartbeat_ticks):
+        nodes["mon.0"].tick()
+    deliver_all(nodes, nodes["mon.0"].ready().messages)
+    assert all(node.commit == 2 for node in nodes.values())
+    return nodes
+
+
+def refused(node, m):
+    """Step `m`, expect PeerInvalid naming the sender, and check the core changed nothing."""
+    before = (node.term, node.vote, node.commit, node.role, node.leader, list(node.log))
+    with pytest.raises(PeerInvalid) as caught:
+        node.step(m)
+    assert caught.value.sender == m.source and caught.value.kind is m.kind
+    assert (node.term, node.vote, node.commit, node.role, node.leader, list(node.log)) == before
+    assert not node.ready()
+    return caught.value.reason
+
+
+def test_a_second_leader_in_the_same_term_is_refused_by_the_leader_and_its_followers():
+    nodes = elected_three()
+    leader, follower = nodes["mon.0"], nodes["mon.2"]
+    for kind in (Kind.APPEND, Kind.HEARTBEAT):
+        assert "two leaders in term 1" in refused(leader, Message(kind, "mon.1", "mon.0", 1))
+        assert "mon.0 leads it" in refused(follower, Message(kind, "mon.1", "mon.2", 1))
+    snapshot = Message(Kind.SNAPSHOT, "mon.1", "mon.0", 1, snapshot=Snapshot(2, 1, MEMBERS))
+    refused(leader, snapshot)
+    assert leader.role is Role.LEADER
+    # The leader goes on: a proposal still commits.
+    leader.propose(b"y")
+    deliver_all(nodes, leader.ready().messages)
+    assert leader.commit == 3
+
+
+def test_an_append_that_contradicts_a_committed_entry_is_refused():
+    nodes = elected_three()
+    follower = nodes["mon.1"]
+    forged = Message(Kind.APPEND, "mon.0", "mon.1", 1, index=0, log_term=0,
+                     entries=(Entry(1, 1, DATA, b"a"), Entry(0, 2, DATA, b"b")), commit=2)
+    assert "contradicts the committed one" in refused(follower, forged)
+    ahead = Message(Kind.APPEND, "mon.0", "mon.1", 1, index=2, log_term=1,
+                    entries=(Entry(5, 3, DATA, b"c"),))
+    assert "beyond the sender's term" in refused(follower, ahead)
+    snap = Message(Kind.SNAPSHOT, "mon.0", "mon.1", 1, snapshot=Snapshot(2, 0, MEMBERS))
+    assert "contradicts the committed entry" in refused(follower, snap)
+
+
+def test_a_leader_refuses_acknowledgements_of_what_it_never_sent():
+    # Before the check, this reached `assert commit <= self.last_index` and ended the monitor.
+    nodes = elected_three()
+    leader = nodes["mon.0"]
+    ack = Message(Kind.APPEND_RESPONSE, "mon.1", "mon.0", 1, index=99)
+    assert "log ends at 2" in refused(leader, ack)
+    read = Message(Kind.HEARTBEAT_RESPONSE, "mon.1", "mon.0", 1, context=7)
+    assert "read round 7" in refused(leader, read)
+
+
+def test_a_vote_from_a_non_member_and_a_handover_from_a_non_leader_are_refused():
+    node = make("mon.0")
+    for _ in range(node.timeout):
+        node.tick()
+    node.step(Message(Kind.PRE_VOTE_RESPONSE, "mon.1", "mon.0", 1))
+    assert node.role is Role.CANDIDATE
+    node.ready()
+    vote = Message(Kind.VOTE_RESPONSE, "mon.9", "mon.0", 1)
+    assert "not a member" in refused(node, vote)
+    assert node.role is Role.CANDIDATE                      # one vote of mon.9 made no leader
+    nodes = elected_three()
+    follower = nodes["mon.2"]
+    assert "does not lead" in refused(follower, Message(Kind.TIMEOUT_NOW, "mon.1", "mon.2", 1))
+    assert "never heard led" in refused(follower,
+                                        Message(Kind.TIMEOUT_NOW, "mon.0", "mon.2", 5))
+    assert follower.term == 1 and follower.role is Role.FOLLOWER
 
 
 def test_wire_form_round_trips_and_rejects_garbage():
