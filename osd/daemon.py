@@ -28,7 +28,7 @@ from cairn.osd.netprobe import NetProber, probe_targets
 from cairn.common.daemon import crash_on_error
 from cairn.osd.pgs import PgRegistry
 from cairn.osd.scrubber import Scrubber
-from cairn.osd.service import ObjectService
+from cairn.osd.service import OPS, ObjectService
 from cairn.osd.store import Store
 
 log = logging.getLogger("cairn.osd")
@@ -194,7 +194,9 @@ class OsdDaemon:
 
     async def handle(self, peer, received):
         op = received.header.get("op")
-        if op not in ObjectService.OPS:
+        if type(op) is not str:
+            raise RequestFailed(Code.INVALID, f"a request names its op (a string), not {op!r}")
+        if op not in OPS:
             access.check(peer, self.monc.map, received.header)   # OSDs and admins only
         if op == "ping":
             return {"id": self.id, "epoch": self.monc.map.epoch if self.monc.map else 0}, b""
@@ -225,7 +227,7 @@ class OsdDaemon:
                     # the device's pool is the receive pool (start): the same figures
                     "receive_buffers": store["device"]["buffers"],
                     "reported": sorted(self._watch.reported)}, b""
-        if op in ObjectService.OPS:
+        if op in OPS:
             audited = op in access.WRITE_OPS
             try:
                 listing = access.check(peer, self.monc.map, received.header)

@@ -37,38 +37,36 @@ condition failed), unsupported.
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
 import time
 
-from cairn.common import config, messenger
+from cairn.common import config, messenger, pg as pgs
 from cairn.common.codes import Code
 from cairn.common.keylocks import KeyLocks
-from cairn.common.metrics import OpLatency
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
-from cairn.common import pg as pgs
-from cairn.common.limits import OMAP_PAGE_ENTRIES_MAX
-from cairn.osd import omap
-from cairn.osd import access
-from cairn.osd.backend import (OMAP_PAGE_BYTES, PUSH_PREFIX, ZERO_COPY_READ_BYTES_MIN,
-                               ErasureBackend, ReplicatedBackend, slow_osds)
-from cairn.osd.errors import (ChecksumError, CollectionNotFound, InvalidArgument, NoSpace,
-                              ObjectNotFound)
-from cairn.native.checksum import crc32c
-from cairn.native.errors import DeviceNoSpace
+from cairn.common.metrics import OpLatency
+from cairn.native.errors import DeviceError, DeviceNoSpace
+from cairn.osd import access, member_ops, omap
+from cairn.osd.backend import (ZERO_COPY_READ_BYTES_MIN, ErasureBackend, ReplicatedBackend,
+                               slow_osds)
+from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound, StoreError
 from cairn.osd.pg import Refused, merge_missing
-from cairn.osd.store import Transaction
+from cairn.osd.request import LIST_PAGE_DEFAULT, byte_ranges, object_name
 
 log = logging.getLogger("cairn.osd")
 
 # How long an op waits for this OSD's map to reach the epoch its sender already has.
 MAP_CATCH_UP_S_MAX = 3.0
-LIST_PAGE_DEFAULT = 1000
-# Byte ranges one pg_read may ask for (a healthy EC read of a 64 MiB object over 4 MiB stripes
-# asks each data shard for 16).
-PG_READ_RANGES_MAX = 1024
+# The code a store or device error is answered with. DeviceNoSpace: the device refused a write
+# (a file device whose filesystem is full, a thin volume out of room); the transaction changed
+# nothing and the store stays usable.
+ERROR_CODES = ((ObjectNotFound, Code.NOT_FOUND), (NoSpace, Code.NO_SPACE),
+               (DeviceNoSpace, Code.NO_SPACE), (ChecksumError, Code.IO_ERROR),
+               (InvalidArgument, Code.INVALID))
 
 
 class ObjectService:
@@ -106,30 +104,17 @@ class ObjectService:
 
     # -- dispatch ---------------------------------------------------------------------------------
 
-    OPS = ("put", "get", "stat", "delete", "list", "omap", "omap_get", "omap_list", "rep_put",
-           "rep_delete", "rep_omap", "pg_query", "pg_list", "pg_log", "pg_stat", "pg_read",
-           "pg_push", "pg_omap", "pg_push_omap", "pg_remove", "pg_mark", "pg_info", "pg_scrub",
-           "pg_scrub_local", "pg_versions", "shard_read")
-
-    CLIENT_OPS = frozenset(("put", "get", "stat", "delete", "list", "omap", "omap_get",
-                            "omap_list", "shard_read"))
-
-    # Ops that change nothing: a lost connection cancels them. Every other op runs to its end
-    # (messenger.finish_even_if_lost): the store and the PG's record of it stay in step.
-    READ_ONLY_OPS = frozenset(("get", "stat", "list", "omap_get", "omap_list", "shard_read",
-                               "pg_query", "pg_list", "pg_log", "pg_stat", "pg_read", "pg_info",
-                               "pg_versions"))
-
     def ops_older_than(self, age_s):
         """How many client ops in progress started more than `age_s` ago."""
         oldest = time.monotonic() - age_s
         return sum(1 for started in self._started.values() if started < oldest)
 
     async def handle(self, header, payload):
-        op = header["op"]
-        if op not in self.READ_ONLY_OPS:
+        """Answer one op of `OPS` (the daemon checked the name and the peer's access)."""
+        op = OPS[header["op"]]
+        if not op.read_only:
             messenger.finish_even_if_lost()
-        if op not in self.CLIENT_OPS:
+        if not op.client:
             return await self._handle(op, header, payload)
         serial = next(self._serial)
         started_ns = time.monotonic_ns()
@@ -141,39 +126,29 @@ class ObjectService:
             return reply, data
         finally:
             del self._started[serial]
-            self.op_latency.record(op, time.monotonic_ns() - started_ns)
+            self.op_latency.record(op.name, time.monotonic_ns() - started_ns)
 
     async def _handle(self, op, header, payload):
         try:
-            return await getattr(self, f"_{op}")(header, payload)
+            return await op.handler(self, header, payload)
         except (ObjectNotFound, NoSpace, DeviceNoSpace, ChecksumError, InvalidArgument,
                 Refused) as exc:
             raise self._failure(exc) from None
 
     def _failure(self, exc):
-        """The RequestFailed an op's error is answered with (the code the client library
-        turns into a typed exception); `exc` itself when it is no such error."""
-        if isinstance(exc, ObjectNotFound):
-            return RequestFailed(Code.NOT_FOUND, f"object {exc.name!r} not found (osd."
-                                 f"{self.daemon.id}, epoch {self.map.epoch})")
-        if isinstance(exc, NoSpace):
-            return RequestFailed(Code.NO_SPACE, str(exc))
-        if isinstance(exc, DeviceNoSpace):
-            # The device refused a write (a file device whose filesystem is full, a thin
-            # volume out of room): the transaction changed nothing, the store stays usable.
-            return RequestFailed(Code.NO_SPACE, f"osd.{self.daemon.id}: {exc}")
-        if isinstance(exc, ChecksumError):
-            return RequestFailed(Code.IO_ERROR, f"osd.{self.daemon.id}: {exc}")
-        if isinstance(exc, InvalidArgument):
-            return RequestFailed(Code.INVALID, str(exc))
+        """The RequestFailed an op's error is answered with (`ERROR_CODES`; the client library
+        turns the code into a typed exception); `exc` itself when it is no such error."""
+        epoch = self.map.epoch if self.map is not None else 0
         if isinstance(exc, Refused):
-            return RequestFailed(exc.code, f"{exc.message} (osd.{self.daemon.id}, epoch "
-                                 f"{self.map.epoch})")
+            return RequestFailed(exc.code, f"{exc.message} (osd.{self.daemon.id}, epoch {epoch})")
+        for kind, code in ERROR_CODES:
+            if isinstance(exc, kind):
+                return RequestFailed(code, f"osd.{self.daemon.id}: {exc} (epoch {epoch})")
         return exc
 
     # -- map checks -------------------------------------------------------------------------------
 
-    async def _pg_of(self, header, as_primary=True):
+    async def pg_of(self, header, as_primary=True):
         """(pool dict, PgShell) for the op's PG, after the map checks."""
         if self.map is None:
             raise RequestFailed(Code.AGAIN, f"osd.{self.daemon.id} is starting (no map yet)")
@@ -205,12 +180,6 @@ class ObjectService:
                                 f"{acting.primary if acting else 'elsewhere'})")
         return pool, pg
 
-    def _name(self, header):
-        name = header.get("name")
-        if not isinstance(name, str) or not name:
-            raise RequestFailed(Code.INVALID, "an object name is a non-empty string")
-        return name
-
     # -- object locks -------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
@@ -229,8 +198,8 @@ class ObjectService:
     # -- primary ops --------------------------------------------------------------------------------
 
     async def _put(self, header, payload):
-        pool, pg = await self._pg_of(header)
-        name = self._name(header)
+        pool, pg = await self.pg_of(header)
+        name = object_name(header)
         if len(payload) > OBJECT_SIZE_BYTES_MAX:
             raise RequestFailed(Code.INVALID, f"object of {len(payload)} bytes is over the limit "
                                 f"({OBJECT_SIZE_BYTES_MAX}); stripe it (put_stream)")
@@ -263,8 +232,8 @@ class ObjectService:
                                 "OSDs)")
 
     async def _delete(self, header, payload):
-        pool, pg = await self._pg_of(header)
-        return await self._write(pool, pg, self._name(header), None, delete=True)
+        pool, pg = await self.pg_of(header)
+        return await self._write(pool, pg, object_name(header), None, delete=True)
 
     async def _write(self, pool, pg, name, payload, delete, manifest=False):
         acting = pg.check_writable(pool["name"])
@@ -305,8 +274,8 @@ class ObjectService:
             raise RequestFailed(exc.code, exc.message) from None
 
     async def _get(self, header, payload):
-        pool, pg = await self._pg_of(header)
-        name = self._name(header)
+        pool, pg = await self.pg_of(header)
+        name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
         # Room for the reply first (before any lock): a peer that leaves its replies unread
         # waits here, holding nothing of ours.
@@ -354,16 +323,17 @@ class ObjectService:
         """(map, PgShell) of a request a fast path may take: this OSD's map is at least the
         sender's epoch, the peer may send it (access.check), the pool is replicated and the
         PG is known here (and, `as_primary`, active with this OSD its primary); else None.
-        Raises on malformed fields (the caller then declines the request)."""
+        Raises RequestFailed when the peer may not send it (the caller then declines the
+        request, and the usual path answers the refusal)."""
         cmap = self.map
         epoch = header.get("epoch", 0)
         if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
             return None
         access.check(connection.peer, cmap, header)
-        pool = pgs.pool_by_id(cmap, header.get("pool"))
-        if pool is None or pool["kind"] != "replicated":
+        pool, pg_index = pgs.pool_by_id(cmap, header.get("pool")), header.get("pg")
+        if pool is None or pool["kind"] != "replicated" or type(pg_index) is not int:
             return None
-        pg = self.registry.pgs.get((pool["id"], header.get("pg")))
+        pg = self.registry.pgs.get((pool["id"], pg_index))
         if pg is None or as_primary and (not pg.interval or
                                          pg.interval[1].primary != self.daemon.id or
                                          not pg.active.is_set()):
@@ -394,8 +364,8 @@ class ObjectService:
                 return False
             self._check_room(pool, pg)
             acting = pg.check_writable(pool["name"])
-        except Exception:
-            return False
+        except (RequestFailed, Refused):
+            return False                # refused: `_put` makes the same checks and answers
         manifest = bool(header.get("manifest"))
         self._object_locks.take(key)
         serial = next(self._serial)
@@ -467,8 +437,8 @@ class ObjectService:
                     not self.store.has_collection(pg.log_collection):
                 return False
             pg.check_from_primary(header.get("from"), header.get("epoch", 0))
-        except Exception:
-            return False
+        except (RequestFailed, Refused):
+            return False                # refused: `_rep_put` makes the same checks and answers
         complete = bool(header.get("complete"))
         try:
             txn = self.backends["replicated"].transaction(
@@ -520,8 +490,8 @@ class ObjectService:
             pending = self.store.begin_read(pg.collection, name, offset, length)
             if pending is None:
                 return False
-        except Exception:
-            return False
+        except (RequestFailed, StoreError, DeviceError):
+            return False                # refused or failed: `_get` reads again and answers
         reserved = pending.length
         if not connection.reserve_now(reserved):
             self.store.abandon_read(pending)
@@ -542,7 +512,7 @@ class ObjectService:
         del self._started[serial]
         try:
             data, data_crc = self.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN)
-        except Exception:
+        except (StoreError, DeviceError):
             connection.fall_back(received, reserved)      # read around a damaged copy, errors
             return
         record = pending.record
@@ -559,14 +529,10 @@ class ObjectService:
         `version` and PG `interval` its primary gave it in a direct read plan (`_get` with
         `direct`). Refused as `stale` when this member's shard is not that version or the PG
         has moved to another interval: the client then reads through the primary."""
-        pool, pg = await self._pg_of(header, as_primary=False)
-        name = self._name(header)
-        ranges, shard, version = header.get("ranges"), header.get("shard"), header.get("version")
-        if not (isinstance(ranges, list) and 0 < len(ranges) <= PG_READ_RANGES_MAX
-                and all(isinstance(r, list) and len(r) == 2 and all(
-                    type(v) is int and v >= 0 for v in r) for r in ranges)):
-            raise RequestFailed(Code.INVALID, f"ranges must be a list of 1 to "
-                                f"{PG_READ_RANGES_MAX} [offset, length] pairs")
+        pool, pg = await self.pg_of(header, as_primary=False)
+        name = object_name(header)
+        ranges = byte_ranges(header, required=True)
+        shard, version = header.get("shard"), header.get("version")
         if type(shard) is not int or type(version) is not int:
             raise RequestFailed(Code.INVALID, "a shard read names the shard and version (integers)")
         backend = self.backend(pool)
@@ -588,8 +554,8 @@ class ObjectService:
         return {"version": version}, data
 
     async def _stat(self, header, payload):
-        pool, pg = await self._pg_of(header)
-        name = self._name(header)
+        pool, pg = await self.pg_of(header)
+        name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
         if name in pg.missing:
             async with self.object_lock(pg.collection, name):
@@ -602,7 +568,7 @@ class ObjectService:
                 "omap": getattr(record, "omap", False), **extra}, b""
 
     async def _list(self, header, payload):
-        pool, pg = await self._pg_of(header)
+        pool, pg = await self.pg_of(header)
         pg = await self.registry.wait_active(pg.key)
         prefix, start_after = header.get("prefix", ""), header.get("start_after")
         limit = header.get("limit", LIST_PAGE_DEFAULT)
@@ -619,8 +585,8 @@ class ObjectService:
     async def _omap(self, header, payload):
         """Change an object's omap if its conditions hold (osd/omap.py), on every member;
         `create`: make the object (empty) if it is absent."""
-        pool, pg = await self._pg_of(header)
-        name = self._name(header)
+        pool, pg = await self.pg_of(header)
+        name = object_name(header)
         request = omap.parse_update(header)
         if request.update.sets:
             self._check_room(pool, pg)
@@ -656,8 +622,8 @@ class ObjectService:
 
     async def _omap_read(self, header, read):
         """`read(pg, name)` under the object's lock, once the primary's copy is current."""
-        pool, pg = await self._pg_of(header)
-        name = self._name(header)
+        pool, pg = await self.pg_of(header)
+        name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
         async with self.object_lock(pg.collection, name):
             await self.registry.recover_now(pg, name)
@@ -681,283 +647,51 @@ class ObjectService:
             return {"entries": [list(pair) for pair in entries], "more": more}
         return await self._omap_read(header, page)
 
-    # -- replica ops ------------------------------------------------------------------------------
-
-    async def _from_primary(self, header):
-        """The PgShell, if `from` is the PG's primary in our map and the epoch is current."""
-        pool, pg = await self._pg_of(header, as_primary=False)
-        if pg is None:
-            raise RequestFailed(Code.WRONG_PRIMARY, f"osd.{header.get('from')} is not the primary "
-                                f"of pg {header.get('pool')}.{header.get('pg'):x} at epoch "
-                                f"{self.map.epoch}")
-        pg.check_from_primary(header.get("from"), header.get("epoch", 0))
-        return pool, pg
-
-    def _version(self, header):
-        version = header.get("version")
-        if not isinstance(version, int) or version <= 0:
-            raise RequestFailed(Code.INVALID, "a replicated op carries its PG version")
-        return version
-
-    async def _rep_put(self, header, payload):
-        return await self._replicated_write(header, payload, delete=False)
-
-    async def _rep_delete(self, header, payload):
-        return await self._replicated_write(header, payload, delete=True)
-
-    async def _rep_omap(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        name, version = self._name(header), self._version(header)
-        prior = header.get("prior", 0)
-        if not isinstance(prior, int) or prior < 0:
-            raise RequestFailed(Code.INVALID, "rep_omap carries the version it applies to")
-        update = omap.parse_update(header).update
-        await self.backend(pool).apply_omap(pg, name, version, prior, update,
-                                            bool(header.get("complete")),
-                                            log_only=bool(header.get("log_only")))
-        return {}, b""
-
-    async def _replicated_write(self, header, payload, delete):
-        pool, pg = await self._from_primary(header)
-        self._name(header)                  # both checked before the backend reads them
-        self._version(header)
-        await self.backend(pool).apply_message(pg, header, payload, delete)
-        return {}, b""
-
-    # -- peering and recovery ops -------------------------------------------------------------------
-
-    async def _pg_query(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        self.registry.load_log(pg)
-        return {"last_update": pg.query(header.get("epoch", 0)),
-                "complete_to": pg.complete_to}, b""
-
-    async def _pg_list(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        entries, following = self.registry.listing(pg, header.get("start_after"),
-                                                   header.get("limit", LIST_PAGE_DEFAULT),
-                                                   as_target=bool(header.get("as_target")))
-        self.registry.load_log(pg)
-        return {"entries": entries, "next": following, "last_update": pg.last_update}, b""
-
-    async def _pg_log(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        return pg.log_summary(self.registry.log_entries(pg)), b""
-
-    async def _pg_stat(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        names = header.get("names")
-        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            raise RequestFailed(Code.INVALID, "pg_stat needs names: a list of object names")
-        versions, sizes = [], []
-        for name in names:
-            record = self.registry.local_record(pg, name)
-            versions.append(pgs.version_of(record.attrs) if record else None)
-            sizes.append(record.size if record else 0)
-        return {"versions": versions, "sizes": sizes}, b""
-
-    async def _pg_read(self, header, payload):
-        """This member's copy or shard: whole, or the byte `ranges` [[offset, length], ...]
-        one after another (none: its attributes only)."""
-        pool, pg = await self._from_primary(header)
-        ranges = header.get("ranges")
-        if ranges is not None and not (
-                isinstance(ranges, list) and len(ranges) <= PG_READ_RANGES_MAX
-                and all(isinstance(r, list) and len(r) == 2 and all(
-                    isinstance(v, int) and v >= 0 for v in r) for r in ranges)):
-            raise RequestFailed(Code.INVALID, f"ranges must be a list of at most "
-                                f"{PG_READ_RANGES_MAX} [offset, length] pairs")
-        stash = header.get("stash")
-        if stash is not None and not (isinstance(stash, str) and stash):
-            raise RequestFailed(Code.INVALID, "stash names a rollback stash entry")
-        name = self._name(header)
-        record, data = await self.backend(pool).read_local(pg, name, ranges, stash)
-        reply = {"version": pgs.version_of(record.attrs),
-                 "manifest": pgs.MANIFEST_ATTR in record.attrs}
-        if header.get("omap") and record.omap and stash is None:
-            entries, more = self.store.omap_list(pg.collection, name, limit=OMAP_PAGE_ENTRIES_MAX,
-                                                 max_bytes=OMAP_PAGE_BYTES)
-            reply.update(omap=[list(pair) for pair in entries], omap_more=more)
-        if pgs.SHARD_ATTR in record.attrs:
-            reply["shard"] = pgs.shard_of(record.attrs)
-            reply["ec"] = list(pgs.ec_geometry(record.attrs))
-        return reply, data
-
-    async def _pg_omap(self, header, payload):
-        """A further page of this member's omap of an object, for a recovery push; refused
-        when the copy is no longer at `version`."""
-        pool, pg = await self._from_primary(header)
-        name = self._name(header)
-        start_after = omap.parse_listing(header)[0]
-        record = self.registry.local_record(pg, name)
-        if record is None or pgs.version_of(record.attrs) != header.get("version"):
-            raise RequestFailed(Code.AGAIN, f"{name!r} changed on osd.{self.daemon.id} during "
-                                "its recovery; retry")
-        entries, more = self.store.omap_list(pg.collection, name, start_after,
-                                             limit=OMAP_PAGE_ENTRIES_MAX,
-                                             max_bytes=OMAP_PAGE_BYTES)
-        return {"entries": [list(pair) for pair in entries], "more": more}, b""
-
-    async def _pg_push_omap(self, header, payload):
-        """A further page of a pushed object's omap; the last one moves the object into
-        place."""
-        pool, pg = await self._from_primary(header)
-        name = self._name(header)
-        temporary = PUSH_PREFIX + name
-        update = omap.parse_update({"set": header.get("omap", [])}).update
-        try:
-            stat = self.store.stat(pg.stash_collection, temporary)
-        except (ObjectNotFound, CollectionNotFound):
-            stat = None
-        if stat is None or pgs.version_of(stat.attrs) != header.get("version"):
-            raise RequestFailed(Code.AGAIN, f"no push of {name!r} at this version is in progress "
-                                f"on osd.{self.daemon.id}; retry the recovery")
-        txn = Transaction().omap_update(pg.stash_collection, temporary, update.sets)
-        if header.get("final"):
-            txn.rename(pg.stash_collection, temporary, pg.collection, name)
-        await self.store.apply(txn)
-        return {}, b""
-
-    async def _pg_push(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        await self.registry.ensure_collections(pg, stash=bool(header.get("partial")))
-        attrs = {pgs.VERSION_ATTR: pgs.version_bytes(self._version(header))}
-        if header.get("manifest"):
-            attrs[pgs.MANIFEST_ATTR] = b"1"
-        if pool["kind"] == "erasure":
-            shard, geometry = header.get("shard"), header.get("ec")
-            if not (isinstance(shard, int) and 0 <= shard < pool["size"] and
-                    pgs.valid_geometry(geometry)):
-                raise RequestFailed(Code.INVALID, "pg_push of a shard needs shard and ec: "
-                                    "[size, unit]")
-            attrs.update(pgs.ec_attrs(shard, *geometry))
-            size = self.backend(pool).shard_bytes(pg, geometry, payload)
-        else:
-            size = None
-        name = self._name(header)
-        update = omap.parse_update({"set": header.get("omap") or []}).update
-        collection, target = pg.collection, name
-        if header.get("partial"):                   # more omap pages follow (pg_push_omap)
-            collection, target = pg.stash_collection, PUSH_PREFIX + name
-        txn = Transaction().put(collection, target, payload, attrs=attrs, size=size)
-        if update.sets:
-            txn.omap_update(collection, target, update.sets)
-        await self.store.apply(txn)
-        return {}, b""
-
-    async def _pg_remove(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        try:
-            await self.store.apply(Transaction().delete(pg.collection, self._name(header)))
-        except ObjectNotFound:
-            pass
-        return {}, b""
-
-    async def _pg_mark(self, header, payload):
-        pool, pg = await self._from_primary(header)
-        version = self._version(header) if header.get("version") else 0
-        if version:
-            await self.registry.ensure_collections(pg)
-            txn = Transaction()
-            self.registry.mark_ops(pg, txn, version)
-            await self.store.apply(txn, then=lambda: pg.marked(version))
-        return {}, b""
-
-    async def _pg_versions(self, header, payload):
-        """Every version of one object this member holds: its current copy or shard and its
-        rollback stash entries (erasure-coded PGs), for a rollback decision."""
-        pool, pg = await self._from_primary(header)
-        name = self._name(header)
-        held = []
-        record = self.registry.local_record(pg, name)
-        if record is not None:
-            held.append(self._held(record.attrs))
-        if pool["kind"] == "erasure":
-            self.registry.load_stash(pg)    # with acked_seen, kept in the log over restarts
-            for entry in pg.stash_of(name):
-                try:
-                    attrs = self.store.stat(pg.stash_collection, entry).attrs
-                except ObjectNotFound:
-                    continue
-                replaced_by = pgs.parse_stash_entry(entry)[0]
-                if pgs.ABSENT_ATTR in attrs:
-                    held.append({"absent": True, "replaced_by": replaced_by})
-                else:
-                    held.append({**self._held(attrs), "entry": entry,
-                                 "replaced_by": replaced_by})
-        return {"held": held, "acked_seen": pg.acked_seen}, b""
-
-    @staticmethod
-    def _held(attrs):
-        geometry = pgs.ec_geometry(attrs) if pgs.EC_ATTR in attrs else None
-        return {"version": pgs.version_of(attrs), "shard": pgs.shard_of(attrs),
-                "ec": list(geometry) if geometry else None,
-                "manifest": pgs.MANIFEST_ATTR in attrs}
-
-    async def _pg_scrub(self, header, payload):
-        """Scrub one PG (on its primary): {deep, repair} -> the PG's report (osd/scrub.py)."""
-        pool, pg = await self._pg_of(header)
-        report = await self.daemon.scrubber.scrub_pg(pg, bool(header.get("deep")),
-                                                     bool(header.get("repair")))
-        return report, b""
-
-    async def _pg_scrub_local(self, header, payload):
-        """This member's copy of the PG for a scrub, a page at a time: [name, version, shard,
-        size, crc32c or None, damaged] per object; with `deep` every object is read whole
-        (the store checks each 4 KiB). `names`: only these."""
-        pool, pg = await self._from_primary(header)
-        deep, names = bool(header.get("deep")), header.get("names")
-        limit = header.get("limit", LIST_PAGE_DEFAULT)
-        if not isinstance(limit, int) or not 1 <= limit <= LIST_PAGE_DEFAULT:
-            raise RequestFailed(Code.INVALID, f"limit must be within 1..{LIST_PAGE_DEFAULT}")
-        following = None
-        if not self.store.has_collection(pg.collection):
-            names = []
-        elif names is None:
-            names, following = self.store.list_objects(pg.collection,
-                                                       start_after=header.get("start_after"),
-                                                       limit=limit)
-        elif not (isinstance(names, list) and len(names) <= LIST_PAGE_DEFAULT
-                  and all(isinstance(n, str) and n for n in names)):
-            raise RequestFailed(Code.INVALID, "names must be a list of object names")
-        entries = []
-        for name in names:
-            record = self.registry.local_record(pg, name)
-            if record is None:
-                continue
-            crc, damaged = None, False
-            if deep:
-                try:
-                    data = await self.store.read(pg.collection, name)
-                    crc = crc32c(data)
-                    if getattr(record, "omap", False):
-                        crc = self._omap_crc(pg, name, crc)
-                except ChecksumError:
-                    damaged = True
-                except ObjectNotFound:
-                    continue
-            entries.append([name, pgs.version_of(record.attrs), pgs.shard_of(record.attrs),
-                            record.size, crc, damaged])
-        return {"entries": entries, "next": following}, b""
-
-    def _omap_crc(self, pg, name, crc):
-        """`crc` continued over the object's omap (each key and value with its length), so
-        a deep scrub finds replicas whose tables differ."""
-        after = None
-        while True:
-            entries, more = self.store.omap_list(pg.collection, name, after,
-                                                 limit=OMAP_PAGE_ENTRIES_MAX)
-            for key, value in entries:
-                crc = crc32c(len(key).to_bytes(4, "little") + key +
-                             len(value).to_bytes(4, "little") + value, crc)
-            if not more:
-                return crc
-            after = entries[-1][0]
-
-    async def _pg_info(self, header, payload):
-        pool, pg = await self._pg_of(header)
-        return {"state": pg.state, "clean": pg.clean,
-                "acting": list(pg.interval[1].members)}, b""
-
     async def close(self):
         await self.connections.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    name: str
+    handler: object         # async (service, header, payload) -> (reply header, payload)
+    client: bool            # a client's op: counted, timed (SLOW_OPS, /metrics)
+    read_only: bool         # changes nothing: a lost connection cancels it; any other op runs
+                            # to its end (messenger.finish_even_if_lost), so the store and the
+                            # PG's record of it stay in step
+
+
+def _ops(*rows):
+    return {name: Op(name, handler, client, read_only)
+            for name, handler, client, read_only in rows}
+
+
+# Every op an OSD serves, by name: client ops first, then the member ops (osd/member_ops.py).
+OPS = _ops(
+    ("put", ObjectService._put, True, False),
+    ("get", ObjectService._get, True, True),
+    ("stat", ObjectService._stat, True, True),
+    ("delete", ObjectService._delete, True, False),
+    ("list", ObjectService._list, True, True),
+    ("omap", ObjectService._omap, True, False),
+    ("omap_get", ObjectService._omap_get, True, True),
+    ("omap_list", ObjectService._omap_list, True, True),
+    ("shard_read", ObjectService._shard_read, True, True),
+    ("rep_put", member_ops.rep_put, False, False),
+    ("rep_delete", member_ops.rep_delete, False, False),
+    ("rep_omap", member_ops.rep_omap, False, False),
+    ("pg_query", member_ops.pg_query, False, True),
+    ("pg_list", member_ops.pg_list, False, True),
+    ("pg_log", member_ops.pg_log, False, True),
+    ("pg_stat", member_ops.pg_stat, False, True),
+    ("pg_read", member_ops.pg_read, False, True),
+    ("pg_push", member_ops.pg_push, False, False),
+    ("pg_omap", member_ops.pg_omap, False, False),
+    ("pg_push_omap", member_ops.pg_push_omap, False, False),
+    ("pg_remove", member_ops.pg_remove, False, False),
+    ("pg_mark", member_ops.pg_mark, False, False),
+    ("pg_info", member_ops.pg_info, False, True),
+    ("pg_scrub", member_ops.pg_scrub, False, False),
+    ("pg_scrub_local", member_ops.pg_scrub_local, False, False),
+    ("pg_versions", member_ops.pg_versions, False, True),
+)

@@ -605,8 +605,8 @@ class Store:
         has (its `then` is called; then `finish_read`), or None when the read is not that
         simple (an object or collection that is not there, a store that failed, an empty
         range, an object in several pieces, a device without `submit_read`): the caller then
-        reads the usual way, which also gives the error. Bad arguments raise (the caller falls
-        back on any exception too)."""
+        reads the usual way, which also gives the error. A device that refuses the submission
+        raises its DeviceError."""
         submit = self.device.submit_read
         if submit is None or self._closing or self._failure is not None or \
                 collection not in self._collections or offset < 0 or \

@@ -565,7 +565,7 @@ def test_a_device_out_of_room_gives_a_no_space_reply_and_the_store_goes_on(tmp_p
     import types
     from cairn.common.messenger import RequestFailed
     from cairn.native.errors import DeviceNoSpace
-    from cairn.osd.service import ObjectService
+    from cairn.osd.service import ObjectService, Op
 
     async def body():
         device, meta, store = await memory_store(tmp_path)
@@ -579,16 +579,18 @@ def test_a_device_out_of_room_gives_a_no_space_reply_and_the_store_goes_on(tmp_p
             await write(offset, buffer)
         device.write = refusing
         daemon = types.SimpleNamespace(id=7, store=store, tls_client=None,
-                                       tickets=types.SimpleNamespace(authenticate=None))
+                                       tickets=types.SimpleNamespace(authenticate=None),
+                                       monc=types.SimpleNamespace(map=None))
         service = ObjectService(daemon)
 
         async def put(header, payload):
             await store.put("c", header["name"], payload)
             return {"ok": True}, b""
-        service._put_for_test = put
+        op = Op("put_for_test", lambda service, header, payload: put(header, payload), True,
+                False)
         free_before = store.statfs()["free_bytes"]
         with pytest.raises(RequestFailed) as caught:
-            await service._handle("put_for_test", {"name": "a"}, b"x" * 9000)
+            await service._handle(op, {"name": "a"}, b"x" * 9000)
         assert caught.value.code == "no_space"
         assert caught.value.message.startswith("osd.7: memory: write of 12288 bytes")
         assert "no space left on the device" in caught.value.message
@@ -596,7 +598,7 @@ def test_a_device_out_of_room_gives_a_no_space_reply_and_the_store_goes_on(tmp_p
         with pytest.raises(ObjectNotFound):
             await store.read_bytes("c", "a")
         full[0] = False
-        assert await service._handle("put_for_test", {"name": "a"}, b"y" * 9000) == \
+        assert await service._handle(op, {"name": "a"}, b"y" * 9000) == \
             ({"ok": True}, b"")
         assert await store.read_bytes("c", "a") == b"y" * 9000
         await assert_fsck_clean(store)
