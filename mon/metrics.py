@@ -6,13 +6,13 @@ follower shows its map's view only."""
 
 from prometheus_client.core import GaugeMetricFamily
 
-from cairn.mon import capacity, netloss
+from cairn.mon import capacity, netloss, views
 
 _STATUS = {"HEALTH_OK": 0, "HEALTH_WARN": 1, "HEALTH_ERR": 2}
 
 
 def collect(monitor):
-    report = monitor._health(monitor._mons_view())
+    report = views.health_report(monitor, views.mons_view(monitor))
     status = GaugeMetricFamily("cairn_health_status", "0 HEALTH_OK, 1 HEALTH_WARN, "
                                "2 HEALTH_ERR")
     status.add_metric([], _STATUS[report["status"]])
@@ -30,10 +30,10 @@ def collect(monitor):
     yield osds
     pgs = GaugeMetricFamily("cairn_pgs", "PGs by state (from their primaries)",
                             labels=["state"])
-    for state, count in monitor._pg_state_totals().items():
+    for state, count in views.pg_state_totals(monitor).items():
         pgs.add_metric([str(state)], count)
     yield pgs
-    usage = capacity.df(cmap, monitor._capacity, monitor._pool_totals(), monitor._ratios())
+    usage = capacity.df(cmap, monitor._capacity, views.pool_totals(monitor), views.ratios(monitor))
     raw = GaugeMetricFamily("cairn_cluster_bytes", "raw capacity of the OSDs that reported",
                             labels=["kind"])
     raw.add_metric(["total"], usage["raw"]["total_bytes"])
@@ -57,7 +57,7 @@ def collect(monitor):
     epoch.add_metric([], cmap.epoch)
     yield epoch
     leader = GaugeMetricFamily("cairn_mon_leader", "1 if this monitor leads")
-    leader.add_metric([], int(monitor._mons_view()["leader"] == monitor.name))
+    leader.add_metric([], int(views.mons_view(monitor)["leader"] == monitor.name))
     yield leader
     host_of = {osd_id: osd["location"].get("host") for osd_id, osd in cmap.osds.items()
                if osd["up"]}

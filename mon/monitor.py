@@ -66,18 +66,17 @@ import time
 
 import msgpack
 
-from cairn.common import audit, config, messenger, sessions, throttle, tls
+from cairn.common import audit, config, messenger, sessions, tls
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.codes import Code
 from cairn.common.daemon import crash_on_error
 from cairn.common.frame import Frame, Kind
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.mon import alerts, authority, capacity, health, netloss, peerguard, raft, slowdisk
+from cairn.mon import (admin_requests, alerts, authority, capacity, health,
+                       osd_requests, peerguard, raft, raft_transport, slowdisk, views)
 from cairn.mon.failure import FailureDetector
-from cairn.mon.raft import ChangeRefused, NotLeader, Raft, RaftConfig, RaftError, Role
+from cairn.mon.raft import NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
-
-OBJECT_COUNTS = ("total", "degraded", "misplaced")
 
 log = logging.getLogger("cairn.mon")
 
@@ -95,8 +94,6 @@ ALERT_INTERVAL_S = 1.0
 LEADER_SETTLE_S = 12.0
 # How often the leader brings the full, quota and slow flags in line with the OSDs' reports.
 CAPACITY_INTERVAL_S = 1.0
-# `cairn health history` shows this many of the newest events unless asked for more.
-HISTORY_SHOWN = 50
 RAFT_CONFIG = RaftConfig(election_ticks=15, heartbeat_ticks=1)
 # A request waits this long for a leader before the answer is no_quorum: one election.
 LEADER_WAIT_S = 4.0
@@ -104,13 +101,9 @@ LEADER_WAIT_S = 4.0
 COMMIT_TIMEOUT_S = 5.0
 # A forwarded request includes the leader's commit wait.
 FORWARD_TIMEOUT_S = COMMIT_TIMEOUT_S + 3.0
-RAFT_SEND_TIMEOUT_S = 1.0
 # A stopping leader waits this long for the member it hands over to to take the leadership.
 HAND_OVER_WAIT_S = 1.0
 RAFT_CONNECT_TIMEOUT_S = 1.0
-# Raft messages queued per peer; the oldest go first when a peer is unreachable (Raft resends).
-OUTBOX_MESSAGES_MAX = 1024
-RAFT_MESSAGES_PER_FRAME_MAX = 256
 # Snapshot the state machine every this many applied entries and keep as many entries before
 # it, so a monitor a little behind catches up from the log (etcd: 10,000 and 5,000; our entries
 # are map changes, a few per minute in a steady cluster).
@@ -118,16 +111,12 @@ COMPACT_EVERY_ENTRIES = 512
 ENTRIES_KEPT = 512
 # A member heard from within this counts as in the quorum in status.
 PEER_SEEN_S = 3.0
-# Subscribers pushed at once; a cluster of many clients gets its maps on request.
-SUBSCRIBERS_MAX = 4096
-OSD_ID_MAX = 1 << 20
-MON_NAME_BYTES_MAX = 64
 RID_BYTES_MAX = 64
 assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
-              "pool_delete", "peer_invalid_report", "config_set", "pg_last_active", "pg_set_active", "mon_add",
-              "mon_remove", "status", "health", "health_history", "df", "pool_set_quota",
+              "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
+              "mon_remove", "peer_invalid_report", "status", "health", "health_history", "df", "pool_set_quota",
               "pool_allow_from", "auth_change"}
 
 
@@ -136,6 +125,7 @@ def no_quorum(message):
 
 
 class Monitor:
+
     def __init__(self, directory, bind_addr, name="mon.0", tls_dir=None):
         self.directory = directory
         # With --tls DIR it serves TLS and speaks it to the other monitors (common/tls.py).
@@ -221,7 +211,7 @@ class Monitor:
                        loop.create_task(self._tick_loop(), name="failure detector"),
                        loop.create_task(self._alert_loop(), name="alerts"),
                        loop.create_task(self._audit_loop(), name="audit"),
-                       loop.create_task(self._peer_report_loop(), name="peer reports")]
+                       loop.create_task(raft_transport.peer_report_loop(self), name="peer reports")]
         for task in self._tasks:
             task.add_done_callback(crash_on_error)
         log.info("%s serving %s: fsid %s, epoch %d, %d OSDs, %d pools; raft term %d, log %d, "
@@ -292,8 +282,8 @@ class Monitor:
                     log.error("failure detector's change %s refused: %s", ops, exc)
             if time.monotonic() - self._capacity_judged_at >= CAPACITY_INTERVAL_S:
                 self._capacity_judged_at = time.monotonic()
-                ops = capacity.flag_ops(self.map, self._capacity, self._pool_totals(),
-                                        self._ratios(), self._pools_known())
+                ops = capacity.flag_ops(self.map, self._capacity, views.pool_totals(self),
+                                        views.ratios(self), views.pools_known(self))
                 if self._settled():
                     ops += health.slow_flag_ops(self.map, self._slow_found)
                 if ops:
@@ -324,7 +314,7 @@ class Monitor:
                     self._check_since[name] = check["since"]
             urls = config.value(self.map.config, "alert.webhooks")
             self._alerter.set_urls(urls)
-            checks = self._health(self._mons_view())["checks"]
+            checks = views.health_report(self, views.mons_view(self))["checks"]
             events = alerts.changes(self._alerted, checks, self.map.fsid, alerts.now_s())
             self._alerted = checks
             if not events:
@@ -395,7 +385,7 @@ class Monitor:
             if ready.install:
                 self._installed(ready.snapshot, new_map)
         for m in ready.messages:
-            self._send(m)
+            raft_transport.send(self, m)
         for entry in ready.committed:
             self._apply(entry)
         for context, index in ready.read_states:
@@ -544,116 +534,6 @@ class Monitor:
 
     # -- Raft: messages between monitors ------------------------------------------------------------
 
-    def _addr_of(self, name):
-        if name == self.name:
-            return self.addr
-        return self.raft.members.get(name) or self._learned_addrs.get(name)
-
-    def _send(self, m):
-        box = self._outbox.get(m.target)
-        if box is None:
-            box = self._outbox[m.target] = collections.deque(maxlen=OUTBOX_MESSAGES_MAX)
-            self._outbox_ready[m.target] = asyncio.Event()
-            sender = asyncio.get_running_loop().create_task(self._sender(m.target),
-                                                            name=f"raft sender to {m.target}")
-            sender.add_done_callback(crash_on_error)
-            self._tasks.append(sender)
-        box.append(m)
-        self._outbox_ready[m.target].set()
-
-    async def _sender(self, name):
-        # Runs until the monitor stops: one per peer, so a slow peer delays no one else.
-        box, ready = self._outbox[name], self._outbox_ready[name]
-        while True:
-            await ready.wait()
-            ready.clear()
-            batch = [raft.message_to_wire(box.popleft())
-                     for _ in range(min(len(box), RAFT_MESSAGES_PER_FRAME_MAX))]
-            if box:
-                ready.set()
-            addr = self._addr_of(name)
-            if not batch or addr is None:
-                continue
-            header = {"op": "raft", "from": self.name, "addr": self.addr, "fsid": self.map.fsid}
-            try:
-                connection = await self._peers.get(name, addr)
-                await connection.request(header, msgpack.packb(batch),
-                                         timeout_s=RAFT_SEND_TIMEOUT_S)
-            except (ConnectionClosed, RequestTimeout, RequestFailed) as exc:
-                # Lost messages are Raft's normal weather: it resends what matters.
-                log.debug("raft messages to %s (%s) dropped: %s", name, addr, exc)
-                await self._peers.discard(name)
-                await asyncio.sleep(RAFT_TICK_S)
-
-    def _on_raft(self, received):
-        header = received.header
-        if header.get("fsid") != self.map.fsid:
-            raise RequestFailed(Code.INVALID, f"raft messages for cluster {header.get('fsid')!r}, "
-                                f"this is {self.map.fsid}")
-        source, addr = header.get("from"), header.get("addr")
-        try:
-            wires = msgpack.unpackb(bytes(received.payload), strict_map_key=False)
-            if not isinstance(wires, list):
-                raise ValueError("not a list")
-            messages = [raft.message_from_wire(wire) for wire in wires]
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            raise RequestFailed(Code.INVALID, f"malformed raft messages: {exc}") from None
-        now = time.monotonic()
-        refused = None
-        for m in messages:
-            if m.target != self.name:
-                continue
-            if m.source != source:
-                refused = raft.PeerInvalid(m.source, m.kind, f"sent in a batch from {source!r}")
-            else:
-                try:
-                    self.raft.step(m)
-                    self._seen[m.source] = now
-                    continue
-                except raft.PeerInvalid as exc:
-                    refused = exc
-            break
-        self._wake.set()
-        if refused is not None:
-            # The core changed nothing for it; the rest of the batch is dropped with it.
-            log.warning("refused a raft message from %s (%s): %s", str(source)[:64],
-                        received.header.get("addr"), refused)
-            self._peer_findings.record(self.name, refused.sender, refused.kind.value,
-                                       refused.reason, now)
-            raise RequestFailed(Code.INVALID, f"raft message refused: {refused}")
-        if isinstance(source, str) and isinstance(addr, str) and \
-                len(source) <= MON_NAME_BYTES_MAX:
-            try:
-                messenger.parse_addr(addr)
-                self._learned_addrs[source] = addr
-            except ValueError:
-                pass
-        return {}, b""
-
-    async def _peer_report_loop(self):
-        # Runs until the monitor stops: a follower's refused raft messages go to the leader,
-        # which answers `cairn health` (mon/peerguard.py).
-        while True:
-            await asyncio.sleep(ALERT_INTERVAL_S)
-            if self.is_leader:
-                self._peer_findings.pending()           # the leader's own: already in its check
-                continue
-            reports = self._peer_findings.pending()
-            if not reports:
-                continue
-            header = {"op": "peer_invalid_report", "reports": reports}
-            try:
-                await self._forward(Frame(Kind.REQUEST, 0, header, b""))
-            except (RequestFailed, ConnectionClosed, RequestTimeout) as exc:
-                log.warning("raft peer findings not reported to the leader: %s", exc)
-
-    async def _peer_invalid_report(self, peer, header):
-        try:
-            self._peer_findings.merge(header.get("reports"), time.monotonic())
-        except ValueError as exc:
-            raise RequestFailed(Code.INVALID, f"peer_invalid_report: {exc}") from None
-        return {}, b""
-
     # -- Raft: proposals and reads ------------------------------------------------------------------
 
     async def _wait_applied(self, index):
@@ -759,7 +639,7 @@ class Monitor:
         op = received.header.get("op")
         if op == "raft":
             authority.check(peer, op, received.header)
-            return self._on_raft(received)
+            return raft_transport.on_raft(self, received)
         handler = _REQUESTS.get(op)
         if handler is None:
             raise RequestFailed(Code.UNKNOWN_OP, f"unknown request {op!r} (known: "
@@ -816,7 +696,7 @@ class Monitor:
             except RequestFailed as exc:
                 if op != "status" or exc.code != Code.NO_QUORUM:
                     raise
-                return await self._status(peer, received.header)     # this monitor's view
+                return await admin_requests.status(self, peer, received.header)  # its own view
         return await handler(self, peer, received.header)
 
     async def _forward(self, received):
@@ -831,7 +711,7 @@ class Monitor:
             if self.is_leader:
                 return await _REQUESTS[header["op"]](self, None, header)
             leader = self.raft.leader
-            addr = self._addr_of(leader) if leader is not None else None
+            addr = raft_transport.addr_of(self, leader) if leader is not None else None
             if addr is not None:
                 reply = await self._forward_to(leader, addr, received)
                 if reply is not None:
@@ -881,446 +761,13 @@ class Monitor:
             return None
         return dict(reply.header), bytes(reply.payload)
 
-    def _map_reply(self, have):
-        # `leader`: None when this monitor knows no leader (cut off from the majority, or an
-        # election under way), so its map may be behind; MonClient then asks another.
-        if not isinstance(have, int) or isinstance(have, bool) or have < 0:
-            have = 0
-        epoch = self.map.epoch
-        reply = {"epoch": epoch, "leader": self.raft.leader}
-        if have == epoch:
-            return {**reply, "form": "current"}, b""
-        if 0 < have < epoch:
-            found = self.store.incrementals(have, epoch)
-            if found is not None:
-                return {**reply, "form": "incrementals"}, msgpack.packb(found)
-        return {**reply, "form": "full"}, msgpack.packb(self.map.to_dict())
 
-    async def _hello(self, peer, header):
-        return {"fsid": self.map.fsid, "epoch": self.map.epoch, "name": self.name}, b""
-
-    async def _get_map(self, peer, header):
-        return self._map_reply(header.get("have", 0))
-
-    async def _subscribe(self, peer, header):
-        if peer not in self._subscribers and len(self._subscribers) >= SUBSCRIBERS_MAX:
-            raise RequestFailed(Code.BUSY, f"{self.name} has {SUBSCRIBERS_MAX} subscribers; "
-                                "fetch maps with get_map instead")
-        # Synchronous: no epoch can slip between the reply and the pushes.
-        self._subscribers.add(peer)
-        return self._map_reply(header.get("have", 0))
-
-    async def _osd_boot(self, peer, header):
-        uuid = header.get("uuid")
-        if not isinstance(uuid, str) or not uuid:
-            raise RequestFailed(Code.INVALID, "osd_boot needs the OSD's uuid")
-        known = next((osd["id"] for osd in self.map.osds.values() if osd["uuid"] == uuid), None)
-        osd_id = header.get("id", known)
-        if osd_id is None:
-            osd_id = next(i for i in range(OSD_ID_MAX) if i not in self.map.osds)
-        if known is not None and known != osd_id:
-            raise RequestFailed(Code.INVALID, f"uuid {uuid} is osd.{known}, not osd.{osd_id}")
-        ops = []
-        if known is None:
-            ops.append({"op": "osd_add", "id": osd_id, "uuid": uuid,
-                        "location": header.get("location"), "weight": header.get("weight", 1.0)})
-        elif header.get("location") not in (None, self.map.osds[osd_id]["location"]):
-            log.warning("osd.%s boots with location %s but is registered at %s; keeping the "
-                        "registered one", osd_id, header.get("location"),
-                        self.map.osds[osd_id]["location"])
-        ops.append({"op": "osd_boot", "id": osd_id, "addr": header.get("addr")})
-        new_map = await self.propose(ops, why=f"osd.{osd_id} boot", rid=header.get("rid"))
-        self._detector.heartbeat(osd_id, time.monotonic_ns())
-        return {"id": osd_id, "epoch": new_map.epoch}, b""
-
-    def _known_osd(self, header, field="id"):
-        osd_id = header.get(field)
-        if not isinstance(osd_id, int) or osd_id not in self.map.osds:
-            raise RequestFailed(Code.NOT_FOUND, f"osd {osd_id!r} does not exist")
-        return osd_id
-
-    async def _osd_heartbeat(self, peer, header):
-        osd_id = self._known_osd(header)
-        self._detector.heartbeat(osd_id, time.monotonic_ns())
-        recovered = header.get("recovery_bytes")
-        if isinstance(recovered, int):
-            self._recovery.setdefault(osd_id, collections.deque(maxlen=64)).append(
-                (time.monotonic(), recovered))
-        states = header.get("pg_states")
-        if isinstance(states, dict):
-            self._pg_states[osd_id] = {str(k): int(v) for k, v in states.items()
-                                       if isinstance(v, int)}
-        inconsistent = header.get("inconsistent")
-        if isinstance(inconsistent, list):
-            self._inconsistent[osd_id] = [str(name) for name in inconsistent[:64]]
-        objects = header.get("objects")
-        if isinstance(objects, dict):
-            self._objects[osd_id] = {key: objects[key] for key in OBJECT_COUNTS
-                                     if isinstance(objects.get(key), int)}
-        self._net[osd_id] = netloss.clean_report(header.get("net"))
-        found = capacity.clean_capacity(header.get("capacity"))
-        if found is not None:
-            self._capacity[osd_id] = found
-        self._pool_use[osd_id] = capacity.clean_pools(header.get("pools"))
-        self._reported_at[osd_id] = time.monotonic()
-        slow_ops = header.get("slow_ops")
-        self._slow_ops[osd_id] = slow_ops if type(slow_ops) is int and slow_ops > 0 else 0
-        if isinstance(header.get("device_path"), str):
-            self._device_paths[osd_id] = header["device_path"][:256]
-        now = time.monotonic()
-        self._slow.observe(osd_id, now, slowdisk.clean_summary(header.get("device")))
-        if now - self._slow_judged_at >= 1.0:
-            self._judge_disks(now)
-        return {"epoch": self.map.epoch, "up": self.map.osds[osd_id]["up"]}, b""
-
-    def _judge_disks(self, now):
-        conf = self.map.config
-        sustain_s = config.value(conf, "health.slow_disk_sustain_s")
-        self._slow.settings = slowdisk.Settings(
-            factor=config.value(conf, "health.slow_disk_factor"),
-            floor_ms=config.value(conf, "health.slow_disk_floor_ms"),
-            sustain_s=sustain_s, clear_s=sustain_s + 9.0)
-        up = {osd_id for osd_id, osd in self.map.osds.items() if osd["up"]}
-        self._slow_found = self._slow.evaluate(now, up)
-        self._slow_judged_at = now
-
-    async def _osd_failure(self, peer, header):
-        reporter = self._known_osd(header, "reporter")
-        target = self._known_osd(header, "target")
-        failed = bool(header.get("failed", True))
-        now_ns = time.monotonic_ns()
-        self._detector.report(reporter, target, failed, now_ns)
-        if failed and self._leads_noticed():
-            log.info("osd.%d reports osd.%d failed: %s", reporter, target,
-                     header.get("reason", "no reason given"))
-            ops = [op for op in self._detector.tick(self.map, now_ns) if op["id"] == target]
-            if ops:
-                await self.propose(ops, why=f"failure reports against osd.{target}",
-                                   rid=header.get("rid"))
-        return {"epoch": self.map.epoch}, b""
-
-    async def _osd_stop(self, peer, header):
-        osd_id = self._known_osd(header)
-        if self.map.osds[osd_id]["up"]:
-            await self.propose([{"op": "osd_down", "id": osd_id}], why=f"osd.{osd_id} stopping",
-                               rid=header.get("rid"))
-        return {"epoch": self.map.epoch}, b""
-
-    async def _osd_mark(self, peer, header):
-        osd_id = self._known_osd(header)
-        state = header.get("state")
-        ops = {"out": [{"op": "osd_out", "id": osd_id, "manual": True}],
-               "in": [{"op": "osd_in", "id": osd_id}],
-               "down": [{"op": "osd_down", "id": osd_id}],
-               "reweight": [{"op": "osd_reweight", "id": osd_id,
-                             "reweight": header.get("reweight")}],
-               "weight": [{"op": "osd_weight", "id": osd_id,
-                           "weight": header.get("weight")}]}.get(state)
-        if ops is None:
-            raise RequestFailed(Code.INVALID, f"state must be out, in, down, reweight or weight "
-                                f"(was {state!r})")
-        what = f"sets osd.{osd_id}'s {state} to {header.get(state)}" \
-            if state in ("reweight", "weight") else f"marks osd.{osd_id} {state}"
-        new_map = await self.propose(ops, why=f"operator {what}", rid=header.get("rid"))
-        return {"epoch": new_map.epoch}, b""
-
-    async def _pool_create(self, peer, header):
-        op = {key: value for key, value in header.items()
-              if key not in ("op", "forwarded", "rid")}
-        op["op"] = "pool_create"
-        new_map = await self.propose([op], why="operator", rid=header.get("rid"))
-        return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
-
-    async def _pool_delete(self, peer, header):
-        new_map = await self.propose([{"op": "pool_delete", "name": header.get("name")}],
-                                     why="operator", rid=header.get("rid"))
-        return {"epoch": new_map.epoch}, b""
-
-    async def _pool_ls(self, peer, header):
-        return {"epoch": self.map.epoch,
-                "pools": [self.map.pools[name] for name in sorted(self.map.pools)]}, b""
-
-    async def _config_set(self, peer, header):
-        new_map = await self.propose([{"op": "config_set", "key": header.get("key"),
-                                       "value": header.get("value")}], why="operator",
-                                     rid=header.get("rid"))
-        return {"epoch": new_map.epoch}, b""
-
-    async def _config_get(self, peer, header):
-        key = header.get("key")
-        if key is None:
-            return {"epoch": self.map.epoch,
-                    "config": {name: {"value": config.display(self.map.config, name),
-                                      "set": name in self.map.config,
-                                      "help": option.help}
-                               for name, option in sorted(config.OPTIONS.items())}}, b""
-        try:
-            value = config.display(self.map.config, key)
-        except KeyError as exc:
-            raise RequestFailed(Code.NOT_FOUND, exc.args[0]) from None
-        return {"epoch": self.map.epoch, "key": key, "value": value,
-                "set": key in self.map.config}, b""
-
-    def _health(self, mons):
-        """{"status", "checks": {name: {severity, summary, detail, since}}}: the map's checks
-        and those from the OSDs' reports (the `cairn health` contract)."""
-        epoch, judged = self._health_cache
-        if epoch != self.map.epoch:
-            judged = health.evaluate(self.map)
-            self._health_cache = (self.map.epoch, judged)
-        checks = {name: health.check(judged.severities[name], message, judged.details[name])
-                  for name, message in judged.checks.items()}
-        up = {osd_id for osd_id, osd in self.map.osds.items() if osd["up"]}
-        inconsistent = sorted({name for osd_id, names in self._inconsistent.items()
-                               if osd_id in up for name in names})
-        if inconsistent:
-            checks["PG_INCONSISTENT"] = health.check(
-                health.ERR, health.inconsistent_message(inconsistent),
-                [f"pg {name} inconsistent" for name in inconsistent])
-        if mons["leader"] is None:
-            checks["MON_NO_QUORUM"] = health.check(
-                health.ERR, f"{self.name} knows no leader; map changes wait for a majority of "
-                f"{len(mons['members'])} monitors (this is {self.name}'s view)", [])
-        slow = {osd_id: found for osd_id, found in self._slow_found.items() if osd_id in up}
-        if slow:
-            checks["SLOW_DISK"] = health.slow_disk_check(self.map, slow, self._device_paths)
-        slow_ops = {osd_id: count for osd_id, count in self._slow_ops.items()
-                    if count and osd_id in up}
-        if slow_ops:
-            checks["SLOW_OPS"] = health.slow_ops_check(
-                self.map, slow_ops, config.value(self.map.config, "osd.op_complaint_s"))
-        checks.update(self._network_checks(up))
-        peer_invalid = self._peer_findings.check(time.monotonic())
-        if peer_invalid is not None:
-            checks["MON_PEER_INVALID"] = peer_invalid
-        for name, (severity, summary, lines) in capacity.checks(
-                self.map, self._capacity, self._pool_totals(), self._ratios()).items():
-            checks[name] = health.check(severity, summary, lines)
-        now = time.time()
-        self._check_since = {name: self._check_since.get(name, now) for name in checks}
-        for name, entry in checks.items():
-            entry["since"] = round(self._check_since[name], 3)
-        return {"status": health.worst(entry["severity"] for entry in checks.values()),
-                "checks": checks}
-
-    def _ratios(self):
-        conf = self.map.config
-        return capacity.Ratios(nearfull=config.value(conf, "osd.nearfull_ratio"),
-                               full=config.value(conf, "osd.full_ratio"),
-                               near_quota=config.value(conf, "pool.near_quota_ratio"))
-
-    def _pool_totals(self):
-        """{pool id: (objects, bytes)} over the up OSDs' last reports."""
-        return capacity.pool_totals({osd_id: pools for osd_id, pools in self._pool_use.items()
-                                     if osd_id in self.map.osds and self.map.osds[osd_id]["up"]})
-
-    def _pools_known(self):
-        """Every up OSD has reported within three heartbeat intervals (and for longer than
-        that since this monitor started): pool totals are complete."""
-        horizon = 3 * config.value(self.map.config, "osd.heartbeat_interval_s")
-        now = time.monotonic()
-        return all(now - self._reported_at.get(osd_id, -1e9) <= horizon
-                   for osd_id, osd in self.map.osds.items() if osd["up"])
-
-    async def _df(self, peer, header):
-        return capacity.df(self.map, self._capacity, self._pool_totals(), self._ratios()), b""
-
-    async def _pool_set_quota(self, peer, header):
-        op = {"op": "pool_set_quota", "name": header.get("name")}
-        for field in ("max_objects", "max_bytes"):
-            if field in header:
-                op[field] = header[field]
-        new_map = await self.propose([op], why="operator", rid=header.get("rid"))
-        return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
-
-    async def _pool_allow_from(self, peer, header):
-        op = {"op": "pool_allow_from", "name": header.get("name"),
-              "prefix": header.get("prefix", ""), "networks": header.get("networks")}
-        new_map = await self.propose([op], why="operator", rid=header.get("rid"))
-        return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
-
-    def _network_checks(self, up):
-        host_of = {osd_id: self.map.osds[osd_id]["location"].get("host") for osd_id in up}
-        pairs, hosts, slow = netloss.judge(
-            {osd_id: report for osd_id, report in self._net.items() if osd_id in up}, host_of,
-            loss_min=config.value(self.map.config, "health.packet_loss_min"),
-            slow_ping_ms=config.value(self.map.config, "health.slow_ping_ms"))
-        return health.network_checks(pairs, hosts, slow)
-
-    async def _health_op(self, peer, header):
-        return self._health(self._mons_view()), b""
-
-    async def _health_history(self, peer, header):
-        limit = header.get("limit", HISTORY_SHOWN)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise RequestFailed(Code.INVALID, f"limit must be a positive integer (was {limit!r})")
-        await self._read_barrier()
-        events = self.store.events()
-        return {"events": events[-limit:], "kept": len(events)}, b""
-
-    async def _status(self, peer, header):
-        osds = self.map.osds.values()
-        mons = self._mons_view()
-        report = self._health(mons)
-        judged = {"health": report["status"],
-                  "checks": {name: c["summary"] for name, c in report["checks"].items()},
-                  "severities": {name: c["severity"] for name, c in report["checks"].items()},
-                  "pgs": self._health_cache[1].pgs}
-        return {"fsid": self.map.fsid, "epoch": self.map.epoch, **judged, "mons": mons,
-                "osds": {"total": len(self.map.osds), "up": sum(o["up"] for o in osds),
-                         "in": sum(o["in"] for o in osds)},
-                "pools": sorted(self.map.pools), "pg_states": self._pg_state_totals(),
-                "objects": self._object_totals(),
-                "recovery": self._recovery_view()}, b""
-
-    def _recovery_view(self):
-        """Cluster recovery rate over the last ~10 s of heartbeats, and the budget in force
-        (by this monitor's clock)."""
-        now = time.monotonic()
-        rate = 0.0
-        for osd_id, samples in self._recovery.items():
-            recent = [(when, total) for when, total in samples if now - when <= 10.0]
-            if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
-                rate += (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
-        local = time.localtime()
-        in_force = throttle.budget(config.value(self.map.config, "recovery.windows"),
-                                   config.value(self.map.config, "recovery.max_bytes_per_s"),
-                                   config.value(self.map.config, "recovery.max_active"),
-                                   local.tm_wday, local.tm_hour * 60 + local.tm_min)
-        return {"bytes_per_s": round(rate), "window": in_force.window,
-                "max_bytes_per_s": in_force.max_bytes_per_s, "max_active": in_force.max_active}
-
-    def _object_totals(self):
-        """Object copies over the up OSDs' last reports: wanted (total), still to recover
-        (degraded) and held by OSDs no longer members of their PG (misplaced)."""
-        totals = dict.fromkeys(OBJECT_COUNTS, 0)
-        for osd_id, counts in self._objects.items():
-            if osd_id in self.map.osds and self.map.osds[osd_id]["up"]:
-                for key, count in counts.items():
-                    totals[key] += count
-        return totals
-
-    def _pg_state_totals(self):
-        totals = {}
-        for osd_id, states in self._pg_states.items():
-            if osd_id in self.map.osds and self.map.osds[osd_id]["up"]:
-                for state, count in states.items():
-                    totals[state] = totals.get(state, 0) + count
-        return dict(sorted(totals.items()))
-
-    def _mons_view(self):
-        """Members, quorum (the leader and the members it heard from lately), leader, and each
-        monitor's log position as the leader sees it (its match index)."""
-        view = self.raft.status()
-        leader = self.raft.leader if self.raft.leader in self.raft.members else None
-        positions = {self.name: {"role": view["role"], "log_index": view["last_index"],
-                                 "commit": view["commit"], "applied": self._applied}}
-        for name, follower in view.get("progress", {}).items():
-            positions[name] = {"role": "follower", "log_index": follower["match"]}
-        quorum = self._heard() if self.is_leader else []
-        return {"members": view["members"], "quorum": quorum, "leader": leader,
-                "term": view["term"],
-                "addrs": {name: self._addr_of(name) for name in view["members"]},
-                "positions": positions}
-
-    async def _pg_last_active(self, peer, header):
-        pool_id, pg_index = self._pg_key(header)
-        await self._read_barrier()
-        return {"record": self.store.pg_active(pool_id, pg_index)}, b""
-
-    async def _pg_set_active(self, peer, header):
-        pool_id, pg_index = self._pg_key(header)
-        epoch, acting = header.get("epoch"), header.get("acting")
-        complete = header.get("complete", acting)
-        if not isinstance(epoch, int) or not isinstance(acting, list) or \
-                not isinstance(complete, list) or \
-                not all(isinstance(m, int) for m in acting + complete) or \
-                not set(complete) <= set(acting):
-            raise RequestFailed(Code.INVALID, "pg_set_active needs epoch, acting (OSD ids) and "
-                                "complete (a subset of acting)")
-        await self._replicate({"t": "pgact", "pool": pool_id, "pg": pg_index, "epoch": epoch,
-                               "acting": acting, "complete": complete})
-        return {}, b""
-
-    async def _mon_add(self, peer, header):
-        done = await self._membership_done(header.get("rid"))
-        if done is not None:
-            return done
-        name, addr = header.get("name"), header.get("addr")
-        if not isinstance(name, str) or not 0 < len(name) <= MON_NAME_BYTES_MAX:
-            raise RequestFailed(Code.INVALID, "mon_add needs the new monitor's name (like mon.3)")
-        try:
-            messenger.parse_addr(addr)
-        except ValueError as exc:
-            raise RequestFailed(Code.INVALID, f"mon_add needs the new monitor's address: {exc}") \
-                from None
-        if name in self.raft.members:
-            if self._addr_of(name) == addr:
-                return {"members": sorted(self.raft.members), "already": True}, b""
-            raise RequestFailed(Code.INVALID, f"{name} is already a monitor, at "
-                                f"{self._addr_of(name)}")
-        return await self._change_members(self.raft.members | {name: addr}, header.get("rid"))
-
-    async def _mon_remove(self, peer, header):
-        done = await self._membership_done(header.get("rid"))
-        if done is not None:
-            return done
-        name = header.get("name")
-        if name not in self.raft.members:
-            raise RequestFailed(Code.NOT_FOUND, f"no monitor {name!r} (monitors: "
-                                f"{', '.join(sorted(self.raft.members))})")
-        members = dict(self.raft.members)
-        del members[name]
-        return await self._change_members(members, header.get("rid"))
-
-    async def _membership_done(self, rid):
-        """The answer a membership change with request id `rid` got, if it was done (its
-        reply lost, the request re-sent); None if not. As for map changes (propose), the
-        leader first applies its whole log, so the answer is exact."""
-        if rid is None:
-            return None
-        await self._wait_applied(self.raft.last_index)
-        found = self.store.requests.get(rid)
-        if found is None:
-            return None
-        index, outcome = found
-        return {"members": outcome["members"], "index": index}, b""
-
-    async def _change_members(self, members, rid):
-        try:
-            index = self.raft.propose_members(members, context=rid)
-        except NotLeader:
-            raise no_quorum(f"{self.name} is no longer the leader; retry") from None
-        except ChangeRefused as exc:
-            raise RequestFailed(Code.BUSY, str(exc)) from None
-        await self._committed(index)
-        return {"members": sorted(members), "index": index}, b""
-
-    def _pg_key(self, header):
-        pool_id, pg_index = header.get("pool"), header.get("pg")
-        if not isinstance(pool_id, int) or not isinstance(pg_index, int) or pg_index < 0:
-            raise RequestFailed(Code.INVALID, "a PG is named by pool (id) and pg (index)")
-        return pool_id, pg_index
-
-    async def _osd_tree(self, peer, header):
-        return {"epoch": self.map.epoch, "osds": self.map.osd_tree()}, b""
-
-
+# Every request a monitor answers, by op: handler(monitor, peer, header) -> (reply, payload).
 _REQUESTS = {
-    "hello": Monitor._hello, "get_map": Monitor._get_map, "subscribe": Monitor._subscribe,
-    "osd_boot": Monitor._osd_boot, "osd_heartbeat": Monitor._osd_heartbeat,
-    "osd_failure": Monitor._osd_failure, "osd_stop": Monitor._osd_stop,
-    "osd_mark": Monitor._osd_mark, "pool_create": Monitor._pool_create,
-    "pool_delete": Monitor._pool_delete, "pool_ls": Monitor._pool_ls,
-    "config_set": Monitor._config_set, "config_get": Monitor._config_get,
-    "status": Monitor._status, "health": Monitor._health_op,
-    "health_history": Monitor._health_history, "df": Monitor._df,
-    "pool_set_quota": Monitor._pool_set_quota, "pool_allow_from": Monitor._pool_allow_from,
-    "osd_tree": Monitor._osd_tree,
-    "pg_last_active": Monitor._pg_last_active, "pg_set_active": Monitor._pg_set_active,
-    "mon_add": Monitor._mon_add, "mon_remove": Monitor._mon_remove,
-    "peer_invalid_report": Monitor._peer_invalid_report,
+    **osd_requests.REQUESTS,
+    **admin_requests.REQUESTS,
     **authority.REQUESTS,
+    "peer_invalid_report": raft_transport.peer_invalid_report,
 }
 assert LEADER_OPS <= set(_REQUESTS)
 

@@ -293,7 +293,7 @@ class MonStore:
         cmap = ClusterMap.from_dict(msgpack.unpackb(newest[1], strict_map_key=False))
         for key, value in self._items(PREFIX_LOG, start=_key(PREFIX_LOG, cmap.epoch + 1)):
             cmap = cmap.apply(Incremental.from_dict(msgpack.unpackb(value,
-                                                                   strict_map_key=False)))
+                                                                    strict_map_key=False)))
         first = next(self._items(PREFIX_LOG), None)
         self.first_log_epoch = _epoch_of(first[0], PREFIX_LOG) if first else None
         return cmap

@@ -154,7 +154,8 @@ class ObjectService:
             raise RequestFailed(Code.AGAIN, f"osd.{self.daemon.id} is starting (no map yet)")
         epoch = header.get("epoch", 0)
         if not isinstance(epoch, int) or epoch < 0:
-            raise RequestFailed(Code.INVALID, f"epoch must be a non-negative integer (was {epoch!r})")
+            raise RequestFailed(
+                Code.INVALID, f"epoch must be a non-negative integer (was {epoch!r})")
         if epoch > self.map.epoch:
             try:
                 await self.daemon.monc.wait_for_epoch(epoch, timeout_s=MAP_CATCH_UP_S_MAX)
@@ -165,7 +166,8 @@ class ObjectService:
         pool_id, pg_index = header.get("pool"), header.get("pg")
         pool = pgs.pool_by_id(cmap, pool_id) if isinstance(pool_id, int) else None
         if pool is None:
-            raise RequestFailed(Code.NOT_FOUND, f"no pool with id {pool_id!r} at epoch {cmap.epoch}")
+            raise RequestFailed(
+                Code.NOT_FOUND, f"no pool with id {pool_id!r} at epoch {cmap.epoch}")
         if not isinstance(pg_index, int) or not 0 <= pg_index < pool["pg_num"]:
             raise RequestFailed(Code.INVALID, f"pg {pg_index!r} is not in pool {pool['name']} "
                                 f"({pool['pg_num']} PGs)")
