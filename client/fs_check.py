@@ -23,8 +23,8 @@ import dataclasses
 import time
 
 from cairn.client import errors
-from cairn.client.fs import (ATTR_KEY, DEAD_KEY, ENTRY_PREFIX, ROOT_INO, SIZE_KEY,
-                             STRIPE_BYTES, _pack_entry, decode_attr)
+from cairn.client.fs_format import (ATTR_KEY, DEAD_KEY, ENTRY_PREFIX, ROOT_INO, SIZE_KEY,
+                                    STRIPE_BYTES, _pack_entry, decode_attr)
 
 GRACE_S_DEFAULT = 60.0
 

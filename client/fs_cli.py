@@ -7,7 +7,8 @@ import sys
 
 from cairn.client import errors
 from cairn.client.cluster import Cluster, run_loop
-from cairn.client.fs import Filesystem, prefix_argument
+from cairn.client.fs import Filesystem
+from cairn.client.fs_format import prefix_argument
 from cairn.client.fs_check import GRACE_S_DEFAULT, check
 
 COMMANDS = ("fsck",)

@@ -22,7 +22,8 @@ import os
 from fsspec.spec import AbstractFileSystem
 
 from cairn.client import errors
-from cairn.client.fs import Filesystem, _as_oserror, check_prefix, split_path
+from cairn.client.fs import Filesystem
+from cairn.client.fs_format import _as_oserror, check_prefix, split_path
 
 
 class CairnFileSystem(AbstractFileSystem):

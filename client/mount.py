@@ -27,7 +27,8 @@ import sys
 import time
 
 from cairn.client import errors
-from cairn.client.fs import ROOT_INO, Filesystem, _as_oserror, prefix_argument, split_path
+from cairn.client.fs import Filesystem
+from cairn.client.fs_format import ROOT_INO, _as_oserror, prefix_argument, split_path
 
 log = logging.getLogger("cairn.mount")
 

@@ -23,288 +23,25 @@ the process really is the daemon we started (its command line names DIR), so a r
 never signalled.
 """
 
-import argparse
-import asyncio
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 
 from cairn.cluster import bench_auth, demo, fleet, hosts, isolated, remote
-from cairn.common import auth, sessions, tls
+from cairn.cluster.cli_parser import SIGNALS, build_parser
+from cairn.cluster.daemons import (clear_faults, ClusterError, DAEMON_READY_S_MAX, daemons,
+                                   description_path, find, free_port, is_ours, launch, layout, load,
+                                   MONITOR_IP, MONITOR_PORT, python_argv, room_warning, save, stop,
+                                   stop_all, undo_isolation, wait_quorum, wait_ready)
+from cairn.common import auth, tls
 from cairn.client.errors import ClientError
-from cairn.common.monclient import MonClient, MonitorsUnavailable
-from cairn.common.units import format_size, parse_size
-
-MONITOR_IP = "127.0.0.1"
-# Local monitors listen on a port from here up to the kernel's ephemeral range (`free_port`).
-MONITOR_PORT_LOW = 20000
-MONITOR_PORT = 6789                   # isolated mode: each monitor has its own address
-HOSTS_MAX = 200                       # 127.0.0.2 .. 127.0.0.201
-OSDS_PER_HOST_MAX = 64
-DAEMON_READY_S_MAX = 60.0             # one daemon's start-up, generous for a loaded machine
-STOP_GRACE_S = 10.0                   # SIGTERM, then SIGKILL after this
-
-
-class ClusterError(Exception):
-    """A bring-up step failed; the message says what and where its log is."""
-
-
-# -- cluster.json -------------------------------------------------------------------------------
-
-def description_path(directory):
-    return os.path.join(directory, "cluster.json")
-
-
-def load(directory):
-    path = description_path(directory)
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise ClusterError(f"no cluster in {directory} (no cluster.json); bring one up with "
-                           f"'cairn-cluster up --dir {directory} ...'") from None
-    except (OSError, ValueError) as exc:
-        raise ClusterError(f"cannot read {path}: {exc}") from None
-
-
-def save(directory, description):
-    path = description_path(directory)
-    temporary = path + ".tmp"
-    with open(temporary, "w") as handle:
-        json.dump(description, handle, indent=1)
-        handle.write("\n")
-    os.replace(temporary, path)
-
-
-def daemons(description):
-    return description["mons"] + description["osds"]
-
-
-def find(description, name):
-    for entry in daemons(description):
-        if entry["name"] == name:
-            return entry
-    names = ", ".join(entry["name"] for entry in daemons(description))
-    raise ClusterError(f"no daemon {name!r} in this cluster (daemons: {names})")
-
-
-# -- processes ------------------------------------------------------------------------------------
-
-def is_ours(pid, directory):
-    """True if `pid` is alive (not a zombie) and its command line names `directory`."""
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            cmdline = handle.read().decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z" and os.path.abspath(directory) in cmdline
-
-
-def launch(directory, entry):
-    """Start the daemon described by `entry` (its argv); wait for its ready file; update entry."""
-    ready = entry["ready_file"]
-    if os.path.exists(ready):
-        os.unlink(ready)
-    log_path = entry["log"]
-    with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(entry["argv"], stdin=subprocess.DEVNULL, stdout=log_file,
-                                   stderr=log_file, start_new_session=True, cwd=directory)
-    entry["pid"] = process.pid
-    return process
-
-
-def wait_ready(processes, entries, timeout_s, progress=None):
-    """Wait until every entry's ready file exists; fill in addr/pid. ClusterError otherwise."""
-    deadline = time.monotonic() + timeout_s
-    pending = {entry["name"]: (process, entry) for process, entry in zip(processes, entries)}
-    while pending:
-        for name, (process, entry) in list(pending.items()):
-            if os.path.exists(entry["ready_file"]):
-                with open(entry["ready_file"]) as handle:
-                    info = json.load(handle)
-                entry.update(addr=info["addr"], pid=info["pid"], metrics=info.get("metrics"))
-                del pending[name]
-            elif process.poll() is not None:
-                raise ClusterError(f"{name} exited with status {process.returncode} while "
-                                   f"starting; its log: {entry['log']}\n{_tail(entry['log'])}")
-        if progress is not None:
-            progress(len(entries) - len(pending), len(entries))
-        if pending and time.monotonic() > deadline:
-            names = ", ".join(sorted(pending))
-            raise ClusterError(f"not ready after {timeout_s:g} s: {names} (logs in "
-                               f"{os.path.dirname(entries[0]['log'])})")
-        if pending:
-            time.sleep(0.05)
-
-
-def _tail(path, lines=8):
-    try:
-        with open(path, errors="replace") as handle:
-            return "".join(handle.readlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def stop(directory, entry, sig=signal.SIGTERM, wait_s=STOP_GRACE_S):
-    """Signal the daemon by pid (only if it is ours); wait for it to go; SIGKILL after wait_s.
-    True if it was running."""
-    pid = entry.get("pid")
-    if not is_ours(pid, directory):
-        return False
-    if sig == signal.SIGTERM:
-        os.kill(pid, signal.SIGCONT)                    # a stopped process cannot exit
-    os.kill(pid, sig)
-    if sig in (signal.SIGSTOP, signal.SIGCONT):
-        return True
-    deadline = time.monotonic() + wait_s
-    while is_ours(pid, directory):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + wait_s
-        time.sleep(0.02)
-    return True
-
-
-def stop_all(directory, entries, wait_s=STOP_GRACE_S):
-    """SIGTERM every running daemon of `entries` at once, wait, SIGKILL stragglers after
-    wait_s. The names of those that were running."""
-    running = [entry for entry in entries if is_ours(entry.get("pid"), directory)]
-    for entry in running:
-        os.kill(entry["pid"], signal.SIGCONT)            # a stopped process cannot exit
-        os.kill(entry["pid"], signal.SIGTERM)
-    deadline = time.monotonic() + wait_s
-    while any(is_ours(entry["pid"], directory) for entry in running):
-        if time.monotonic() > deadline:
-            for entry in running:
-                if is_ours(entry["pid"], directory):
-                    os.kill(entry["pid"], signal.SIGKILL)
-            deadline = time.monotonic() + wait_s
-        time.sleep(0.02)
-    return [entry["name"] for entry in running]
-
-
-def undo_isolation(description):
-    """Clear faults, detach loop devices, remove namespaces and bridge; a summary or ''."""
-    isolation = description.get("isolation")
-    if not isolation:
-        return ""
-    clear_faults(description)
-    loops = [entry["device"] for entry in description["osds"]
-             if entry["device"].startswith("/dev/loop")]
-    for device in loops:
-        isolated.detach_loop(device)
-    isolated.destroy_network(isolation["tag"], isolation["hosts"])
-    return (f"removed bridge {isolation['bridge']}, {len(isolation['hosts'])} namespaces, "
-            f"{len(loops)} loop devices")
-
-
-def clear_faults(description):
-    isolation = description["isolation"]
-    for host in isolation["hosts"]:
-        isolated.clear_drops(isolation["tag"], host)
-    for fault in description.get("faults", []):
-        if fault["kind"] == "throttle":
-            isolated.unthrottle(fault["cgroup"], fault["device"])
-    cleared = len(description.get("faults", []))
-    description["faults"] = []
-    return cleared
-
-
-# -- up -------------------------------------------------------------------------------------------
-
-def free_port(taken=()):
-    """A TCP port free on the monitor address now, below the kernel's ephemeral range.
-
-    Not the kernel's pick for port 0: that is an ephemeral port, and between choosing it and the
-    monitor binding it, an outgoing connection (the other monitors dialling their peers) can be
-    given the same number as its local port, and the monitor fails with 'address in use' (seen
-    in CI). Ports below the range are never handed to outgoing connections."""
-    low = _ephemeral_low()
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(MONITOR_PORT_LOW, max(MONITOR_PORT_LOW + 1, low))
-        if port in taken:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind((MONITOR_IP, port))
-            except OSError:
-                continue
-            return port
-    raise ClusterError(f"no free TCP port for a monitor on {MONITOR_IP} between "
-                       f"{MONITOR_PORT_LOW} and {low}")
-
-
-def _ephemeral_low():
-    """The low end of the kernel's ephemeral port range (32768 when it cannot be read)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as lines:
-            return int(lines.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def wait_quorum(addrs, timeout_s, directory=None):
-    """Wait until the monitors at `addrs` have a leader; its name. ClusterError otherwise.
-    (As client.admin when `directory` holds its keyring.)"""
-    async def ask():
-        monc = MonClient(addrs, deadline_s=timeout_s, name="cairn-cluster",
-                         authenticate=sessions.client_handshake(directory, "client.admin")
-                         if directory else None,
-                         tls=tls.for_cluster(directory) if directory else None)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                reply = await monc.request({"op": "status"})
-                leader = reply.header["mons"]["leader"]
-                if leader is not None:
-                    return leader
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"the monitors elected no leader within {timeout_s:g} s")
-                await asyncio.sleep(0.2)
-        finally:
-            await monc.close()
-    try:
-        return asyncio.run(ask())
-    except MonitorsUnavailable as exc:
-        raise ClusterError(f"monitors unreachable: {exc}") from None
-
-
-def room_warning(folder, device_bytes):
-    """A warning when the sparse device files to be made in `folder` could outgrow the free
-    space of its filesystem (each OSD would then fail its writes with `no space`), else None."""
-    free = shutil.disk_usage(folder).free
-    if device_bytes <= free:
-        return None
-    return (f"warning: the OSDs' device files total {device_bytes / 2**30:.1f} GiB but their "
-            f"filesystem ({folder}) has {free / 2**30:.1f} GiB free: they are sparse, but filled "
-            "they will fill it and writes will fail with 'no space' (use a smaller "
-            "--device-size or free some space)")
-
-
-def layout(hosts, osds_per_host, racks):
-    """[(host name, rack name or None, ip, [osd ids])] for the requested shape."""
-    shape = []
-    for index in range(hosts):
-        rack = f"r{index % racks + 1}" if racks else None
-        ids = list(range(index * osds_per_host, (index + 1) * osds_per_host))
-        shape.append((f"h{index + 1}", rack, f"127.0.0.{index + 2}", ids))
-    return shape
-
-
-def python_argv(module, *args):
-    return [sys.executable, "-m", module, *args]
+from cairn.common.monclient import MonitorsUnavailable
+from cairn.common.units import format_size
 
 
 def _cluster_dir(args):
@@ -690,14 +427,12 @@ def _status_hosts(args, directory, description):
     return 0
 
 
-_SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP,
-            "CONT": signal.SIGCONT}
 
 
 def kill(args):
     directory = os.path.abspath(args.dir)
     entry = find(load(directory), args.name)
-    sig = _SIGNALS[args.signal]
+    sig = SIGNALS[args.signal]
     if not stop(directory, entry, sig):
         raise ClusterError(f"{args.name} is not running (pid {entry.get('pid')})")
     print(f"sent SIG{args.signal} to {args.name} (pid {entry['pid']})")
@@ -916,144 +651,6 @@ def fault(args):
 
 
 # -- command line ---------------------------------------------------------------------------------
-
-def _size(text):
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _bounded(low, high):
-    def parse(text):
-        value = int(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be within {low}..{high} (was {value})")
-        return value
-    return parse
-
-
-def build_parser():
-    parser = argparse.ArgumentParser(prog="cairn-cluster", description="Bring a multi-host "
-                                     "cairn cluster up on this machine, inspect it, fault it, "
-                                     "and bring it down; or on real machines from a hosts file "
-                                     "over ssh (validate, up/status/down/restart/upgrade "
-                                     "--hosts-file, add-host).")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    start = commands.add_parser("up", help="make and start a new cluster (here, or on the "
-                                "machines of a hosts file over ssh)")
-    start.add_argument("--dir", help="directory for the cluster (created; with --hosts-file "
-                       "HOSTS.toml, default HOSTS.cluster beside it)")
-    start.add_argument("--hosts-file", metavar="HOSTS", help="bring the cluster up on the "
-                       "machines this TOML file names, over ssh (README: 'Bring-up on real "
-                       "machines'); --hosts, --osds-per-host, --racks, --mons, --isolated do "
-                       "not apply")
-    start.add_argument("--force-wipe", action="store_true", help="with --hosts-file: devices "
-                       "holding a filesystem or another cluster's store are overwritten")
-    start.add_argument("--hosts", type=_bounded(1, HOSTS_MAX), default=3)
-    start.add_argument("--osds-per-host", type=_bounded(1, OSDS_PER_HOST_MAX), default=1)
-    start.add_argument("--racks", type=_bounded(0, HOSTS_MAX), default=0,
-                       help="spread hosts over this many racks (0: no racks)")
-    start.add_argument("--mons", type=int, choices=(1, 3), default=1)
-    start.add_argument("--device-size", type=_size, default=parse_size("2G"),
-                       help="size of each OSD's (sparse) device file (default 2G)")
-    start.add_argument("--isolated", action="store_true", help="hosts in network namespaces, "
-                       "loop devices (root)")
-    start.add_argument("--mtu", type=_bounded(1280, isolated.MTU_MAX), default=isolated.MTU_DEFAULT,
-                       help=f"isolated mode: the MTU of the hosts' links (default "
-                       f"{isolated.MTU_DEFAULT}: jumbo frames, as storage networks use)")
-    start.add_argument("--read-cache", type=_size, metavar="SIZE",
-                       help="each OSD's read cache for small objects (cairn-osd run "
-                       "--read-cache; default the OSD's, 64M; 0: none)")
-    start.add_argument("--config", action="append", metavar="KEY=VALUE",
-                       help="cluster config to set before the OSDs start (repeatable)")
-    start.add_argument("--auth", choices=("hmac", "none"), default="hmac", help="hmac "
-                       "(default): every daemon and client authenticates with a key (the "
-                       "admin's: DIR/client.admin.keyring); none: no authentication, for "
-                       "benchmarks only")
-    start.add_argument("--tls", action="store_true", help="encrypt every connection with "
-                       "TLS 1.3 (a self-signed cluster certificate in DIR/tls; clients find it "
-                       "through --cluster DIR, or $CAIRN_TLS_CA)")
-    start.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    finish = commands.add_parser("down", help="stop every daemon the cluster started")
-    finish.add_argument("--dir")
-    finish.add_argument("--hosts-file", metavar="HOSTS")
-    finish.add_argument("--purge", action="store_true", help="also delete the directory (and "
-                        "on hosts: the data folders and file devices)")
-    show = commands.add_parser("status", help="which daemons run, with pids and addresses")
-    show.add_argument("--dir")
-    show.add_argument("--hosts-file", metavar="HOSTS")
-    show.add_argument("--json", action="store_true")
-    signal_one = commands.add_parser("kill", help="signal one daemon (default SIGKILL)")
-    signal_one.add_argument("--dir", required=True)
-    signal_one.add_argument("name", help="osd.N or mon.N")
-    signal_one.add_argument("--signal", choices=sorted(_SIGNALS), default="KILL")
-    again = commands.add_parser("restart", help="stop (if running) and start one daemon; "
-                                "with --hosts-file, every host in turn (rolling)")
-    again.add_argument("--dir")
-    again.add_argument("--hosts-file", metavar="HOSTS")
-    again.add_argument("name", nargs="?", help="osd.N or mon.N (a local cluster)")
-    grow = commands.add_parser("add-host", help="bring a new host of the hosts file (or new "
-                               "devices listed in a member's entry) in at weight 0 and raise "
-                               "the weight in steps (resumable)")
-    grow.add_argument("hosts_file", metavar="HOSTS")
-    grow.add_argument("new_host", metavar="NEWHOST", help="its name in HOSTS (a new host, or a "
-                      "member whose entry lists new devices)")
-    grow.add_argument("--dir")
-    grow.add_argument("--step", type=float, default=0.25, help="the most one step raises each "
-                      "new OSD's weight (default 0.25)")
-    grow.add_argument("--weight", type=float, default=1.0, help="the weight to reach "
-                      "(default 1.0, as every OSD starts with)")
-    grow.add_argument("--max-misplaced", type=float, default=0.05, help="the largest share of "
-                      "PG copies one step may move (default 0.05)")
-    grow.add_argument("--clean-timeout", type=float, default=600.0, help="seconds to wait for "
-                      "the cluster to be clean before each step (default 600)")
-    grow.add_argument("--force-wipe", action="store_true")
-    newer = commands.add_parser("upgrade", help="--hosts-file: install this checkout's build "
-                                "on every host in turn, restarting its daemons (rolling)")
-    newer.add_argument("--dir")
-    newer.add_argument("--hosts-file", metavar="HOSTS")
-    show_off = commands.add_parser("demo", help="bring up a local cluster, show it working, "
-                                   "fault it, store real data, bring it down")
-    show_off.add_argument("--dir", help="cluster directory (default: a new one under "
-                          "$CAIRN_SCRATCH_DIR or /var/tmp, removed afterwards)")
-    show_off.add_argument("--hosts", type=_bounded(3, HOSTS_MAX), default=4)
-    show_off.add_argument("--mons", type=int, choices=(1, 3), default=3)
-    show_off.add_argument("--osds-per-host", type=_bounded(2, OSDS_PER_HOST_MAX), default=2)
-    show_off.add_argument("--data", default="2G", help="bytes to store and read back "
-                          "(default 2G)")
-    show_off.add_argument("--keep", action="store_true", help="keep the directory")
-    faults = commands.add_parser("fault", help="isolated mode: packet loss, partitions, slow "
-                                 "disks, and their undo", description=(
-                                     "loss HOST HOST --percent P | partition H1,H2 H3,H4 | "
-                                     "throttle osd.N --bps 10M | clear | list. Hosts are h1.. "
-                                     "and mon."))
-    faults.add_argument("--dir", required=True)
-    faults.add_argument("fault", choices=("loss", "partition", "throttle", "clear", "list"))
-    faults.add_argument("a", nargs="?", help="loss: a host; partition: hosts of one side; "
-                        "throttle: osd.N")
-    faults.add_argument("b", nargs="?", help="loss: the other host; partition: the other side")
-    faults.add_argument("--percent", type=float, default=10.0, help="loss: percent dropped "
-                        "each way (default 10)")
-    faults.add_argument("--bps", type=_size, default=parse_size("10M"),
-                        help="throttle: bytes per second (default 10M)")
-    faults.add_argument("--json", action="store_true")
-    check = commands.add_parser(
-        "validate", help="check a hosts file, and its machines over ssh, changing nothing",
-        description="Check HOSTS (a TOML hosts file: README, 'Bring-up on real machines'): "
-        "its keys, names, addresses, monitor count and devices; then, over ssh, that every host "
-        "answers and every device exists (a file device: its folder) and holds no filesystem "
-        "or cairn store. Exit status 1 when anything is wrong; every problem is listed.")
-    check.add_argument("hosts_file", metavar="HOSTS")
-    check.add_argument("--offline", action="store_true", help="check the file only, not the "
-                       "machines")
-    check.add_argument("--force-wipe", action="store_true", help="devices that hold a "
-                       "filesystem or a cairn store may be overwritten by 'up' (reported, not "
-                       "refused)")
-    check.add_argument("--json", action="store_true")
-    bench_auth.add_parser(commands)
-    return parser
-
 
 def validate(args):
     """`cairn-cluster validate HOSTS`: the file, then each machine over ssh."""

@@ -1,7 +1,7 @@
 """Handshakes over the messenger: the client's side (`monitor_handshake`, `Tickets`) and the
 server's guards (`MonGuard`, `TicketGuard`); the cryptography is in common/auth.py.
 
-A guard is handed to `messenger.serve`: it names its handshake op and answers it with the reply
+A guard is handed to `server.serve`: it names its handshake op and answers it with the reply
 and the session's keys; until then a connection may send nothing else. With `required` False
 (the `auth none` configuration, for benchmarks) a guard answers `{"auth": "none"}` and every
 connection is trusted: `peer.entity` and `peer.caps` stay None and no check is made.

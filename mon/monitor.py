@@ -66,7 +66,7 @@ import time
 
 import msgpack
 
-from cairn.common import audit, config, messenger, sessions, tls
+from cairn.common import audit, config, messenger, server, sessions, tls
 from cairn.common.clustermap import Incremental, MapError
 from cairn.common.codes import Code
 from cairn.common.daemon import crash_on_error
@@ -199,7 +199,7 @@ class Monitor:
                 "mon.", self.store.auth["mon."][0])
         guard = sessions.MonGuard(self._auth_lookup, authenticating,
                                   lambda: authority.ticket_ttl_s(self.map))
-        self._server = await messenger.serve(self.bind_addr, self.handle,
+        self._server = await server.serve(self.bind_addr, self.handle,
                                              on_close=self._subscribers.discard, guard=guard,
                                              tls=self.tls_server)
         host, port = self._server.sockets[0].getsockname()[:2]

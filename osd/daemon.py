@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 
-from cairn.common import audit, auth, config, messenger, metrics, sessions, tls, wire
+from cairn.common import audit, auth, config, messenger, metrics, server, sessions, tls, wire
 from cairn.common.codes import Code
 from cairn.common.limits import READ_CACHE_BYTES_DEFAULT
 from cairn.common.pg import pool_by_id
@@ -92,7 +92,7 @@ class OsdDaemon:
         self.pgs.load_local()
         if self.authenticating:
             await self._fetch_service_keys()
-        self._server = await messenger.serve(
+        self._server = await server.serve(
             self.bind_addr, self.handle, tls=self.tls_server, fast=self.service.fast,
             guard=sessions.TicketGuard(lambda: self.service_keys, self.authenticating))
         host, port = self._server.sockets[0].getsockname()[:2]

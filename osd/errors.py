@@ -72,3 +72,12 @@ class StoreMismatch(StoreError):
 
 class StoreExists(StoreError):
     """mkfs refused: the device already holds a cairn store (use --force to overwrite)."""
+
+
+class StoreFailed(StoreError):
+    """A device flush or metadata commit failed: the store refuses further work until it is
+    remounted."""
+
+
+class StoreClosed(StoreError):
+    """The store is closing or closed: open it again to use it."""

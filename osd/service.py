@@ -43,7 +43,7 @@ import itertools
 import logging
 import time
 
-from cairn.common import config, messenger, pg as pgs
+from cairn.common import config, messenger, pg as pgs, server
 from cairn.common.codes import Code
 from cairn.common.keylocks import KeyLocks
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
@@ -51,8 +51,9 @@ from cairn.common.messenger import RequestFailed
 from cairn.common.metrics import OpLatency
 from cairn.native.errors import DeviceError, DeviceNoSpace
 from cairn.osd import access, member_ops, omap
-from cairn.osd.backend import (ZERO_COPY_READ_BYTES_MIN, ErasureBackend, ReplicatedBackend,
-                               slow_osds)
+from cairn.osd.backend import ZERO_COPY_READ_BYTES_MIN, slow_osds
+from cairn.osd.backend_erasure import ErasureBackend
+from cairn.osd.backend_replicated import ReplicatedBackend
 from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound, StoreError
 from cairn.osd.pg import Refused, merge_missing
 from cairn.osd.request import LIST_PAGE_DEFAULT, byte_ranges, object_name
@@ -113,7 +114,7 @@ class ObjectService:
         """Answer one op of `OPS` (the daemon checked the name and the peer's access)."""
         op = OPS[header["op"]]
         if not op.read_only:
-            messenger.finish_even_if_lost()
+            server.finish_even_if_lost()
         if not op.client:
             return await self._handle(op, header, payload)
         serial = next(self._serial)
@@ -281,7 +282,7 @@ class ObjectService:
         pg = await self.registry.wait_active(pg.key)
         # Room for the reply first (before any lock): a peer that leaves its replies unread
         # waits here, holding nothing of ours.
-        await messenger.reserve_reply(self.backend(pool).reply_bytes(
+        await server.reserve_reply(self.backend(pool).reply_bytes(
             pg, name, header.get("offset", 0), header.get("length")))
         key = (pg.collection, name)
         await self._object_locks.acquire(key)            # no read of a write not yet everywhere
@@ -309,7 +310,7 @@ class ObjectService:
     # -- ops answered without a task -------------------------------------------------------------
 
     def fast(self, connection, received):
-        """messenger.serve's `fast`: a get (`fast_get`), a put (`fast_put`) or a replica's
+        """server.serve's `fast`: a get (`fast_get`), a put (`fast_put`) or a replica's
         write (`fast_rep_put`) taken to be answered from callbacks, when nothing about it
         needs waiting."""
         op = received.header.get("op")
@@ -545,7 +546,7 @@ class ObjectService:
             raise RequestFailed(Code.STALE, f"osd.{self.daemon.id} does not serve shard {shard!r} "
                                 f"of {where} in interval {header.get('interval')!r}; read "
                                 "through the primary")
-        await messenger.reserve_reply(sum(length for _, length in ranges))
+        await server.reserve_reply(sum(length for _, length in ranges))
         record, data = await backend.read_local(pg, name, [tuple(r) for r in ranges])
         found = (pgs.version_of(record.attrs), pgs.shard_of(record.attrs))
         if found != (version, shard):
@@ -659,7 +660,7 @@ class Op:
     handler: object         # async (service, header, payload) -> (reply header, payload)
     client: bool            # a client's op: counted, timed (SLOW_OPS, /metrics)
     read_only: bool         # changes nothing: a lost connection cancels it; any other op runs
-                            # to its end (messenger.finish_even_if_lost), so the store and the
+                            # to its end (server.finish_even_if_lost), so the store and the
                             # PG's record of it stay in step
 
 

@@ -11,6 +11,8 @@ import os
 import stat
 
 import pytest
+
+from cairn.common import server as serving
 from hypothesis import given, settings, strategies as st
 
 from cairn.common import auth
@@ -171,9 +173,9 @@ def test_monitor_and_ticket_handshakes_over_loopback():
 
     async def main():
         entities = {"client.alice": (alice, ["osd=r pool=ckpt"])}
-        mon = await messenger.serve("127.0.0.1:0", handler, guard=sessions.MonGuard(
+        mon = await serving.serve("127.0.0.1:0", handler, guard=sessions.MonGuard(
             entities.get, True, lambda: 30.0))
-        osd = await messenger.serve("127.0.0.1:0", handler, guard=sessions.TicketGuard(
+        osd = await serving.serve("127.0.0.1:0", handler, guard=sessions.TicketGuard(
             lambda: service, True))
         mon_addr = "127.0.0.1:%d" % mon.sockets[0].getsockname()[1]
         osd_addr = "127.0.0.1:%d" % osd.sockets[0].getsockname()[1]

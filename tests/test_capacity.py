@@ -124,7 +124,9 @@ def test_slow_flags_follow_slow_disk_and_reads_avoid_flagged_osds():
     import types
 
     from cairn.mon.health import slow_flag_ops
-    from cairn.osd.backend import ErasureBackend, ReplicatedBackend, slow_osds
+    from cairn.osd.backend import slow_osds
+    from cairn.osd.backend_erasure import ErasureBackend
+    from cairn.osd.backend_replicated import ReplicatedBackend
     cmap = cluster()
     assert slow_flag_ops(cmap, {1: "finding"}) == [{"op": "osd_slow", "id": 1, "slow": True}]
     cmap = step(cmap, {"op": "osd_slow", "id": 1, "slow": True})

@@ -170,13 +170,13 @@ def test_local_monitor_ports_are_below_the_ephemeral_range_and_distinct():
     """An ephemeral port (the kernel's pick for port 0) can be handed to another monitor's
     outgoing connection before its own monitor binds it ('address in use' in CI)."""
     import socket
-    from cairn.cluster import cli
-    low = cli._ephemeral_low()
+    from cairn.cluster import cli, daemons
+    low = daemons._ephemeral_low()
     ports = []
     for _ in range(5):
         ports.append(cli.free_port(ports))
     assert len(set(ports)) == 5
-    assert all(cli.MONITOR_PORT_LOW <= port < low for port in ports), (ports, low)
+    assert all(daemons.MONITOR_PORT_LOW <= port < low for port in ports), (ports, low)
     with socket.socket() as holder:                      # a port in use is never chosen
         holder.bind((cli.MONITOR_IP, ports[0]))
         holder.listen()

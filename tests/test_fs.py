@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from cairn.client import fs as fsmod
-from cairn.client.fs import Filesystem, STRIPE_BYTES
+from cairn.client import fs_format as fsmod
+from cairn.client.fs import Filesystem
+from cairn.client.fs_format import STRIPE_BYTES
 from cairn.client.fs_check import check
 from cairn.client.sync import connect
 

@@ -17,6 +17,7 @@ import pytest
 
 from cairn.client.cluster import Cluster
 from cairn.common import auth, frame, messenger, sessions
+from cairn.common import server as serving
 from cairn.common.frame import Kind
 from cairn.common.placement import stable_pg
 from cairn.native.checksum import crc32c
@@ -124,7 +125,7 @@ def test_daemons_survive_lying_lengths_unread_replies_slowloris_and_garbage(
             # at CONNECTION_REPLY_BYTES_MAX (and whatever its socket took), not 2,000 x 4 MiB.
             grown = memory(daemons[f"osd.{primary}"][0])[0] - before
             report["primary grew MiB"] = grown >> 20
-            assert grown < len(floods) * messenger.CONNECTION_REPLY_BYTES_MAX + (64 << 20), grown
+            assert grown < len(floods) * serving.CONNECTION_REPLY_BYTES_MAX + (64 << 20), grown
             # Reading nothing for REPLY_STALL_S, then the OSD lets go: what it sent is still
             # queued in our socket, after which the connection ends.
             await asyncio.sleep(7)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from cairn.common import frame, messenger, sessions
+from cairn.common import server as serving
 from cairn.common.frame import Kind
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import ClusterNotFound, MonClient, MonitorsUnavailable, load_cluster
@@ -33,7 +34,7 @@ async def echo_server():
             peer.push({"op": "note", "n": 1})
             return {}, b""
         raise ValueError("boom")
-    return await messenger.serve("127.0.0.1:0", handler)
+    return await serving.serve("127.0.0.1:0", handler)
 
 
 def addr_of(server):
@@ -203,13 +204,13 @@ def test_key_locks_hand_over_in_arrival_order_and_survive_cancellation():
 
 def test_a_lost_connection_cancels_its_requests_except_those_that_must_finish():
     """A dropped client cancels what its requests were doing, unless a request declared it
-    must finish (messenger.finish_even_if_lost: OSD ops that change the store); that one runs
+    must finish (serving.finish_even_if_lost: OSD ops that change the store); that one runs
     to its end, with its received payload still held, and its reply is dropped."""
     events = []
 
     async def handler(peer, received):
         if received.header["op"] == "change":
-            messenger.finish_even_if_lost()
+            serving.finish_even_if_lost()
         try:
             await asyncio.sleep(0.3)
             events.append((received.header["op"], "finished", bytes(received.payload[:3])))
@@ -219,7 +220,7 @@ def test_a_lost_connection_cancels_its_requests_except_those_that_must_finish():
         return {}, b""
 
     async def main():
-        server = await messenger.serve("127.0.0.1:0", handler)
+        server = await serving.serve("127.0.0.1:0", handler)
         connection = await messenger.connect(addr_of(server))
         try:
             requests = [asyncio.ensure_future(connection.request({"op": op}, b"abc" * 30_000))
@@ -266,7 +267,7 @@ def test_requests_taken_by_fast_are_answered_without_a_task_or_fall_back_to_the_
         held.clear()
 
     async def main():
-        server = await messenger.serve("127.0.0.1:0", handler, fast=fast)
+        server = await serving.serve("127.0.0.1:0", handler, fast=fast)
         connection = await messenger.connect(addr_of(server))
         try:
             ops = ["quick", "back", "decline"] * 40
@@ -334,16 +335,16 @@ def test_garbage_gets_a_protocol_error_and_the_server_lives_on():
 
 
 def test_connections_without_a_handshake_are_capped_and_idle_ones_closed(monkeypatch):
-    monkeypatch.setattr(messenger, "SERVER_UNAUTHENTICATED_MAX", 3)
-    monkeypatch.setattr(messenger, "IDLE_S", 0.6)
-    monkeypatch.setattr(messenger, "SWEEP_INTERVAL_S", 0.1)
+    monkeypatch.setattr(serving, "SERVER_UNAUTHENTICATED_MAX", 3)
+    monkeypatch.setattr(serving, "IDLE_S", 0.6)
+    monkeypatch.setattr(serving, "SWEEP_INTERVAL_S", 0.1)
     guard = sessions.MonGuard(lambda entity: None, True, lambda: 60.0)
 
     async def handler(peer, received):
         return {"ok": True}, b""
 
     async def main():
-        keyed = await messenger.serve("127.0.0.1:0", handler, guard=guard)
+        keyed = await serving.serve("127.0.0.1:0", handler, guard=guard)
         plain = await echo_server()
         try:
             host, port = keyed.sockets[0].getsockname()[:2]

@@ -26,7 +26,7 @@ from cairn.osd.peering import (Activate, Complete, Incomplete, Query, Record, Re
                                State)
 from cairn.common import pg as pgs
 from cairn.native import MemoryBlockDevice
-from cairn.osd.backend import ReplicatedBackend
+from cairn.osd.backend_replicated import ReplicatedBackend
 from cairn.osd.pg import Refused, WritePlan, WriteTarget, backfill_names, delta_names
 from cairn.osd.pgs import PgRegistry
 from cairn.osd.store import Store, Transaction, mkfs

@@ -1,0 +1,299 @@
+"""A file's bytes on the data pool: an open inode's stripes, read-ahead and write-behind, and
+the handle a caller reads and writes through (client/fs.py opens them).
+
+Theory of operation: a file is stripe objects of STRIPE_BYTES, each written whole. An
+`OpenInode` (one per file open in this process, shared by its handles) keeps the stripes
+written here and not yet flushed (at most DIRTY_STRIPES_MAX, written back WRITE_BEHIND at a
+time), the stripes being written back, and clean stripes read or read ahead (READ_AHEAD
+beyond a sequential read). A flush (close, fsync, or every FLUSH_INTERVAL_S) writes every dirty
+stripe, then the size in the inode's omap: the size never covers bytes not yet durable. A
+truncate deletes the stripes past the new end and cuts the last one, so bytes past the end
+never come back when the file grows again.
+"""
+
+import asyncio
+import collections
+import errno
+import time
+
+import msgpack
+
+from cairn.client import errors
+from cairn.client.fs_format import (ATTR_KEY, DIRTY_STRIPES_MAX, FLUSH_INTERVAL_S, READ_AHEAD,
+                                    SIZE_KEY, STRIPE_BYTES, WRITE_BEHIND, _as_oserror, fs_error)
+
+
+async def _truncate_stripes(fs, ino, old_size, new_size):
+    """Make the stripes fit a new size: stripes past it deleted, the last one cut (so bytes
+    past the end never come back when the file grows again)."""
+    if new_size >= old_size:
+        return
+    keep = -(-new_size // STRIPE_BYTES)
+    await fs._delete_stripes(ino, keep, -(-old_size // STRIPE_BYTES))
+    cut = new_size % STRIPE_BYTES
+    if cut:
+        name = fs.stripe_object(ino, new_size // STRIPE_BYTES)
+        try:
+            data = await fs.data.get(name)
+        except errors.ObjectNotFound:
+            return
+        if len(data) > cut:
+            await fs.data.put(name, data[:cut])
+
+
+class OpenInode:
+    """A file open in this process: its size as written here, its dirty stripes, stripes being
+    written back, and clean stripes read (or read ahead)."""
+
+    def __init__(self, fs, ino, size):
+        self.fs = fs
+        self.ino = ino
+        self.size = size
+        self.users = 0
+        self.dirty = {}                 # stripe index -> bytearray (whole stripe, or shorter)
+        self.pending = {}               # stripe index -> bytes being written back
+        self.cache = collections.OrderedDict()     # stripe index -> bytes (clean), LRU
+        self.fetching = {}              # stripe index -> task reading it
+        self.generation = 0             # moves on every write and truncate
+        self.writing = set()            # tasks writing stripes back
+        self.lock = asyncio.Lock()
+        self.failure = None             # a write-back error, raised at the next flush
+        self.changed = False            # size or data changed since the last flush
+        self.flushed_at = time.monotonic()
+        self.next_offset = 0            # where a sequential reader goes next
+
+    def _known(self, index):
+        """The stripe's bytes if this process has them (dirty, being written, cached)."""
+        if index in self.dirty:
+            return self.dirty[index]
+        if index in self.pending:
+            return self.pending[index]
+        data = self.cache.get(index)
+        if data is not None:
+            self.cache.move_to_end(index)
+        return data
+
+    async def _stripe(self, index):
+        data = self._known(index)
+        if data is not None:
+            return data
+        task = self.fetching.get(index) or self._fetch(index)
+        return await asyncio.shield(task)
+
+    def _fetch(self, index):
+        task = asyncio.ensure_future(self._get(index, self.generation))
+        self.fetching[index] = task
+        return task
+
+    async def _get(self, index, generation):
+        try:
+            data = await self.fs.data.get_view(self.fs.stripe_object(self.ino, index))
+        except errors.ObjectNotFound:
+            data = b""
+        finally:
+            self.fetching.pop(index, None)
+        if generation == self.generation:       # no write since: safe to keep
+            self.cache[index] = data
+            while len(self.cache) > READ_AHEAD + 4:
+                self.cache.popitem(last=False)
+        return data
+
+    def _read_ahead(self, after):
+        """Start reading the READ_AHEAD stripes after stripe `after` (not awaited)."""
+        for index in range(after + 1, after + 1 + READ_AHEAD):
+            if index * STRIPE_BYTES >= self.size:
+                break
+            if self._known(index) is None and index not in self.fetching:
+                self._fetch(index)
+
+    async def read(self, offset, size):
+        """The bytes of [offset, offset + size) (fewer at the end): a buffer, maybe a view."""
+        end = min(offset + size, self.size)
+        if offset >= end:
+            return b""
+        first, last = offset // STRIPE_BYTES, (end - 1) // STRIPE_BYTES
+        for index in range(first, last + 1):
+            if self._known(index) is None and index not in self.fetching:
+                self._fetch(index)
+        if offset == self.next_offset or offset == 0:
+            self._read_ahead(last)
+        self.next_offset = end
+        if first == last:                       # the common case: no join
+            data = await self._stripe(first)
+            lo = offset - first * STRIPE_BYTES
+            piece = memoryview(data)[lo:lo + end - offset]
+            if len(piece) == end - offset:
+                return piece                    # no copy: a view of the stripe
+            return bytes(piece) + bytes(end - offset - len(piece))
+        out = bytearray()
+        for index in range(first, last + 1):
+            data = await self._stripe(index)
+            lo = max(offset, index * STRIPE_BYTES) - index * STRIPE_BYTES
+            hi = min(end, (index + 1) * STRIPE_BYTES) - index * STRIPE_BYTES
+            piece = memoryview(data)[lo:hi]
+            out += piece
+            if len(piece) < hi - lo:
+                out += bytes(hi - lo - len(piece))        # a hole or a short stripe: zeros
+        return bytes(out)
+
+    async def write(self, offset, data):
+        if self.failure is not None:
+            raise self.failure
+        view = memoryview(data).cast("B")
+        self.generation += 1
+        position = 0
+        while position < len(view):
+            index = (offset + position) // STRIPE_BYTES
+            within = (offset + position) % STRIPE_BYTES
+            take = min(len(view) - position, STRIPE_BYTES - within)
+            stripe = self.dirty.get(index)
+            if stripe is None:
+                if (within == 0 and take == STRIPE_BYTES) or index * STRIPE_BYTES >= self.size:
+                    stripe = bytearray()
+                else:
+                    stripe = bytearray(await self._stripe(index))
+                self.dirty[index] = stripe
+                self.cache.pop(index, None)
+            if len(stripe) < within:
+                stripe.extend(bytes(within - len(stripe)))
+            stripe[within:within + take] = view[position:position + take]
+            position += take
+            if within + take == STRIPE_BYTES:
+                self._write_back(index)
+        self.size = max(self.size, offset + len(view))
+        self.changed = True
+        if len(self.dirty) > DIRTY_STRIPES_MAX:
+            for index in sorted(self.dirty)[:len(self.dirty) - DIRTY_STRIPES_MAX]:
+                self._write_back(index)
+        while len(self.writing) >= WRITE_BEHIND:
+            await asyncio.wait(self.writing, return_when=asyncio.FIRST_COMPLETED)
+        if self.failure is not None:
+            raise self.failure
+        if time.monotonic() - self.flushed_at > FLUSH_INTERVAL_S:
+            await self.flush()
+        return len(view)
+
+    def _write_back(self, index):
+        data = bytes(self.dirty.pop(index))
+        self.pending[index] = data              # reads see it until it is stored
+        task = asyncio.ensure_future(self._put(index, data))
+        self.writing.add(task)
+        task.add_done_callback(self.writing.discard)
+
+    async def _put(self, index, data):
+        try:
+            await self.fs.data.put(self.fs.stripe_object(self.ino, index), data)
+        except Exception as exc:            # kept for the next write or flush to raise
+            self.failure = self.failure or _as_oserror(exc)
+        finally:
+            if self.pending.get(index) is data:
+                del self.pending[index]
+
+    async def truncate(self, size):
+        async with self.lock:
+            await self._drain()
+            self.generation += 1
+            for index in [i for i in self.dirty if i * STRIPE_BYTES >= size]:
+                del self.dirty[index]
+            cut = size % STRIPE_BYTES
+            if cut and size // STRIPE_BYTES in self.dirty:
+                del self.dirty[size // STRIPE_BYTES][cut:]
+            self.cache.clear()
+            await _truncate_stripes(self.fs, self.ino, self.size, size)
+            self.size = size
+            self.changed = True
+
+    async def _drain(self):
+        while self.writing:
+            await asyncio.gather(*list(self.writing))
+
+    async def flush(self):
+        """Write every dirty stripe, then the size and mtime: durable on the cluster when it
+        returns."""
+        async with self.lock:
+            for index in sorted(self.dirty):
+                self._write_back(index)
+                while len(self.writing) >= WRITE_BEHIND:
+                    await asyncio.wait(self.writing, return_when=asyncio.FIRST_COMPLETED)
+            await self._drain()
+            if self.failure is not None:
+                failure, self.failure = self.failure, None
+                raise failure
+            if self.changed:
+                try:
+                    await self.fs.meta.omap_update(
+                        self.fs.inode_object(self.ino), {SIZE_KEY: msgpack.packb([self.size,
+                                                                          time.time_ns()])},
+                        present=[ATTR_KEY])
+                except (errors.PreconditionFailed, errors.ObjectNotFound):
+                    raise fs_error(errno.ENOENT, f"file {self.ino:x} was removed") from None
+                self.changed = False
+            self.flushed_at = time.monotonic()
+
+
+class FileHandle:
+    """An open file: `read`, `write` (at the position or at an offset), `flush`, `close`."""
+
+    def __init__(self, inode, writable):
+        self.inode = inode
+        self.writable = writable
+        self.position = 0
+        self.closed = False
+
+    @property
+    def ino(self):
+        return self.inode.ino
+
+    @property
+    def size(self):
+        return self.inode.size
+
+    async def read(self, size=-1, offset=None):
+        """Up to `size` bytes (all to the end: -1) from the position or `offset`."""
+        return bytes(await self.read_buffer(size, offset))
+
+    async def read_buffer(self, size=-1, offset=None):
+        """As read(), as a bytes-like buffer that may be a view of a cached stripe (no copy;
+        the FUSE layer hands it to the kernel as it is)."""
+        start = self.position if offset is None else offset
+        if size is None or size < 0:
+            size = max(0, self.inode.size - start)
+        data = await self.inode.read(start, size)
+        if offset is None:
+            self.position += len(data)
+        return data
+
+    async def write(self, data, offset=None):
+        if not self.writable:
+            raise fs_error(errno.EBADF, "file not open for writing")
+        start = self.position if offset is None else offset
+        written = await self.inode.write(start, data)
+        if offset is None:
+            self.position += written
+        return written
+
+    async def truncate(self, size):
+        if not self.writable:
+            raise fs_error(errno.EBADF, "file not open for writing")
+        await self.inode.truncate(size)
+
+    async def flush(self):
+        await self.inode.flush()
+
+    fsync = flush
+
+    async def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.writable:
+                await self.inode.flush()
+        finally:
+            self.inode.fs._closed(self.inode)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.close()

@@ -1,0 +1,141 @@
+"""The file namespace's format on objects (see client/fs.py for the layout it serves): object
+names of inodes and stripes, the omap keys of an inode, directory entries, attributes, name and
+prefix checks, and the errors the namespace raises (OSError with an errno).
+
+Pure: no I/O; client/fs.py (directories and renames), client/fs_file.py (a file's bytes),
+client/fs_check.py (fsck) and client/mount.py all read the format from here.
+"""
+
+import errno
+import os
+import stat as stat_module
+
+import msgpack
+
+from cairn.client import errors
+
+ROOT_INO = 1
+STRIPE_BYTES = 4 << 20
+ATTR_KEY = b"\x00a"
+SIZE_KEY = b"\x00s"
+DIR_KEY = b"\x00D"
+DEAD_KEY = b"\x00d"
+ENTRY_PREFIX = b"\x01"
+NAME_BYTES_MAX = 255
+SYMLINK_BYTES_MAX = 4096
+# A rename intent younger than this may still be in progress: readers wait for it.
+INTENT_SETTLE_S = 5.0
+# Stripe objects in flight per open file while writing back, and read ahead while reading.
+WRITE_BEHIND = 8
+READ_AHEAD = 4
+# Dirty stripes one open file holds before writing them back.
+DIRTY_STRIPES_MAX = 16
+# A file being written makes its size durable at least this often (so a crash loses at most
+# this much of a long write, and fsck's grace period never takes its stripes for orphans).
+FLUSH_INTERVAL_S = 20.0
+LIST_PAGE = 1000
+PREFIX_BYTES_MAX = 512
+
+
+def inode_object(ino, prefix=""):
+    return f"{prefix}i.{ino:016x}"
+
+
+def stripe_object(ino, index, prefix=""):
+    return f"{prefix}f.{ino:016x}.{index:x}"
+
+
+def check_prefix(prefix):
+    """A namespace's object-name prefix: '' or text ending in '/' (ValueError otherwise)."""
+    if not isinstance(prefix, str) or (prefix and not prefix.endswith("/")) or \
+            "\x00" in prefix or len(prefix.encode()) > PREFIX_BYTES_MAX:
+        raise ValueError(f"a namespace prefix is empty or ends with '/', at most "
+                         f"{PREFIX_BYTES_MAX} bytes (was {prefix!r})")
+    return prefix
+
+
+def prefix_argument(text):
+    """argparse type of --prefix: a valid namespace prefix ('team-a' means 'team-a/')."""
+    import argparse
+    if text and not text.endswith("/"):
+        text += "/"
+    try:
+        return check_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def fs_error(code, what):
+    return OSError(code, f"{os.strerror(code)}: {what}")
+
+
+def _check_name(name):
+    raw = name.encode() if isinstance(name, str) else bytes(name)
+    if not raw or raw in (b".", b"..") or b"/" in raw or b"\x00" in raw:
+        raise fs_error(errno.EINVAL, f"bad file name {name!r}")
+    if len(raw) > NAME_BYTES_MAX:
+        raise fs_error(errno.ENAMETOOLONG, f"{len(raw)}-byte name {name!r}")
+    return raw
+
+
+def split_path(path):
+    """The names of an absolute or relative path ('/a/b' -> ['a', 'b'])."""
+    return [part for part in path.split("/") if part and part != "."]
+
+
+class Attr(dict):
+    """An inode's attributes (the msgpack record), with friendlier names."""
+
+    @property
+    def kind(self):
+        return self["t"]
+
+    @property
+    def size(self):
+        return self.get("s", 0)
+
+    @property
+    def is_dir(self):
+        return self["t"] == "d"
+
+    def st_mode(self):
+        kind = {"f": stat_module.S_IFREG, "d": stat_module.S_IFDIR,
+                "l": stat_module.S_IFLNK}[self["t"]]
+        return kind | (self.get("m", 0) & 0o7777)
+
+
+def decode_attr(found):
+    """The Attr of an inode from its omap entries {ATTR_KEY, SIZE_KEY} (None: no inode)."""
+    raw = found.get(ATTR_KEY)
+    if raw is None:
+        return None
+    attr = Attr(msgpack.unpackb(raw))
+    sized = found.get(SIZE_KEY)
+    if sized is not None:
+        attr["s"], attr["mt"] = msgpack.unpackb(sized)
+    return attr
+
+
+def _pack_entry(ino, kind, intent=None):
+    return msgpack.packb([ino, kind] + ([intent] if intent is not None else []))
+
+
+def _unpack_entry(raw):
+    fields = msgpack.unpackb(raw)
+    return fields[0], fields[1], (fields[2] if len(fields) > 2 else None)
+
+
+def _as_oserror(exc):
+    """A client error as the errno a file system gives."""
+    if isinstance(exc, OSError):
+        return exc
+    code = {errors.NoSpace: errno.ENOSPC, errors.QuotaExceeded: errno.EDQUOT,
+            errors.ObjectNotFound: errno.ENOENT, errors.Timeout: errno.EIO,
+            errors.PoolUnavailable: errno.EIO, errors.DataUnavailable: errno.EIO,
+            errors.Unsupported: errno.EOPNOTSUPP,
+            errors.PermissionDenied: errno.EACCES}.get(type(exc), errno.EIO)
+    return OSError(code, f"{os.strerror(code)}: {exc}")
+
+
+def _display(raw):
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
