@@ -59,11 +59,15 @@ echo "setup: installing cairn and its Python dependencies (builds the io_uring e
 pip_quietly -e '.[test]'
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   # PyTorch for the checkpoint tests (CPU is enough): the CPU build where the machine's wheel
-  # cache has it (about 30 s), else PyTorch's CPU index; the tests say why they skip without it.
+  # cache has it (about 30 s), else PyTorch's CPU index, else PyPI's torch (the default build,
+  # with CUDA libraries: a large download, but reachable wherever PyPI is); the tests say why
+  # they skip without it.
   echo "setup: installing PyTorch (CPU build) for the checkpoint tests"
   .venv/bin/python -m pip install -q "torch==2.13.0+cpu" >"$log" 2>&1 \
-    || .venv/bin/python -m pip install -q --index-url https://download.pytorch.org/whl/cpu \
-         torch >"$log" 2>&1 \
+    || .venv/bin/python -m pip install -q --timeout 15 --retries 1 \
+         --index-url https://download.pytorch.org/whl/cpu torch >"$log" 2>&1 \
+    || { echo "setup: PyTorch's CPU build is not reachable; installing torch from PyPI"
+         .venv/bin/python -m pip install -q torch >"$log" 2>&1; } \
     || echo "setup: PyTorch could not be installed; tests/test_torch_checkpoints.py will skip"
 fi
 rm -f "$log"

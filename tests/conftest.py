@@ -5,6 +5,8 @@ so `pytest -m unit` and friends always select the whole suite between them.
 """
 
 import atexit
+import faulthandler
+import gc
 import os
 import sys
 import tempfile
@@ -26,22 +28,26 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The test process ends without the interpreter's late finalization, with the status
-    pytest reported (CAIRN_TEST_FINALIZE=1: finalize as usual). On 2026-11-27 two full runs
-    passed every test and then died of SIGSEGV after the summary (and one on 2026-11-25, then
-    put down to slab trimming); the kernel put the fault in PyThreadState_New at address 0x28:
-    a thread without a Python thread state (a library's own: torch's, RocksDB's) entering
-    Python after the interpreter had dropped its state. Not reproduced in smaller runs, and
-    no daemon has died so (they run in processes of their own); until it is found, the test
-    process stops at its atexit, before that point."""
-    if os.environ.get("CAIRN_TEST_FINALIZE") != "1":
-        atexit.register(_exit_now, int(exitstatus))
+    """Drop what the tests left behind while the interpreter is whole.
+
+    History: on 2026-11-25 and twice on 2026-11-27 a full run passed every test and then died
+    of SIGSEGV after the summary, the kernel placing the fault in PyThreadState_New at address
+    0x28: a thread with no Python thread state asking for the GIL after the interpreter had
+    dropped its state. That is what a library's late destructor does when it releases a Python
+    reference from a static or thread-local destructor at process exit (pyo3, under rocksdict,
+    takes the GIL that way). Our own extensions never take the GIL from a thread of their own.
+    The test process used to skip finalization to hide it; it now finalizes as any Python
+    process does. Native objects still reachable are collected here, before finalization
+    begins, and faulthandler stays on through finalization (`_keep_faulthandler`), so if the
+    fault comes back its output names every thread's stack instead of a bare exit status."""
+    gc.collect()
+    atexit.register(_keep_faulthandler)
 
 
-def _exit_now(status):
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+def _keep_faulthandler():
+    # pytest's own faulthandler plugin turns it off when the session ends; atexit handlers run
+    # before the interpreter finalizes its modules and threads, where the fault was seen.
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
 
 
 def _direct_io_works(directory):
