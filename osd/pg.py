@@ -86,6 +86,18 @@ class Refused(Exception):
         self.code, self.message = code, message
 
 
+class Phase(enum.Enum):
+    """Where a PG stands on this OSD; `PgCore.state` adds the flags (readonly, degraded)."""
+    STRAY = "stray"                     # not a member of the acting set
+    REPLICA = "replica"                 # a member, not the primary
+    PEERING = "peering"                 # primary: querying members, choosing the authority
+    RECOVERING = "recovering"           # primary: catching itself up before it activates
+    ACTIVATING = "activating"           # primary: finding its missing set, recording
+    ACTIVE = "active"                   # primary: serving
+    ACTIVE_RECOVERING = "active+recovering"     # serving while members recover
+    INCOMPLETE = "incomplete"           # no complete member is up: waits for the next map
+
+
 class Role(enum.Enum):
     PRIMARY = "primary"
     REPLICA = "replica"
@@ -181,7 +193,9 @@ class PgCore:
         self.log_collection = pgs.log_collection(*key)
         self.stash_collection = pgs.stash_collection(*key)
         self.interval = None                            # (epoch, Acting)
-        self.state = "stray"
+        self.phase = Phase.STRAY
+        self.readonly = False                           # active below min_size: no writes
+        self.degraded = False                           # active, a member's recovery gave up
         self.min_epoch = 0
         self.log_names = None                           # deque of entry names, oldest first
         self.log_legacy = set()                         # entries held as objects (older stores)
@@ -219,6 +233,16 @@ class PgCore:
         return self.interval[1] if self.interval else None
 
     @property
+    def state(self):
+        """The PG's state as `cairn status` shows it ("active", "active+readonly",
+        "active+degraded", "peering", ...): the phase with its flags."""
+        if self.phase is Phase.ACTIVE:
+            if self.readonly:
+                return "active+readonly"
+            return "active+degraded" if self.degraded else "active"
+        return self.phase.value
+
+    @property
     def role(self):
         acting = self.acting
         if acting is not None and acting.primary == self.me:
@@ -239,17 +263,25 @@ class PgCore:
         self.missing, self.missing_from, self.remaining = {}, None, {}
         self.clean = False
         self.unsettled, self.settled = {}, False
+        self.readonly = self.degraded = False
         role = self.role
-        self.state = {Role.PRIMARY: "peering", Role.REPLICA: "replica",
-                      Role.STRAY: "stray"}[role]
+        self.phase = {Role.PRIMARY: Phase.PEERING, Role.REPLICA: Phase.REPLICA,
+                      Role.STRAY: Phase.STRAY}[role]
         return role
+
+    def peering_moved(self, phase):
+        """The primary's peering reached `phase` (PEERING again, RECOVERING, ACTIVATING,
+        INCOMPLETE) or its background recovery started (ACTIVE_RECOVERING)."""
+        assert phase in (Phase.PEERING, Phase.RECOVERING, Phase.ACTIVATING, Phase.INCOMPLETE,
+                         Phase.ACTIVE_RECOVERING), phase
+        self.phase = phase
 
     def activated(self, complete, writable, more_to_recover):
         """Peering activated the PG: it serves from now on; `complete` members' writes carry
         the complete flag."""
         assert self.role is Role.PRIMARY
         self.complete_members = frozenset(complete)
-        self.state = "active" if writable else "active+readonly"
+        self.phase, self.readonly, self.degraded = Phase.ACTIVE, not writable, False
         self.clean = writable and not more_to_recover
         self.settled = self.settled or self.clean
         self.serving = True
@@ -260,9 +292,7 @@ class PgCore:
 
     def recovery_finished(self, clean, writable, all_recorded):
         """Every background recovery of the interval ended (each succeeded or gave up)."""
-        self.state = "active" if clean else "active+degraded"
-        if not writable:
-            self.state = "active+readonly"
+        self.phase, self.readonly, self.degraded = Phase.ACTIVE, not writable, not clean
         self.clean = writable and clean and all_recorded
         self.settled = self.settled or self.clean
 
@@ -502,7 +532,8 @@ class PgCore:
             return None
         acting = self.acting
         degraded = len(acting.up_members) < acting.size
-        return self.state + ("+degraded" if degraded and self.state == "active" else "")
+        state = self.state
+        return state + ("+degraded" if degraded and state == "active" else "")
 
     def object_counts(self):
         """(total, degraded, misplaced) object copies this OSD accounts for: see
@@ -514,6 +545,6 @@ class PgCore:
             degraded = sum(self.remaining.values()) + len(self.missing)
             degraded += self.object_count * (acting.size - len(acting.up_members))
             return self.object_count * acting.size, degraded, 0
-        if self.state == "stray" and self.stray_objects:
+        if self.phase is Phase.STRAY and self.stray_objects:
             return 0, 0, self.stray_objects
         return 0, 0, 0

@@ -37,8 +37,8 @@ from cairn.common import pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonitorsUnavailable
 from cairn.osd import peering
-from cairn.osd.pg import (ACKED_ATTR, COMPLETE_ATTR, TAIL_NAME, PgCore, Role, backfill_names,
-                          delta_names, hash_order, log_entry_attrs)
+from cairn.osd.pg import (ACKED_ATTR, COMPLETE_ATTR, TAIL_NAME, Phase, PgCore, Role,
+                          backfill_names, delta_names, hash_order, log_entry_attrs)
 from cairn.osd.errors import CollectionExists, ObjectNotFound
 from cairn.osd.store import Transaction
 
@@ -312,14 +312,14 @@ class PgRegistry:
             elif isinstance(effect, peering.Recover) and core.state is peering.State.ACTIVE:
                 background = [effect] + [e for e in queue if isinstance(e, peering.Recover)]
                 queue = [e for e in queue if not isinstance(e, peering.Recover)]
-                pg.state = "active+recovering"
+                pg.peering_moved(Phase.ACTIVE_RECOVERING)
                 recorded = await asyncio.gather(*(self._recover_in_background(pg, core, r, epoch,
                                                                               writable)
                                                   for r in background))
                 pg.recovery_finished(core.clean, writable, all(recorded))
                 return True
             elif isinstance(effect, peering.Recover):
-                pg.state = "recovering"             # the primary catches up first
+                pg.peering_moved(Phase.RECOVERING)  # the primary catches up first
                 try:
                     await self._recover(pg, effect.source, effect.target, epoch)
                 except RequestFailed as exc:
@@ -329,7 +329,7 @@ class PgRegistry:
             elif isinstance(effect, peering.Activate):
                 log.debug("pg %d.%x epoch %d: infos %s authority osd.%s", *pg.key, epoch,
                           core.infos, core.authority)
-                pg.state = "activating"
+                pg.peering_moved(Phase.ACTIVATING)
                 if effect.missing_from is not None:
                     try:
                         await self._find_missing(pg, effect.missing_from, epoch)
@@ -345,11 +345,11 @@ class PgRegistry:
                 if not queue:
                     return True
             elif isinstance(effect, peering.Incomplete):
-                pg.state = "incomplete"
+                pg.peering_moved(Phase.INCOMPLETE)
                 log.warning("pg %d.%x incomplete: %s", *pg.key, effect.reason)
                 return True                 # wait for the next map, not a retry loop
             elif isinstance(effect, peering.Restart):
-                pg.state = "peering"
+                pg.peering_moved(Phase.PEERING)
                 log.info("pg %d.%x peering again: %s", *pg.key, effect.reason)
                 return False
         return False
@@ -396,7 +396,7 @@ class PgRegistry:
         while True:
             await asyncio.sleep(STRAY_CHECK_S)
             for pg in list(self.pgs.values()):
-                if self.pgs.get(pg.key) is pg and pg.state == "stray":
+                if self.pgs.get(pg.key) is pg and pg.phase is Phase.STRAY:
                     try:
                         await self._tidy_stray(pg)
                     except RequestFailed as exc:
@@ -418,7 +418,7 @@ class PgRegistry:
         header, _ = await self.call(interval[1].primary, {"op": "pg_info", "pool": pg.key[0],
                                                           "pg": pg.key[1],
                                                           "epoch": interval[0]})
-        if not header.get("clean") or pg.interval is not interval or pg.state != "stray" \
+        if not header.get("clean") or pg.interval is not interval or pg.phase is not Phase.STRAY \
                 or tuple(header.get("acting", ())) != tuple(interval[1].members):
             return
         log.info("pg %d.%x is clean on %s: deleting the stray copy here (%d objects)", *pg.key,
@@ -428,7 +428,7 @@ class PgRegistry:
             await self._remove_copy(pg)
         finally:
             pg.removing = False
-        if pg.interval is interval and pg.state == "stray":
+        if pg.interval is interval and pg.phase is Phase.STRAY:
             del self.pgs[pg.key]
 
     async def _remove_copy(self, pg):
@@ -443,7 +443,7 @@ class PgRegistry:
             pg.log_forgotten()
         pg.stash_names = None
         for collection in (pg.stash_collection, pg.collection):
-            while self.store.has_collection(collection) and pg.state == "stray":
+            while self.store.has_collection(collection) and pg.phase is Phase.STRAY:
                 names, _ = self.store.list_objects(collection, limit=STRAY_DELETE_BATCH)
                 txn = Transaction()
                 for name in names:

@@ -539,6 +539,38 @@ def test_the_simulation_exercises_both_recovery_paths_and_fencing():
     assert refusals > 20, refusals
 
 
+def test_the_pg_state_is_computed_by_the_core_from_its_phase_and_flags():
+    """`cairn status` shows the PG's state string; the core computes it from its phase and the
+    flags its transitions set, and the shell only reports transitions (peering_moved)."""
+    from cairn.common.pg import Acting
+    from cairn.osd.pg import Phase, PgCore
+    pg = PgCore((1, 0), me=0)
+    assert pg.state == "stray" and pg.phase is Phase.STRAY
+    assert pg.new_interval(5, Acting((1, 0, 2), 1, 3, 2)).value == "replica"
+    assert pg.state == "replica"
+    pg.new_interval(6, Acting((0, 1, None), 0, 3, 2))
+    assert pg.state == "peering"
+    for phase, shown in ((Phase.RECOVERING, "recovering"), (Phase.ACTIVATING, "activating")):
+        pg.peering_moved(phase)
+        assert pg.state == shown
+    pg.activated((0, 1), writable=True, more_to_recover=True)
+    assert pg.state == "active" and pg.reported_state() == "active+degraded"   # a member down
+    pg.peering_moved(Phase.ACTIVE_RECOVERING)
+    assert pg.state == "active+recovering"
+    pg.recovery_finished(clean=False, writable=True, all_recorded=True)
+    assert pg.state == "active+degraded" and not pg.clean
+    pg.recovery_finished(clean=True, writable=False, all_recorded=True)
+    assert pg.state == "active+readonly"
+    pg.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
+    assert pg.state == "peering" and not pg.readonly and not pg.degraded
+    pg.activated((0, 1, 2), writable=True, more_to_recover=False)
+    assert pg.state == "active" and pg.reported_state() == "active" and pg.clean
+    pg.peering_moved(Phase.INCOMPLETE)
+    assert pg.state == "incomplete"
+    with pytest.raises(AssertionError):
+        pg.peering_moved(Phase.ACTIVE)          # only activated() makes a PG active
+
+
 def test_delta_names_from_logs():
     def log(entries, complete_to=None, tail=0):
         return {"entries": entries, "tail": tail, "last_update": 0,
