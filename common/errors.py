@@ -81,4 +81,6 @@ class ProtocolError(ClientError):
     pass
 
 
-__all__ = ["ClientError", "ObjectNotFound", "AlreadyExists", "PoolNotFound", "NoSpace", "QuotaExceeded", "PoolUnavailable", "DataUnavailable", "PreconditionFailed", "Unsupported", "PermissionDenied", "Timeout", "ProtocolError"]
+__all__ = ["ClientError", "ObjectNotFound", "AlreadyExists", "PoolNotFound", "NoSpace",
+           "QuotaExceeded", "PoolUnavailable", "DataUnavailable", "PreconditionFailed",
+           "Unsupported", "PermissionDenied", "Timeout", "ProtocolError"]

@@ -63,7 +63,8 @@ async def config_get(monitor, peer, header):
 
 
 async def df(monitor, peer, header):
-    return capacity.df(monitor.map, monitor._capacity, views.pool_totals(monitor), views.ratios(monitor)), b""
+    return capacity.df(monitor.map, monitor._capacity, views.pool_totals(monitor),
+                       views.ratios(monitor)), b""
 
 
 async def pool_set_quota(monitor, peer, header):

@@ -116,8 +116,8 @@ assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
-              "mon_remove", "peer_invalid_report", "status", "health", "health_history", "df", "pool_set_quota",
-              "pool_allow_from", "auth_change"}
+              "mon_remove", "peer_invalid_report", "status", "health", "health_history", "df",
+              "pool_set_quota", "pool_allow_from", "auth_change"}
 
 
 def no_quorum(message):

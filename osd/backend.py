@@ -21,9 +21,9 @@ the pool's kind:
         apply one omap update (replicated pools only: `OmapChange` below)
 
 The replicated backend (osd/backend_replicated.py) keeps a whole copy on every member. The
-erasure-coded backend (osd/backend_erasure.py) keeps one shard per member: shard i on the member at acting position i (indep placement: a member that is
-down leaves a hole, nothing shifts). Its write encodes on the primary and sends each member its
-shard; its read takes data straight from the data shards and decodes only when one of them is
+erasure-coded backend (osd/backend_erasure.py) keeps one shard per member: shard i on the
+member at acting position i (indep placement: a member that is down leaves a hole, nothing
+shifts). Its write encodes on the primary and sends each member its shard; its read takes data straight from the data shards and decodes only when one of them is
 missing, stale or damaged; its recovery rebuilds the target's shard from k others of the same
 version (osd/ecstripe.py has the layout, native/erasure.py the codec).
 """

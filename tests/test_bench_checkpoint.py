@@ -1,5 +1,6 @@
 """`cairn bench checkpoint` on a real cluster with CPU tensors (the GPU run is the same code with
---device cuda; its figures are in the README), and its restore check on a pool that lies."""
+--device cuda; its figures are in docs/perf/checkpoint.md), and its restore check on a pool
+that lies."""
 
 import asyncio
 import json

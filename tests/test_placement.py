@@ -138,7 +138,7 @@ def test_each_osd_gets_its_weight_share_within_ten_percent(per_host):
     deviations of the count, and chance alone exceeds it.
 
     Hosts of unequal weight are a known limit: choosing 3 distinct hosts one after another
-    favours light hosts (Ceph has the same bias); see the README."""
+    favours light hosts (Ceph has the same bias); see docs/REFERENCE.md, "Placement"."""
     data = cluster(per_host, size=3, pg_num=4096)
     placed = counts(PlacementMap.from_dict(data).map_pool("p"))
     total_weight = sum(o["weight"] for o in data["osds"])
