@@ -96,13 +96,8 @@ class Allocator:
         return extents
 
     def unreserve(self, extents):
-        in_use, committed = self._in_use, self._committed
-        for first, length in extents:
-            end = first + length
-            assert in_use.find(0, first, end) == -1, (first, length)
-            assert committed.find(1, first, end) == -1, (first, length)
-            in_use[first:end] = bytes(length)
-            self.in_use_count -= length
+        """Give back blocks reserved by a transaction that will not commit."""
+        self._free_uncommitted(extents)
 
     def commit(self, allocated, freed):
         """Apply one transaction to `committed`; returns the set of dirty segment indices."""
@@ -125,11 +120,16 @@ class Allocator:
 
     def release(self, freed):
         """Make blocks freed by a durable commit available again (rule 3)."""
+        self._free_uncommitted(freed)
+
+    def _free_uncommitted(self, extents):
+        # Blocks in use and not committed (reserved and dropped, or freed by a durable commit)
+        # become free.
         in_use, committed = self._in_use, self._committed
-        for first, length in freed:
+        for first, length in extents:
             end = first + length
-            assert committed.find(1, first, end) == -1, (first, length)
             assert in_use.find(0, first, end) == -1, (first, length)
+            assert committed.find(1, first, end) == -1, (first, length)
             in_use[first:end] = bytes(length)
             self.in_use_count -= length
 

@@ -21,22 +21,24 @@ class ObjectNotFound(StoreError):
         self.name = name
 
 
-class CollectionNotFound(StoreError):
+class _CollectionError(StoreError):
+    what = ""           # the message after the collection's name
+
     def __init__(self, collection):
-        super().__init__(f"collection {collection!r} does not exist")
+        super().__init__(f"collection {collection!r} {self.what}")
         self.collection = collection
 
 
-class CollectionExists(StoreError):
-    def __init__(self, collection):
-        super().__init__(f"collection {collection!r} already exists")
-        self.collection = collection
+class CollectionNotFound(_CollectionError):
+    what = "does not exist"
 
 
-class CollectionNotEmpty(StoreError):
-    def __init__(self, collection):
-        super().__init__(f"collection {collection!r} is not empty; delete its objects first")
-        self.collection = collection
+class CollectionExists(_CollectionError):
+    what = "already exists"
+
+
+class CollectionNotEmpty(_CollectionError):
+    what = "is not empty; delete its objects first"
 
 
 class NoSpace(StoreError):
