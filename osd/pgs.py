@@ -27,12 +27,14 @@ from time to time; once the PG is clean, recorded as such at the monitor, it del
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 
 from cairn.common import config, throttle
 from cairn.common.codes import Code
 from cairn.common.daemon import crash_on_error
+from cairn.common.keylocks import KeyLocks
 from cairn.common import pg as pgs
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
 from cairn.common.monclient import MonitorsUnavailable
@@ -62,12 +64,26 @@ INCONSISTENT_REPORTED_MAX = 64
 
 class PgShell(PgCore):
     """A PG's core with what the asyncio shell needs beside it: the event client ops wait on
-    until the PG is active, and the primary's peering task."""
+    until the PG is active, the primary's peering task, and the PG's one table of object locks
+    (by object name): client writes and reads, recovery and rollbacks of an object take it."""
 
     def __init__(self, key, me):
         super().__init__(key, me)
         self.active = asyncio.Event()
         self.task = None
+        self.locks = KeyLocks()
+
+    @contextlib.asynccontextmanager
+    async def object_lock(self, name, really=True):
+        """Hold the object's lock if `really`."""
+        if not really:
+            yield
+            return
+        await self.locks.acquire(name)
+        try:
+            yield
+        finally:
+            self.locks.release(name)
         # A PG's first background scrub comes one interval after the OSD saw it.
         self.last_scrub = self.last_deep_scrub = time.monotonic()
 
@@ -137,6 +153,7 @@ class PgRegistry:
         self.backfills_total = 0
         self.on_demand_total = 0                        # objects recovered for a waiting client
         self.throttle = RecoveryThrottle(daemon)
+        self.collection_lock = asyncio.Lock()           # creating a PG's collections
 
     @property
     def me(self):
@@ -596,7 +613,7 @@ class PgRegistry:
                 # The budget is paid before the object lock is taken, so a client waiting on
                 # this object never waits for the budget.
                 await self.throttle.take(pg.missing_sizes.get(name, 0))
-                async with self.daemon.service.object_lock(pg.collection, name):
+                async with pg.object_lock(name):
                     await self.recover_now(pg, name, background=True)
             await self.call(self.me, self.header(pg, "pg_mark", epoch, version=pg.missing_mark))
         finally:
@@ -633,7 +650,7 @@ class PgRegistry:
         (a write since the plan is simply copied as it now is)."""
         service = self.daemon.service
         backend = service.backend(pgs.pool_by_id(self.daemon.monc.map, pg.key[0]))
-        async with service.object_lock(pg.collection, name, locked):
+        async with pg.object_lock(name, locked):
             if source == self.me and target != self.me and name in pg.missing:
                 # Our own copy is not the PG's yet (we serve it through the missing set):
                 # fetch it from the authority first, or the target would get our old version
@@ -652,7 +669,7 @@ class PgRegistry:
                   if not self.store.has_collection(c)]
         if not wanted:
             return
-        async with self.daemon.service.collection_lock:
+        async with self.collection_lock:
             txn = Transaction()
             for collection in wanted:
                 if not self.store.has_collection(collection):

@@ -35,8 +35,6 @@ pool_unavailable, wrong_primary, again (retry soon), invalid, io_error, precondi
 condition failed), unsupported.
 """
 
-import asyncio
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -45,7 +43,6 @@ import time
 
 from cairn.common import config, messenger, pg as pgs, server
 from cairn.common.codes import Code
-from cairn.common.keylocks import KeyLocks
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
 from cairn.common.metrics import OpLatency
@@ -73,8 +70,6 @@ ERROR_CODES = ((ObjectNotFound, Code.NOT_FOUND), (NoSpace, Code.NO_SPACE),
 class ObjectService:
     def __init__(self, daemon):
         self.daemon = daemon
-        self._object_locks = KeyLocks()     # by (collection, name)
-        self.collection_lock = asyncio.Lock()
         self.connections = messenger.ConnectionPool(      # osd id -> Connection
             authenticate=daemon.tickets.authenticate, tls=daemon.tls_client)
         self.backends = {"replicated": ReplicatedBackend(self),      # by pool kind
@@ -183,21 +178,6 @@ class ObjectService:
                                 f"{acting.primary if acting else 'elsewhere'})")
         return pool, pg
 
-    # -- object locks -------------------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def object_lock(self, collection, name, really=True):
-        """Hold the object's lock (the one client writes and reads take) if `really`."""
-        if not really:
-            yield
-            return
-        key = (collection, name)
-        await self._object_locks.acquire(key)
-        try:
-            yield
-        finally:
-            self._object_locks.release(key)
-
     # -- primary ops --------------------------------------------------------------------------------
 
     async def _put(self, header, payload):
@@ -241,15 +221,11 @@ class ObjectService:
     async def _write(self, pool, pg, name, payload, delete, manifest=False):
         acting = pg.check_writable(pool["name"])
         pg = await self.registry.wait_active(pg.key)
-        key = (pg.collection, name)
-        await self._object_locks.acquire(key)
-        try:
+        async with pg.object_lock(name):
             plan = await self._write_under_lock(pool, pg, acting, name, payload, delete,
                                                 manifest)
             self.ops_total += 1
             return {"version": plan.version, "epoch": plan.epoch}, b""
-        finally:
-            self._object_locks.release(key)
 
     async def _write_under_lock(self, pool, pg, acting, name, payload, delete, manifest):
         self.registry.load_log(pg)
@@ -284,8 +260,7 @@ class ObjectService:
         # waits here, holding nothing of ours.
         await server.reserve_reply(self.backend(pool).reply_bytes(
             pg, name, header.get("offset", 0), header.get("length")))
-        key = (pg.collection, name)
-        await self._object_locks.acquire(key)            # no read of a write not yet everywhere
+        await pg.locks.acquire(name)                     # no read of a write not yet everywhere
         try:
             await self.registry.recover_now(pg, name)
             if not self.store.has_collection(pg.collection):
@@ -300,7 +275,7 @@ class ObjectService:
             else:
                 record, data = await backend.read(pg, name, offset, length)
         finally:
-            self._object_locks.release(key)
+            pg.locks.release(name)
         reply = {"size": record.size, "version": pgs.version_of(record.attrs),
                  "manifest": pgs.MANIFEST_ATTR in record.attrs}
         if direct is not None:
@@ -362,20 +337,19 @@ class ObjectService:
                     not self.store.has_collection(pg.collection) or \
                     not self.store.has_collection(pg.log_collection):
                 return False
-            key = (pg.collection, name)
-            if self._object_locks.held(key):
+            if pg.locks.held(name):
                 return False
             self._check_room(pool, pg)
             acting = pg.check_writable(pool["name"])
         except (RequestFailed, Refused):
             return False                # refused: `_put` makes the same checks and answers
         manifest = bool(header.get("manifest"))
-        self._object_locks.take(key)
+        pg.locks.take(name)
         serial = next(self._serial)
         started_ns = time.monotonic_ns()
         self._started[serial] = started_ns / 1e9
         self.client_bytes_in += len(payload)
-        finish = functools.partial(self._fast_written, connection, received, pg, key, serial,
+        finish = functools.partial(self._fast_written, connection, received, pg, name, serial,
                                    started_ns)
         try:
             plan = pg.plan_write(acting, cmap.epoch, name, False, manifest,
@@ -397,7 +371,7 @@ class ObjectService:
         backend.when_written(local, remote, functools.partial(finish, plan))
         return True
 
-    def _fast_written(self, connection, received, pg, key, serial, started_ns, plan, committed,
+    def _fast_written(self, connection, received, pg, name, serial, started_ns, plan, committed,
                       failure):
         """A fast put's write is done everywhere (or failed to start: `plan` None when no
         version was given): what `_write` and the daemon's handler do after it."""
@@ -407,7 +381,7 @@ class ObjectService:
         except Exception as exc:
             failure = exc
         finally:
-            self._object_locks.release(key)
+            pg.locks.release(name)
             del self._started[serial]
         if failure is None:
             self.ops_total += 1
@@ -485,10 +459,9 @@ class ObjectService:
             pg = found[2]
             name, offset, length = header.get("name"), header.get("offset", 0), \
                 header.get("length")
-            key = (pg.collection, name)
             if type(name) is not str or not name or name in pg.missing or \
                     type(offset) is not int or (length is not None and type(length) is not int) \
-                    or self._object_locks.held(key):
+                    or pg.locks.held(name):
                 return False
             pending = self.store.begin_read(pg.collection, name, offset, length)
             if pending is None:
@@ -499,19 +472,19 @@ class ObjectService:
         if not connection.reserve_now(reserved):
             self.store.abandon_read(pending)
             return False
-        self._object_locks.take(key)
+        pg.locks.take(name)
         serial = next(self._serial)
         started_ns = time.monotonic_ns()
         self._started[serial] = started_ns / 1e9
         if pending.done:                # from the read cache: answered now
-            self._fast_got(connection, received, pending, key, reserved, serial, started_ns)
+            self._fast_got(connection, received, pending, pg, reserved, serial, started_ns)
         else:
-            pending.then = lambda: self._fast_got(connection, received, pending, key, reserved,
+            pending.then = lambda: self._fast_got(connection, received, pending, pg, reserved,
                                                   serial, started_ns)
         return True
 
-    def _fast_got(self, connection, received, pending, key, reserved, serial, started_ns):
-        self._object_locks.release(key)
+    def _fast_got(self, connection, received, pending, pg, reserved, serial, started_ns):
+        pg.locks.release(pending.name)
         del self._started[serial]
         try:
             data, data_crc = self.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN)
@@ -561,7 +534,7 @@ class ObjectService:
         name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
         if name in pg.missing:
-            async with self.object_lock(pg.collection, name):
+            async with pg.object_lock(name):
                 await self.registry.recover_now(pg, name)
         if not self.store.has_collection(pg.collection):
             raise ObjectNotFound(pg.collection, name)
@@ -595,8 +568,7 @@ class ObjectService:
             self._check_room(pool, pg)
         acting = pg.check_writable(pool["name"])
         pg = await self.registry.wait_active(pg.key)
-        key = (pg.collection, name)
-        await self._object_locks.acquire(key)
+        await pg.locks.acquire(name)
         try:
             await self.registry.recover_now(pg, name)
             record = self.registry.local_record(pg, name)
@@ -621,14 +593,14 @@ class ObjectService:
             self.ops_total += 1
             return {"version": plan.version, "epoch": plan.epoch}, b""
         finally:
-            self._object_locks.release(key)
+            pg.locks.release(name)
 
     async def _omap_read(self, header, read):
         """`read(pg, name)` under the object's lock, once the primary's copy is current."""
         pool, pg = await self.pg_of(header)
         name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
-        async with self.object_lock(pg.collection, name):
+        async with pg.object_lock(name):
             await self.registry.recover_now(pg, name)
             if not self.store.has_collection(pg.collection):
                 raise ObjectNotFound(pg.collection, name)

@@ -11,7 +11,6 @@ entries.
 """
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import random
@@ -151,12 +150,11 @@ class Member:
         """A fresh process over the same store: everything in memory is rebuilt from it."""
         store, osd_id = self.store, self.id
         self.incarnation += 1
-        lock = asyncio.Lock()
         self.daemon = types.SimpleNamespace(store=store, id=osd_id, monc=None)
         self.registry = PgRegistry(self.daemon)
         self.daemon.pgs = self.registry
-        self.daemon.service = types.SimpleNamespace(collection_lock=lock, store=store,
-                                                    registry=self.registry, daemon=self.daemon)
+        self.daemon.service = types.SimpleNamespace(store=store, registry=self.registry,
+                                                    daemon=self.daemon)
         self.backend = ReplicatedBackend(self.daemon.service)
         self.pg = self.registry.shell(KEY)
         self.pg.log_entries_kept, self.pg.log_trim_batch = 4, 2   # so trims happen
@@ -598,7 +596,6 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
     """A transaction that fails after its log entry was planned (a replica deleting an object
     it never had, a full device) must not leave a phantom entry that a later trim deletes: the
     trim's transaction would fail with ObjectNotFound, and so would every write to that PG."""
-    import asyncio
     import types
 
     from cairn.native import MemoryBlockDevice
@@ -612,8 +609,7 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
         device = MemoryBlockDevice(16 << 20)
         await mkfs(device, str(tmp_path / "meta"))
         store = await Store.open(device, str(tmp_path / "meta"))
-        daemon = types.SimpleNamespace(store=store, id=0, monc=None,
-                                       service=types.SimpleNamespace(collection_lock=asyncio.Lock()))
+        daemon = types.SimpleNamespace(store=store, id=0, monc=None)
         registry = PgRegistry(daemon)
         pg = registry.shell((1, 0))
         await registry.ensure_collections(pg)
@@ -636,8 +632,7 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
 
 def member(store):
     """(registry, the shell of PG 1.0) of one OSD on `store`, as the daemon makes them."""
-    daemon = types.SimpleNamespace(store=store, id=0, monc=None,
-                                   service=types.SimpleNamespace(collection_lock=asyncio.Lock()))
+    daemon = types.SimpleNamespace(store=store, id=0, monc=None)
     registry = PgRegistry(daemon)
     return registry, registry.shell((1, 0))
 
@@ -756,14 +751,9 @@ def test_a_primary_recovers_its_own_missing_copy_before_it_copies_it_to_another_
             copies.append((source, target, name))
             return "copied"
 
-    @contextlib.asynccontextmanager
-    async def object_lock(collection, name, really=True):
-        yield
-
     cmap = types.SimpleNamespace(pools={"p": {"id": 1, "kind": "replicated"}})
     daemon = types.SimpleNamespace(id=0, store=None, monc=types.SimpleNamespace(map=cmap))
-    daemon.service = types.SimpleNamespace(backend=lambda pool: Backend(),
-                                           object_lock=object_lock)
+    daemon.service = types.SimpleNamespace(backend=lambda pool: Backend())
     registry = PgRegistry(daemon)
     pg = registry.shell((1, 0))
     pg.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
