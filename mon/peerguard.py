@@ -33,14 +33,16 @@ class Findings:
         self._found = {}            # (reporter, sender) -> {"reason", "kind", "count", "at"}
         self._unsent = set()        # keys recorded here and not yet reported to the leader
 
-    def record(self, reporter, sender, kind, reason, now):
-        """One refused message (`kind` a string, `reason` in words)."""
+    def record(self, reporter, sender, kind, reason, now, count=None):
+        """One refused message (`kind` a string, `reason` in words); with `count`, a reporter's
+        own tally of them (a follower's report), which replaces ours."""
         key = (_clip(reporter), _clip(sender))
         found = self._found.pop(key, None) or {"count": 0}
         found.update(reason=_clip(reason), kind=_clip(kind), at=now)
-        found["count"] += 1
+        found["count"] = count if count is not None else found["count"] + 1
         self._found[key] = found                        # newest last
-        self._unsent.add(key)
+        if count is None:
+            self._unsent.add(key)                       # ours: the leader should hear of it
         while len(self._found) > FINDINGS_MAX:
             oldest = next(iter(self._found))
             del self._found[oldest]
@@ -55,6 +57,11 @@ class Findings:
         self._unsent.clear()
         return out
 
+    def unsend(self, reports):
+        """Reports `pending` gave that did not reach the leader: send them next time."""
+        self._unsent.update((report["reporter"], report["sender"]) for report in reports
+                            if (report["reporter"], report["sender"]) in self._found)
+
     def merge(self, reports, now):
         """A follower's reports (wire dicts); ValueError names a malformed one."""
         if not isinstance(reports, list) or len(reports) > FINDINGS_MAX:
@@ -65,9 +72,10 @@ class Findings:
                     for field in ("reporter", "sender", "reason", "kind")):
                 raise ValueError("a report needs reporter, sender, reason and kind (strings)")
         for report in reports:
+            count = report.get("count")
             self.record(report["reporter"], report["sender"], report["kind"],
-                        report["reason"], now)
-        self._unsent.clear()                # the leader keeps them; it forwards nothing
+                        report["reason"], now,
+                        count=count if type(count) is int and count > 0 else 1)
 
     def check(self, now):
         """The MON_PEER_INVALID check (a `health.check` dict), or None."""

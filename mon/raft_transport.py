@@ -144,7 +144,8 @@ async def peer_report_loop(monitor):
         try:
             await monitor._forward(Frame(Kind.REQUEST, 0, header, b""))
         except (RequestFailed, ConnectionClosed, RequestTimeout) as exc:
-            log.warning("raft peer findings not reported to the leader: %s", exc)
+            monitor._peer_findings.unsend(reports)
+            log.warning("raft peer findings not reported to the leader yet: %s", exc)
 
 
 async def peer_invalid_report(monitor, peer, header):
