@@ -37,6 +37,7 @@ from cairn.common import config, pg as pgs
 from cairn.common.codes import Code
 from cairn.common.limits import BLOCK_SIZE_BYTES, OMAP_UPDATE_BYTES_MAX
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.osd.pg import Refused
 
 log = logging.getLogger("cairn.osd")
 
@@ -92,21 +93,43 @@ class ShardUnavailable(Exception):
 
 
 class PgBackend(abc.ABC):
-    def __init__(self, service):
-        self.service = service
+    """One pool kind's layout (see the module's docstring): what it needs from outside comes
+    through `port` (osd/port.py) and `local` (osd/pglocal.py), never from the service."""
+
+    def __init__(self, port, local):
+        self.port = port
+        self.local = local
         self.avoided_reads_total = 0        # reads served elsewhere: this OSD or a shard slow
+        self.recovery_bytes_total = 0       # bytes recovery moved through this backend
 
-    @property
-    def store(self):
-        return self.service.store
+    # -- client writes on the primary (both kinds; the caller holds the object's lock) -----
 
-    @property
-    def registry(self):
-        return self.service.registry
+    async def write_as_primary(self, pg, acting, name, payload, delete, manifest,
+                               recovery=False):
+        """One client write: the core plans it (version, targets; `acting`: the acting set
+        the op was admitted under), this backend applies it on every member, the core hears
+        the outcome. Raises the first failure when it was not acknowledged everywhere (members
+        that did commit keep the new version; the next peering reconciles them: an
+        unacknowledged write may appear whole or not)."""
+        self.local.load_log(pg)
+        plan = pg.plan_write(acting, self.port.map.epoch, name, delete, manifest,
+                             existed=self.local.exists(pg, name), recovery=recovery)
+        committed, failure = await self.write(pg, plan, payload)
+        pg.write_finished(plan, committed, acknowledged=failure is None)
+        if failure is not None:
+            raise failure
+        return plan
 
-    @property
-    def me(self):
-        return self.service.daemon.id
+    async def rewrite(self, pg, name, payload, delete, manifest):
+        """A write for the PG itself (a rollback during recovery) by a caller that already
+        holds the object's lock; the PG must be writable, and active or catching its primary
+        up before it activates (`PgCore.plan_write`'s `recovery`)."""
+        pool = pgs.pool_by_id(self.port.map, pg.key[0])
+        try:
+            await self.write_as_primary(pg, pg.check_writable(pool["name"]), name, payload,
+                                        delete, manifest, recovery=True)
+        except Refused as exc:
+            raise RequestFailed(exc.code, exc.message) from None
 
     @abc.abstractmethod
     async def write(self, pg, plan, payload):
@@ -148,15 +171,15 @@ class PgBackend(abc.ABC):
         collection = pg.collection
         if stash_entry is not None:
             collection, name = pg.stash_collection, stash_entry
-        record = self.store.stat(collection, name)
+        record = self.port.store.stat(collection, name)
         if ranges is None:
             if record.size >= ZERO_COPY_READ_BYTES_MIN:
-                return record, await self.store.read(collection, name)
-            return record, await self.store.read_bytes(collection, name)
+                return record, await self.port.store.read(collection, name)
+            return record, await self.port.store.read_bytes(collection, name)
         if len(ranges) == 1 and ranges[0][1] >= ZERO_COPY_READ_BYTES_MIN:
             offset, length = ranges[0]          # a shard's span: sent from the store's buffer
-            return record, await self.store.read(collection, name, offset, length)
-        parts = [await self.store.read_bytes(collection, name, offset, length)
+            return record, await self.port.store.read(collection, name, offset, length)
+        parts = [await self.port.store.read_bytes(collection, name, offset, length)
                  for offset, length in ranges]
         return record, parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -170,23 +193,7 @@ class PgBackend(abc.ABC):
         is the connection's reply future (no task: a primary's writes made three tasks each
         with gather); else a task that connects first. Errors surface when it is awaited
         (`_replica_outcome`)."""
-        osd = self.service.map.osds.get(osd_id)
-        addr = osd["addr"] if osd is not None else None
-        connection = self.service.connections.ready(osd_id, addr) if addr else None
-        if connection is not None:
-            try:
-                return connection.start_request(header, payload, REPLICA_TIMEOUT_S,
-                                                payload_crc)
-            except ConnectionClosed:
-                pass                        # reopened below
-
-        async def connect_and_send():
-            if not addr:
-                raise ConnectionClosed(f"the map gives osd.{osd_id} no address")
-            connection = await self.service.connections.get(osd_id, addr)
-            return await connection.request(header, payload, timeout_s=REPLICA_TIMEOUT_S,
-                                            payload_crc=payload_crc)
-        return asyncio.ensure_future(connect_and_send())
+        return self.port.send(osd_id, header, payload, REPLICA_TIMEOUT_S, payload_crc)
 
     @staticmethod
     async def _replica_outcome(osd_id, reply, passed=REPLICA_ERRORS_PASSED):
@@ -214,7 +221,7 @@ class PgBackend(abc.ABC):
         """The rep_put / rep_delete header of a write plan (each target adds its own fields)."""
         return {"op": "rep_delete" if plan.delete else "rep_put", "pool": pg.key[0],
                 "pg": pg.key[1], "name": plan.name, "version": plan.version,
-                "epoch": plan.epoch, "from": self.me, "manifest": plan.manifest, **fields}
+                "epoch": plan.epoch, "from": self.port.me, "manifest": plan.manifest, **fields}
 
     async def _write_everywhere(self, local, remote):
         """(this OSD committed, the first failure or None) of a write: `local` (the

@@ -26,7 +26,8 @@ from cairn.native.erasure import DEFAULT_BACKEND, BadFragment, Codec, NotEnoughF
 from cairn.osd import ecstripe
 from cairn.osd.backend import (ObjectInfo, PgBackend, ShardUnavailable, clamped, object_attrs,
                                padded, slow_osds)
-from cairn.osd.errors import ChecksumError, ObjectNotFound, StoreError
+from cairn.osd.errors import ChecksumError, CollectionNotFound, ObjectNotFound, StoreError
+from cairn.osd.pg import rollback_choice
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
@@ -43,15 +44,15 @@ DIRECT_READ_BYTES_MIN = 1 << 20
 class ErasureBackend(PgBackend):
     """Shard i of every object on the acting member at position i."""
 
-    def __init__(self, service):
-        super().__init__(service)
+    def __init__(self, port, local):
+        super().__init__(port, local)
         self._codecs = {}                   # (k, m, backend) -> Codec, shared by the pool's PGs
         self.degraded_reads_total = 0
         self.damaged_shards_total = 0
         self.direct_plans_total = 0
 
     def codec(self, pg):
-        pool = pgs.pool_by_id(self.service.map, pg.key[0])
+        pool = pgs.pool_by_id(self.port.map, pg.key[0])
         key = (pool["k"], pool["m"], pool.get("backend", DEFAULT_BACKEND))
         codec = self._codecs.get(key)
         if codec is None:
@@ -84,7 +85,7 @@ class ErasureBackend(PgBackend):
         if not plan.delete:
             codec = self.codec(pg)
             layout = self.layout(codec, len(payload))
-            pool = self.store.device.pool       # the loop's (not thread-safe): taken here
+            pool = self.port.store.device.pool       # the loop's (not thread-safe): taken here
             if codec.native and layout.shard_bytes:
                 # Data shards are views of the payload as received, sent as they are; parity
                 # goes into whole-block pool buffers, to the device and the network uncopied.
@@ -102,7 +103,7 @@ class ErasureBackend(PgBackend):
         local, remote = None, []
         for target in plan.targets:
             pieces = shards[target.position] if shards is not None else (b"",)
-            if target.osd == self.me:
+            if target.osd == self.port.me:
                 local = self.apply(pg, plan.name, None if plan.delete else
                                    self._joined(pieces), plan.version,
                                    plan.delete, plan.manifest, target.complete,
@@ -118,7 +119,7 @@ class ErasureBackend(PgBackend):
     def _joined(self, pieces):
         """A shard given as pieces, as one whole-block buffer the store can write as it is
         (the primary's own data shard: a copy of 1/k of the object)."""
-        return pieces[0] if len(pieces) == 1 else aligned_copy(self.store.device.pool, pieces)
+        return pieces[0] if len(pieces) == 1 else aligned_copy(self.port.store.device.pool, pieces)
 
     async def apply(self, pg, name, payload, version, delete, manifest, complete, shard_index,
                     geometry, acked_to=None, shard_bytes=None):
@@ -129,26 +130,26 @@ class ErasureBackend(PgBackend):
         back from the stash (`_roll_back`). Entries go once the primary says their writes are
         settled (`acked_to`). `shard_bytes`: the shard's length when `payload` was received
         padded (`shard_bytes`)."""
-        await self.registry.ensure_collections(pg, stash=True)
-        self.registry.load_stash(pg)
+        await self.local.ensure_collections(pg, stash=True)
+        self.local.load_stash(pg)
         txn = Transaction()
-        entry = pg.stash_ops(txn, version, name, self.registry.present(pg, name), acked_to)
+        entry = pg.stash_ops(txn, version, name, self.local.present(pg, name), acked_to)
         if not delete:
             txn.put(pg.collection, name, payload, size=shard_bytes, attrs=object_attrs(
                 version, manifest, pgs.ec_attrs(shard_index, *geometry)),
                 crcs=received_checksums(payload)[0])
-        self.registry.log_ops(pg, txn, version, name, delete, complete, acked_to)
+        self.local.log_ops(pg, txn, version, name, delete, complete, acked_to)
 
         def applied():
             pg.stashed(entry)
             pg.applied(version, complete)
-        await self.store.apply(txn, then=applied)
+        await self.port.store.apply(txn, then=applied)
 
     async def apply_message(self, pg, header, payload, delete):
         shard_index, geometry = header.get("shard"), header.get("ec")
-        here = self.position(pg, self.me)
+        here = self.position(pg, self.port.me)
         if shard_index != here:
-            raise RequestFailed(Code.AGAIN, f"osd.{self.me} holds shard {here} of pg "
+            raise RequestFailed(Code.AGAIN, f"osd.{self.port.me} holds shard {here} of pg "
                                 f"{pg.key[0]}.{pg.key[1]:x} here, not {shard_index!r}; retry")
         if not delete and not pgs.valid_geometry(geometry):
             raise RequestFailed(Code.INVALID, "an erasure-coded shard needs ec: [size, unit]")
@@ -176,16 +177,16 @@ class ErasureBackend(PgBackend):
     def _local_info(self, pg, name):
         """(record, version, layout) of this primary's own shard of `name` (current: a missing
         object was recovered before the read)."""
-        record = self.store.stat(pg.collection, name)
-        if pgs.shard_of(record.attrs) != self.position(pg, self.me):
-            raise RequestFailed(Code.AGAIN, f"osd.{self.me}'s shard of {name!r} is for another "
+        record = self.port.store.stat(pg.collection, name)
+        if pgs.shard_of(record.attrs) != self.position(pg, self.port.me):
+            raise RequestFailed(Code.AGAIN, f"osd.{self.port.me}'s shard of {name!r} is for another "
                                 "position; retry once it is recovered")
         size, unit = pgs.ec_geometry(record.attrs)
         return record, pgs.version_of(record.attrs), self.layout(self.codec(pg), size, unit)
 
     def reply_bytes(self, pg, name, offset=0, length=None):
         try:
-            size = pgs.ec_geometry(self.store.stat(pg.collection, name).attrs)[0]
+            size = pgs.ec_geometry(self.port.store.stat(pg.collection, name).attrs)[0]
         except (StoreError, KeyError, struct.error):
             return 0
         return clamped(size, offset, length)
@@ -223,77 +224,66 @@ class ErasureBackend(PgBackend):
             "shards": present, "shards_needed": layout.k, "shard_count": layout.k + layout.m}
 
     async def _roll_back(self, pg, name, version, epoch, unavailable):
-        """Version `version` of `name` has fewer than k shards readable now. Only when every
-        acting position answered and the shards of `version` still fall short of k was it a
-        write that reached too few members before its primary died (a member that is down or
-        silent may hold one: then wait, `unavailable` is raised). If no member has seen it
-        acknowledged, restore the newest older version that has k shards among the members'
-        current shards and stashes (or delete the object if it did not exist before), as a new
-        write under the object lock the caller holds. Otherwise the object is lost beyond what
-        the code can rebuild: `unavailable` is raised."""
-        call, header_of = self.registry.call, self.registry.header
-        positions = [(index, osd) for index, osd in enumerate(pg.acting.members)
-                     if osd is not None]
+        """Version `version` of `name` has fewer than k shards readable now: ask every acting
+        member what it holds of the object (its shard and its rollback stash, `pg_versions`),
+        let `rollback_choice` (osd/pg.py, pure) decide, and carry it out as a new write under
+        the object lock the caller holds: restore a version from k of its shards (live or
+        stashed), or delete the object. `unavailable` is raised when the choice is to wait
+        for members that did not answer, or when the object is lost beyond what the code can
+        rebuild."""
+        call, header_of = self.port.call, self.port.header
+        members = pg.acting.members
         answers = await asyncio.gather(*(call(osd, header_of(pg, "pg_versions", epoch,
                                                              name=name))
-                                         for _, osd in positions), return_exceptions=True)
-        shards = collections.defaultdict(dict)   # version -> shard index -> (osd, stash entry)
-        geometry, absent, acked_seen = {}, 0, 0
-        unknown = len(pg.acting.members) - len(positions)
-        for (index, osd), answer in zip(positions, answers):
-            if isinstance(answer, BaseException):
-                unknown += 1
-                continue
-            header = answer[0]
-            acked_seen = max(acked_seen, header.get("acked_seen", 0))
-            for held in header["held"]:
-                if held.get("absent"):
-                    absent += held["replaced_by"] >= version
-                    continue
-                if held["version"] <= version:
-                    shards[held["version"]].setdefault(held["shard"], (osd, held.get("entry")))
-                    geometry[held["version"]] = (held["ec"], held["manifest"])
+                                         for osd in members if osd is not None),
+                                       return_exceptions=True)
+        answered = iter(answers)
+        views = []
+        for osd in members:
+            answer = next(answered) if osd is not None else None
+            views.append((osd, None if answer is None or isinstance(answer, BaseException)
+                          else answer[0]))
         codec = self.codec(pg)
-        if len(shards.pop(version, {})) + unknown >= codec.k:
-            raise unavailable               # members that are away may hold the rest
-        if acked_seen >= version:
-            log.error("pg %d.%x: %r version %x was acknowledged but only %s; not rolling back",
-                      *pg.key, name, version, unavailable.message)
+        choice = rollback_choice(version, views, codec.k)
+        log.info("pg %d.%x: %r version %x has too few shards: %s", *pg.key, name, version,
+                 choice)
+        if choice.action in ("wait", "lost"):
+            if choice.action == "lost":
+                log.error("pg %d.%x: %r version %x cannot be rebuilt nor rolled back: %s (%s)",
+                          *pg.key, name, version, choice.reason, unavailable.message)
             raise unavailable
-        whole = sorted((v for v, held in shards.items() if len(held) >= codec.k), reverse=True)
-        write = self.service.write_locked
-        if whole:
-            chosen = whole[0]
-            (size, unit), manifest = geometry[chosen]
-            layout = self.layout(codec, size, unit)
-            sources = sorted(shards[chosen].items())[:codec.k]
-            fetched = await asyncio.gather(*(self._fetch(pg, osd, index, name, chosen, None,
-                                                         stash_entry=entry)
-                                             for index, (osd, entry) in sources))
-            data = b""
-            if size:
-                data = await self._in_thread_if_large(
-                    size, ecstripe.decode_span, codec, layout, 0, layout.stripe_count - 1,
-                    dict(zip([index for index, _ in sources], fetched)))
-            await write(pg, name, data, delete=False, manifest=manifest)
-            log.warning("pg %d.%x: rolled %r back from unacknowledged version %x (too few "
-                        "shards) to version %x", *pg.key, name, version, chosen)
-            return "copied"
-        if absent and not shards:
-            await write(pg, name, None, delete=True, manifest=False)
+        if choice.action == "delete":
+            await self.rewrite(pg, name, None, delete=True, manifest=False)
             log.warning("pg %d.%x: removed %r: its only version %x was never acknowledged and "
                         "has too few shards", *pg.key, name, version)
             return "removed"
-        raise unavailable
+        size, unit = choice.geometry
+        layout = self.layout(codec, size, unit)
+        fetched = await asyncio.gather(*(self._fetch(pg, osd, index, name, choice.version, None,
+                                                     stash_entry=entry)
+                                         for index, osd, entry in choice.sources))
+        data = b""
+        if size:
+            data = await self._in_thread_if_large(
+                size, ecstripe.decode_span, codec, layout, 0, layout.stripe_count - 1,
+                dict(zip([index for index, _, _ in choice.sources], fetched)))
+        await self.rewrite(pg, name, data, delete=False, manifest=choice.manifest)
+        if choice.version == version:
+            log.warning("pg %d.%x: restored %r version %x from the shards its members had "
+                        "stashed", *pg.key, name, version)
+        else:
+            log.warning("pg %d.%x: rolled %r back from unacknowledged version %x (too few "
+                        "shards) to version %x", *pg.key, name, version, choice.version)
+        return "copied"
 
     async def _fetch(self, pg, osd, shard_index, name, version, ranges, stash_entry=None):
         """Bytes `ranges` of shard `shard_index` of `name` at `version` from `osd`; raises
         ShardUnavailable when the member cannot give exactly that, RequestFailed(Code.AGAIN) when
         it refuses us as no longer this PG's primary."""
-        if osd == self.me:
+        if osd == self.port.me:
             try:
                 record, data = await self.read_local(pg, name, ranges, stash_entry)
-            except ObjectNotFound:
+            except (ObjectNotFound, CollectionNotFound):
                 raise ShardUnavailable(shard_index, "absent here") from None
             except ChecksumError as exc:
                 self._damaged(pg, name, osd, shard_index, str(exc))
@@ -301,7 +291,7 @@ class ErasureBackend(PgBackend):
             found = (pgs.version_of(record.attrs), pgs.shard_of(record.attrs))
         else:
             try:
-                header, data = await self.registry.call(osd, self.registry.header(
+                header, data = await self.port.call(osd, self.port.header(
                     pg, "pg_read", pg.interval[0], name=name, ranges=ranges, stash=stash_entry))
             except RequestFailed as exc:
                 if exc.code in (Code.WRONG_PRIMARY, Code.STALE):
@@ -333,20 +323,20 @@ class ErasureBackend(PgBackend):
         members = pg.acting.members
         extents = layout.data_extents(offset, length)
         holders = {index: members[index] for index, _, _ in extents}
-        if None in holders.values() or set(holders.values()) == {self.me} or \
+        if None in holders.values() or set(holders.values()) == {self.port.me} or \
                 self.avoided_shards(pg, codec_k=layout.k) & set(holders):
             return None
-        own = [(start, size) for index, start, size in extents if holders[index] == self.me]
+        own = [(start, size) for index, start, size in extents if holders[index] == self.port.me]
         data = b""
         if own:
             try:
-                data = await self._fetch(pg, self.me, self.position(pg, self.me), name, version,
+                data = await self._fetch(pg, self.port.me, self.position(pg, self.port.me), name, version,
                                          own)
             except ShardUnavailable:
                 return None                 # the usual read decodes around it
         self.direct_plans_total += 1
         info = ObjectInfo(layout.size, record.attrs, record.mtime_ns)
-        return info, {"interval": pg.interval[0], "from": self.me, "offset": offset,
+        return info, {"interval": pg.interval[0], "from": self.port.me, "offset": offset,
                       "length": length,
                       "extents": [[index, holders[index], start, size]
                                   for index, start, size in extents]}, data
@@ -395,7 +385,7 @@ class ErasureBackend(PgBackend):
     def avoided_shards(self, pg, codec_k):
         """Shard indices on members the map flags slow, when the others that are up still
         number k (a read then decodes from them rather than wait on a slow disk); else none."""
-        slow = slow_osds(self.service.map)
+        slow = slow_osds(self.port.map)
         if not slow:
             return set()
         members = pg.acting.members
@@ -408,7 +398,7 @@ class ErasureBackend(PgBackend):
         parity (decoding from data shards is cheapest), members that are up only."""
         members = pg.acting.members
         up = [index for index, osd in enumerate(members) if osd is not None]
-        return sorted(up, key=lambda index: (members[index] != self.me, index))
+        return sorted(up, key=lambda index: (members[index] != self.port.me, index))
 
     async def _gather(self, pg, name, version, layout, ranges, exclude=(), extra=()):
         """{shard index: bytes} of `ranges` from k shards of `version` (never mixing versions),
@@ -462,7 +452,7 @@ class ErasureBackend(PgBackend):
         """Rebuild `target`'s shard of the object as `source` (the authority) has it: read k
         shards of that version, decode, encode the target's shard, push it. Removed from
         `target` when `source` has no such object."""
-        call, header_of = self.registry.call, self.registry.header
+        call, header_of = self.port.call, self.port.header
         try:
             header, _ = await call(source, header_of(pg, "pg_read", epoch, name=name, ranges=[]))
         except RequestFailed as exc:
@@ -487,15 +477,15 @@ class ErasureBackend(PgBackend):
                     raise
                 return await self._roll_back(pg, name, version, epoch, exc)
             moved = sum(len(data) for index, data in shards.items()
-                        if pg.acting.members[index] != self.me)
+                        if pg.acting.members[index] != self.port.me)
             if pay is not None:
                 await pay(moved + layout.shard_bytes)
             rebuilt = await self._in_thread_if_large(size, ecstripe.rebuild_shards, codec,
                                                      layout, shards, [position])
             shard = rebuilt[position]
-            self.registry.recovery_bytes_total += moved + len(shard)
+            self.recovery_bytes_total += moved + len(shard)
         await call(target, header_of(pg, "pg_push", epoch, name=name, version=version,
                                      manifest=header.get("manifest", False), shard=position,
                                      ec=[size, unit]),
-                   shard if target == self.me else padded((shard,)))  # a local call: no wire
+                   shard if target == self.port.me else padded((shard,)))  # a local call: no wire
         return "copied"

@@ -18,7 +18,8 @@ from cairn.common.messenger import RequestFailed
 from cairn.common.server import received_checksums
 from cairn.osd.backend import (REPLICA_ERRORS_PASSED, ZERO_COPY_READ_BYTES_MIN, PgBackend,
                                clamped, object_attrs, omap_bytes, slow_osds)
-from cairn.osd.errors import ChecksumError
+from cairn.native.errors import DeviceError
+from cairn.osd.errors import ChecksumError, StoreError
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
@@ -27,16 +28,32 @@ log = logging.getLogger("cairn.osd")
 class ReplicatedBackend(PgBackend):
     """A whole copy of every object on every acting member (primary-copy replication)."""
 
-    def __init__(self, service):
-        super().__init__(service)
+    def __init__(self, port, local):
+        super().__init__(port, local)
         self.behind_pushes_total = 0        # omap updates that pushed a member the whole object
 
     async def write(self, pg, plan, payload):
-        """Write locally and send rep_put/rep_delete to every other up member in parallel."""
-        local = self.apply(pg, plan.name, payload, plan.version, plan.delete, plan.manifest,
-                           plan.target(self.me).complete)
-        remote = self.start_replicas(pg, plan, payload, received_checksums(payload)[1])
-        return await self._write_everywhere(local, remote)
+        """Write locally and send rep_put/rep_delete to every other up member in parallel
+        (`start_write`, which a fast put starts from its callback)."""
+        await self.local.ensure_collections(pg)
+        crcs, crc = received_checksums(payload)
+        done = asyncio.get_running_loop().create_future()
+        self.start_write(pg, plan, payload, crcs, crc,
+                         lambda committed, failure: done.set_result((committed, failure)))
+        return await done
+
+    def start_write(self, pg, plan, payload, crcs, crc, done):
+        """Start one write everywhere now: this OSD's transaction (its own task, which runs to
+        its end) and the replica writes; `done(this OSD committed, the first failure or None)`
+        is called once all are done. The PG's collections must exist and its log be loaded.
+        `crcs` / `crc`: the payload's block crcs and crc32c, when its frame check gave them."""
+        try:
+            local = self.start_apply(pg, plan.name, payload, plan.version, plan.delete,
+                                     plan.manifest, plan.target(self.port.me).complete, crcs)
+        except (StoreError, DeviceError) as exc:
+            done(False, exc)
+            return
+        self.when_written(local, self.start_replicas(pg, plan, payload, crc), done)
 
     def start_replicas(self, pg, plan, payload, crc):
         """Send the write to every other member now: [(osd id, reply awaitable)]. `crc`: the
@@ -44,15 +61,22 @@ class ReplicatedBackend(PgBackend):
         header = self._write_header(pg, plan)
         return [(target.osd, self._start_replica(
                     target.osd, {**header, "complete": target.complete}, payload or b"", crc))
-                for target in plan.targets if target.osd != self.me]
+                for target in plan.targets if target.osd != self.port.me]
 
     async def apply(self, pg, name, payload, version, delete, manifest=False, complete=False):
         """Apply one replicated write here with its log entry; `complete`: this OSD is a
         complete member (osd/pg.py)."""
-        await self.registry.ensure_collections(pg)
-        await self.store.apply(self.transaction(pg, name, payload, version, delete, manifest,
-                                                complete, received_checksums(payload)[0]),
-                               then=lambda: pg.applied(version, complete))
+        await self.local.ensure_collections(pg)
+        await asyncio.shield(self.start_apply(pg, name, payload, version, delete, manifest,
+                                              complete, received_checksums(payload)[0]))
+
+    def start_apply(self, pg, name, payload, version, delete, manifest, complete, crcs):
+        """`apply` started now, for a caller told of its end by a done callback (a replica's
+        fast write): the transaction's task, which runs to its end whoever waits. The PG's
+        collections must exist."""
+        return self.port.store.start_apply(
+            self.transaction(pg, name, payload, version, delete, manifest, complete, crcs),
+            then=lambda: pg.applied(version, complete))
 
     def transaction(self, pg, name, payload, version, delete, manifest, complete, crcs=None):
         """The store transaction of one replicated write here, with its log entry (which
@@ -64,9 +88,9 @@ class ReplicatedBackend(PgBackend):
         if not delete:
             txn.put(pg.collection, name, payload, attrs=object_attrs(version, manifest),
                     crcs=crcs)
-        elif self.registry.present(pg, name):
+        elif self.local.present(pg, name):
             txn.delete(pg.collection, name)
-        self.registry.log_ops(pg, txn, version, name, delete, complete)
+        self.local.log_ops(pg, txn, version, name, delete, complete)
         return txn
 
     async def apply_message(self, pg, header, payload, delete):
@@ -74,7 +98,7 @@ class ReplicatedBackend(PgBackend):
                          delete, bool(header.get("manifest")), bool(header.get("complete")))
 
     def reply_bytes(self, pg, name, offset=0, length=None):
-        size = self.store.size_of(pg.collection, name)
+        size = self.port.store.size_of(pg.collection, name)
         return 0 if size is None else clamped(size, offset, length)
 
     async def read(self, pg, name, offset=0, length=None):
@@ -82,7 +106,7 @@ class ReplicatedBackend(PgBackend):
         local copy that fails its checksum is read from another member instead and queued for
         repair. While the map flags this OSD slow (SLOW_DISK), a complete member that is not
         slow serves the read instead, when there is one."""
-        if self.me in slow_osds(self.service.map):
+        if self.port.me in slow_osds(self.port.map):
             record, wanted, ranges = self._wanted(pg, name, offset, length)
             for osd in self.stand_ins(pg):
                 data = await self._remote_copy(pg, osd, name, wanted, ranges)
@@ -90,16 +114,16 @@ class ReplicatedBackend(PgBackend):
                     self.avoided_reads_total += 1
                     return record, data
         try:
-            return await self.store.read_with_stat(pg.collection, name, offset, length,
+            return await self.port.store.read_with_stat(pg.collection, name, offset, length,
                                                    copy_below=ZERO_COPY_READ_BYTES_MIN)
         except ChecksumError as exc:
             record, wanted, ranges = self._wanted(pg, name, offset, length)
             pg.damaged.add(name)
             log.warning("pg %d.%x: osd.%d's copy of %r is damaged (%s); reading another "
-                        "replica, queued for repair", *pg.key, self.me, name, exc)
+                        "replica, queued for repair", *pg.key, self.port.me, name, exc)
             damage = exc
         for osd in pg.acting.up_members:
-            if osd == self.me:
+            if osd == self.port.me:
                 continue
             data = await self._remote_copy(pg, osd, name, wanted, ranges)
             if data is not None:
@@ -109,28 +133,28 @@ class ReplicatedBackend(PgBackend):
     def _wanted(self, pg, name, offset, length):
         """(stat, version, ranges) of a read another member serves: the local copy's stat,
         the version that member's copy must be, the byte range to ask it for."""
-        record = self.store.stat(pg.collection, name)
+        record = self.port.store.stat(pg.collection, name)
         return (record, pgs.version_of(record.attrs),
                 [[offset, record.size if length is None else length]])
 
     def stand_ins(self, pg):
         """Members that may serve a read for this (slow) primary: up, complete (they hold
         every acknowledged write), not flagged slow themselves."""
-        slow = slow_osds(self.service.map)
+        slow = slow_osds(self.port.map)
         return [osd for osd in pg.acting.up_members
-                if osd != self.me and osd in pg.complete_members and osd not in slow]
+                if osd != self.port.me and osd in pg.complete_members and osd not in slow]
 
     async def _remote_copy(self, pg, osd, name, wanted, ranges):
         """The `ranges` of `osd`'s copy of `name` if it is version `wanted`, else None."""
         try:
-            header, data = await self.registry.call(osd, self.registry.header(
+            header, data = await self.port.call(osd, self.port.header(
                 pg, "pg_read", pg.interval[0], name=name, ranges=ranges))
         except RequestFailed:
             return None
         return data if header.get("version") == wanted else None
 
     async def stat(self, pg, name):
-        return self.store.stat(pg.collection, name), {}
+        return self.port.store.stat(pg.collection, name), {}
 
     # -- omaps --------------------------------------------------------------------------------
 
@@ -141,9 +165,9 @@ class ReplicatedBackend(PgBackend):
         the write's log entry alone."""
         header = self._write_header(pg, plan, op="rep_omap", prior=prior, **update.fields())
         local = asyncio.ensure_future(self.apply_omap(
-            pg, plan.name, plan.version, prior, update, plan.target(self.me).complete))
+            pg, plan.name, plan.version, prior, update, plan.target(self.port.me).complete))
         remote = [self._omap_to(pg, plan, target, header, local)
-                  for target in plan.targets if target.osd != self.me]
+                  for target in plan.targets if target.osd != self.port.me]
         return self._outcome(await asyncio.gather(local, *remote, return_exceptions=True))
 
     async def _omap_to(self, pg, plan, target, header, local):
@@ -156,20 +180,20 @@ class ReplicatedBackend(PgBackend):
             if exc.code != Code.BEHIND:
                 raise
         await asyncio.shield(local)                 # the copy to push must be the new one
-        await self.recover_object(pg, self.me, target.osd, plan.name, plan.epoch)
+        await self.recover_object(pg, self.port.me, target.osd, plan.name, plan.epoch)
         self.behind_pushes_total += 1
         await self._replicate(target.osd, {**header, "log_only": True}, b"")
 
     async def apply_omap(self, pg, name, version, prior, update, complete, log_only=False):
         """This member's part of an omap update, with its log entry: the object must be at
         version `prior` here (0: absent; it is then created empty)."""
-        await self.registry.ensure_collections(pg)
+        await self.local.ensure_collections(pg)
         txn = Transaction()
         if not log_only:
-            record = self.registry.local_record(pg, name)
+            record = self.local.local_record(pg, name)
             have = pgs.version_of(record.attrs) if record is not None else 0
             if have != prior:
-                raise RequestFailed(Code.BEHIND, f"osd.{self.me} holds {name!r} at version "
+                raise RequestFailed(Code.BEHIND, f"osd.{self.port.me} holds {name!r} at version "
                                     f"{have:x}, not {prior:x}: it needs the whole object")
             version_attr = {pgs.VERSION_ATTR: pgs.version_bytes(version)}
             if record is None:
@@ -177,8 +201,8 @@ class ReplicatedBackend(PgBackend):
             else:
                 txn.set_attrs(pg.collection, name, version_attr)
             txn.omap_update(pg.collection, name, update.sets, update.removes, update.clear)
-        self.registry.log_ops(pg, txn, version, name, False, complete)
-        await self.store.apply(txn, then=lambda: pg.applied(version, complete))
+        self.local.log_ops(pg, txn, version, name, False, complete)
+        await self.port.store.apply(txn, then=lambda: pg.applied(version, complete))
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -187,7 +211,7 @@ class ReplicatedBackend(PgBackend):
         from `target` when `source` has none. An omap comes along: with the data when it
         fits one page, else page by page into a temporary object on the target that the last
         page renames into place (a target never holds the new version half copied)."""
-        call, header_of = self.registry.call, self.registry.header
+        call, header_of = self.port.call, self.port.header
         try:
             header, payload = await call(source, header_of(pg, "pg_read", epoch, name=name,
                                                            omap=True))
@@ -214,5 +238,5 @@ class ReplicatedBackend(PgBackend):
             moved += omap_bytes(entries)
             await call(target, header_of(pg, "pg_push_omap", epoch, name=name, version=version,
                                          omap=entries, final=not more))
-        self.registry.recovery_bytes_total += moved
+        self.recovery_bytes_total += moved
         return "copied"

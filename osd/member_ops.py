@@ -25,15 +25,22 @@ from cairn.osd.store import Transaction
 # -- replica ops ------------------------------------------------------------------------------
 
 
-async def _from_primary(service, header):
-    """The PgShell, if `from` is the PG's primary in our map and the epoch is current."""
-    pool, pg = await service.pg_of(header, as_primary=False)
+def admit_from_primary(service, pg, header):
+    """The checks of an op from a PG's primary that need no waiting (the usual path and the
+    fast replica write alike): `from` is the PG's primary in our map, at an epoch no older
+    than the PG's last peering. Returns the PgShell; raises the refusals."""
     if pg is None:
         raise RequestFailed(Code.WRONG_PRIMARY, f"osd.{header.get('from')} is not the primary "
                             f"of pg {header.get('pool')}.{header.get('pg'):x} at epoch "
-                            f"{service.map.epoch}")
+                            f"{service.port.map.epoch}")
     pg.check_from_primary(header.get("from"), header.get("epoch", 0))
-    return pool, pg
+    return pg
+
+
+async def _from_primary(service, header):
+    """(pool, PgShell) of an op from the PG's primary, once our map has its epoch."""
+    pool, pg = await service.pg_of(header, as_primary=False)
+    return pool, admit_from_primary(service, pg, header)
 
 
 async def rep_put(service, header, payload):
@@ -70,23 +77,23 @@ async def _replicated_write(service, header, payload, delete):
 
 async def pg_query(service, header, payload):
     pool, pg = await _from_primary(service, header)
-    service.registry.load_log(pg)
+    service.local.load_log(pg)
     return {"last_update": pg.query(header.get("epoch", 0)),
             "complete_to": pg.complete_to}, b""
 
 
 async def pg_list(service, header, payload):
     pool, pg = await _from_primary(service, header)
-    entries, following = service.registry.listing(pg, header.get("start_after"),
+    entries, following = service.local.listing(pg, header.get("start_after"),
                                                   header.get("limit", LIST_PAGE_DEFAULT),
                                                   as_target=bool(header.get("as_target")))
-    service.registry.load_log(pg)
+    service.local.load_log(pg)
     return {"entries": entries, "next": following, "last_update": pg.last_update}, b""
 
 
 async def pg_log(service, header, payload):
     pool, pg = await _from_primary(service, header)
-    return pg.log_summary(service.registry.log_entries(pg)), b""
+    return pg.log_summary(service.local.log_entries(pg)), b""
 
 
 async def pg_stat(service, header, payload):
@@ -96,7 +103,7 @@ async def pg_stat(service, header, payload):
         raise RequestFailed(Code.INVALID, "pg_stat needs names: a list of object names")
     versions, sizes = [], []
     for name in names:
-        record = service.registry.local_record(pg, name)
+        record = service.local.local_record(pg, name)
         versions.append(pgs.version_of(record.attrs) if record else None)
         sizes.append(record.size if record else 0)
     return {"versions": versions, "sizes": sizes}, b""
@@ -115,7 +122,7 @@ async def pg_read(service, header, payload):
     reply = {"version": pgs.version_of(record.attrs),
              "manifest": pgs.MANIFEST_ATTR in record.attrs}
     if header.get("omap") and record.omap and stash is None:
-        entries, more = service.store.omap_list(pg.collection, name, limit=OMAP_PAGE_ENTRIES_MAX,
+        entries, more = service.port.store.omap_list(pg.collection, name, limit=OMAP_PAGE_ENTRIES_MAX,
                                                 max_bytes=OMAP_PAGE_BYTES)
         reply.update(omap=[list(pair) for pair in entries], omap_more=more)
     if pgs.SHARD_ATTR in record.attrs:
@@ -130,11 +137,11 @@ async def pg_omap(service, header, payload):
     pool, pg = await _from_primary(service, header)
     name = object_name(header)
     start_after = omap.parse_listing(header)[0]
-    record = service.registry.local_record(pg, name)
+    record = service.local.local_record(pg, name)
     if record is None or pgs.version_of(record.attrs) != header.get("version"):
-        raise RequestFailed(Code.AGAIN, f"{name!r} changed on osd.{service.daemon.id} during "
+        raise RequestFailed(Code.AGAIN, f"{name!r} changed on osd.{service.port.me} during "
                             "its recovery; retry")
-    entries, more = service.store.omap_list(pg.collection, name, start_after,
+    entries, more = service.port.store.omap_list(pg.collection, name, start_after,
                                             limit=OMAP_PAGE_ENTRIES_MAX,
                                             max_bytes=OMAP_PAGE_BYTES)
     return {"entries": [list(pair) for pair in entries], "more": more}, b""
@@ -148,22 +155,22 @@ async def pg_push_omap(service, header, payload):
     temporary = PUSH_PREFIX + name
     update = omap.parse_update({"set": header.get("omap", [])}).update
     try:
-        stat = service.store.stat(pg.stash_collection, temporary)
+        stat = service.port.store.stat(pg.stash_collection, temporary)
     except (ObjectNotFound, CollectionNotFound):
         stat = None
     if stat is None or pgs.version_of(stat.attrs) != header.get("version"):
         raise RequestFailed(Code.AGAIN, f"no push of {name!r} at this version is in progress "
-                            f"on osd.{service.daemon.id}; retry the recovery")
+                            f"on osd.{service.port.me}; retry the recovery")
     txn = Transaction().omap_update(pg.stash_collection, temporary, update.sets)
     if header.get("final"):
         txn.rename(pg.stash_collection, temporary, pg.collection, name)
-    await service.store.apply(txn)
+    await service.port.store.apply(txn)
     return {}, b""
 
 
 async def pg_push(service, header, payload):
     pool, pg = await _from_primary(service, header)
-    await service.registry.ensure_collections(pg, stash=bool(header.get("partial")))
+    await service.local.ensure_collections(pg, stash=bool(header.get("partial")))
     attrs = {pgs.VERSION_ATTR: pgs.version_bytes(op_version(header))}
     if header.get("manifest"):
         attrs[pgs.MANIFEST_ATTR] = b"1"
@@ -185,15 +192,15 @@ async def pg_push(service, header, payload):
     txn = Transaction().put(collection, target, payload, attrs=attrs, size=size)
     if update.sets:
         txn.omap_update(collection, target, update.sets)
-    await service.store.apply(txn)
+    await service.port.store.apply(txn)
     return {}, b""
 
 
 async def pg_remove(service, header, payload):
     pool, pg = await _from_primary(service, header)
     try:
-        await service.store.apply(Transaction().delete(pg.collection, object_name(header)))
-    except ObjectNotFound:
+        await service.port.store.apply(Transaction().delete(pg.collection, object_name(header)))
+    except (ObjectNotFound, CollectionNotFound):       # nothing to remove
         pass
     return {}, b""
 
@@ -202,10 +209,10 @@ async def pg_mark(service, header, payload):
     pool, pg = await _from_primary(service, header)
     version = op_version(header) if header.get("version") else 0
     if version:
-        await service.registry.ensure_collections(pg)
+        await service.local.ensure_collections(pg)
         txn = Transaction()
-        service.registry.mark_ops(pg, txn, version)
-        await service.store.apply(txn, then=lambda: pg.marked(version))
+        service.local.mark_ops(pg, txn, version)
+        await service.port.store.apply(txn, then=lambda: pg.marked(version))
     return {}, b""
 
 
@@ -215,14 +222,14 @@ async def pg_versions(service, header, payload):
     pool, pg = await _from_primary(service, header)
     name = object_name(header)
     held = []
-    record = service.registry.local_record(pg, name)
+    record = service.local.local_record(pg, name)
     if record is not None:
         held.append(_held(record.attrs))
     if pool["kind"] == "erasure":
-        service.registry.load_stash(pg)    # with acked_seen, kept in the log over restarts
+        service.local.load_stash(pg)    # with acked_seen, kept in the log over restarts
         for entry in pg.stash_of(name):
             try:
-                attrs = service.store.stat(pg.stash_collection, entry).attrs
+                attrs = service.port.store.stat(pg.stash_collection, entry).attrs
             except ObjectNotFound:
                 continue
             replaced_by = pgs.parse_stash_entry(entry)[0]
@@ -244,7 +251,7 @@ def _held(attrs):
 async def pg_scrub(service, header, payload):
     """Scrub one PG (on its primary): {deep, repair} -> the PG's report (osd/scrub.py)."""
     pool, pg = await service.pg_of(header)
-    report = await service.daemon.scrubber.scrub_pg(pg, bool(header.get("deep")),
+    report = await service.scrubber.scrub_pg(pg, bool(header.get("deep")),
                                                     bool(header.get("repair")))
     return report, b""
 
@@ -259,10 +266,10 @@ async def pg_scrub_local(service, header, payload):
     if not isinstance(limit, int) or not 1 <= limit <= LIST_PAGE_DEFAULT:
         raise RequestFailed(Code.INVALID, f"limit must be within 1..{LIST_PAGE_DEFAULT}")
     following = None
-    if not service.store.has_collection(pg.collection):
+    if not service.port.store.has_collection(pg.collection):
         names = []
     elif names is None:
-        names, following = service.store.list_objects(pg.collection,
+        names, following = service.port.store.list_objects(pg.collection,
                                                       start_after=header.get("start_after"),
                                                       limit=limit)
     elif not (isinstance(names, list) and len(names) <= LIST_PAGE_DEFAULT
@@ -270,13 +277,13 @@ async def pg_scrub_local(service, header, payload):
         raise RequestFailed(Code.INVALID, "names must be a list of object names")
     entries = []
     for name in names:
-        record = service.registry.local_record(pg, name)
+        record = service.local.local_record(pg, name)
         if record is None:
             continue
         crc, damaged = None, False
         if deep:
             try:
-                data = await service.store.read(pg.collection, name)
+                data = await service.port.store.read(pg.collection, name)
                 crc = crc32c(data)
                 if getattr(record, "omap", False):
                     crc = _omap_crc(service, pg, name, crc)
@@ -294,7 +301,7 @@ def _omap_crc(service, pg, name, crc):
     a deep scrub finds replicas whose tables differ."""
     after = None
     while True:
-        entries, more = service.store.omap_list(pg.collection, name, after,
+        entries, more = service.port.store.omap_list(pg.collection, name, after,
                                                 limit=OMAP_PAGE_ENTRIES_MAX)
         for key, value in entries:
             crc = crc32c(len(key).to_bytes(4, "little") + key +

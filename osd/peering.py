@@ -99,13 +99,16 @@ class Complete:
 
 
 @dataclasses.dataclass(frozen=True)
-class Incomplete:
+class _Stop:
     reason: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Restart:
-    reason: str
+class Incomplete(_Stop):
+    """No complete member of the last record is up: wait for the next map."""
+
+
+class Restart(_Stop):
+    """A member failed or refused: peer again."""
 
 
 class Peering:

@@ -134,19 +134,92 @@ def delta_names(source_log, target_log):
     A log is complete after its `tail` (trimmed below it; or, on a member that was itself
     recovered, unknown before its recovery). The target holds every acknowledged write up to
     its `complete_to`, and after it exactly the writes its entries list. The source's log
-    covers the target when the target's complete_to is not older than the source's tail. Names
-    come from the source's entries after the target's complete_to that the target lacks (writes
-    it missed) and from the target's entries after the source's tail that the source lacks
-    (writes the target applied that were never acknowledged: divergent)."""
+    covers the target when the target's complete_to is not older than the source's tail.
+
+    The names are the two logs' difference, whatever the versions: entries of the source the
+    target lacks (writes it missed; above its own tail, below which it was reconciled) and
+    entries of the target the source lacks (writes never acknowledged, or ones the source
+    trimmed: syncing those again costs a copy). An unacknowledged write can be missing from a
+    member *below* its complete_to: the member missed it (a lost reply) and went on taking the
+    interval's later writes, flagged complete; comparing only after complete_to left such an
+    object different on two members after recovery (the seeded simulation, seed 3, 2026-11-27).
+    """
     if target_log["complete_to"] < source_log["tail"]:
         return None
     source_versions = {version for version, _ in source_log["entries"]}
     target_versions = {version for version, _ in target_log["entries"]}
     names = {name for version, name in source_log["entries"]
-             if version > target_log["complete_to"] and version not in target_versions}
-    names |= {name for version, name in target_log["entries"]
-              if version > source_log["tail"] and version not in source_versions}
+             if version > target_log["tail"] and version not in target_versions}
+    names |= {name for version, name in target_log["entries"] if version not in source_versions}
     return sorted(names)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollback:
+    """What recovery does with an erasure-coded object whose version has fewer than k shards
+    readable (`rollback_choice`)."""
+    action: str                 # "wait", "restore", "delete" or "lost"
+    version: int = 0            # restore: the version whose shards are read
+    sources: tuple = ()         # restore: k of (shard index, osd, stash entry or None)
+    geometry: tuple = None      # restore: (size, unit)
+    manifest: bool = False
+    reason: str = ""
+
+
+def rollback_choice(version, answers, k):
+    """The rollback decision for version `version` of an erasure-coded object that has fewer
+    than k shards readable now, from each acting position's `pg_versions` answer
+    (`answers`: one per position, None where the position is empty or did not answer; else
+    {"held": [...], "acked_seen": v}, osd/member_ops.py).
+
+    - wait: members that did not answer may hold enough live shards of `version`;
+    - restore `version` itself when k shards of it exist counting the members' stashes (a
+      later write that never finished moved them there: what was acknowledged comes back);
+    - lost: `version` was acknowledged (a member saw acked_to reach it) and cannot be rebuilt;
+    - restore the newest older version with k shards (live or stashed): `version` was a write
+      that reached too few members before its primary died, never acknowledged;
+    - delete: the object did not exist before that write (its members stashed an absence);
+    - lost otherwise.
+    Pure: the caller (ErasureBackend._roll_back) asks, fetches and writes."""
+    shards = collections.defaultdict(dict)      # version -> shard index -> (osd, stash entry)
+    live = {}                                   # shard index -> osd, of `version` itself
+    geometry, absent, acked_seen, unknown = {}, 0, 0, 0
+    for osd, answer in answers:
+        if answer is None:
+            unknown += 1
+            continue
+        acked_seen = max(acked_seen, answer.get("acked_seen", 0))
+        for held in answer["held"]:
+            if held.get("absent"):
+                absent += held["replaced_by"] >= version
+                continue
+            if held["version"] > version:
+                continue
+            shards[held["version"]].setdefault(held["shard"], (osd, held.get("entry")))
+            geometry[held["version"]] = (tuple(held["ec"]), held["manifest"])
+            if held["version"] == version and held.get("entry") is None:
+                live[held["shard"]] = osd
+    if len(live) + unknown >= k:
+        return Rollback("wait", reason=f"{unknown} members did not answer; they may hold the "
+                        "missing shards")
+
+    def restore(chosen):
+        sources = tuple((index, osd, entry)
+                        for index, (osd, entry) in sorted(shards[chosen].items())[:k])
+        (size, unit), manifest = geometry[chosen]
+        return Rollback("restore", chosen, sources, (size, unit), manifest)
+    if len(shards.get(version, ())) >= k:
+        return restore(version)
+    if acked_seen >= version:
+        return Rollback("lost", reason=f"version {version:x} was acknowledged and has "
+                        f"{len(shards.get(version, ()))} shards left, {k} needed")
+    older = {v: held for v, held in shards.items() if v < version}
+    whole = sorted((v for v, held in older.items() if len(held) >= k), reverse=True)
+    if whole:
+        return restore(whole[0])
+    if absent and not older:
+        return Rollback("delete")
+    return Rollback("lost", reason=f"no version up to {version:x} has {k} shards left")
 
 
 def hash_order(name):
@@ -298,6 +371,15 @@ class PgCore:
 
     # -- client writes on the primary ---------------------------------------------------------------
 
+    def check_serving(self, interval):
+        """Refuse (`again`) an op admitted while the PG served `interval` that waited (for an
+        object's lock, a recovery) while the PG moved on: the missing set it was admitted
+        under is gone, so this copy may be behind (a read once answered `not_found` for an
+        acknowledged object this way: the seeded simulation, seed 72, 2026-11-27)."""
+        if self.interval is not interval or not self.serving:
+            raise Refused(Code.AGAIN, f"pg {self.key[0]}.{self.key[1]:x} changed its acting "
+                          "set during the op; retry")
+
     def check_writable(self, pool_name):
         acting = self.acting
         if not acting.writable:
@@ -306,11 +388,14 @@ class PgCore:
                           f"min_size {acting.min_size}: writes refused")
         return acting
 
-    def plan_write(self, acting_seen, epoch, name, delete, manifest, existed):
+    def plan_write(self, acting_seen, epoch, name, delete, manifest, existed, recovery=False):
         """The version and targets of one write (the caller holds the object's lock).
         `acting_seen`: the acting set the op was admitted under; `existed`: whether the PG
-        holds the object now (see `exists`)."""
-        if self.acting is not acting_seen or not self.serving:
+        holds the object now (see `exists`). `recovery`: a rollback's rewrite, which recovery
+        also makes while the primary catches itself up before activating (RECOVERING): an
+        object that needs one must not hold the activation back forever."""
+        if self.acting is not acting_seen or not (
+                self.serving or recovery and self.phase is Phase.RECOVERING):
             raise Refused(Code.AGAIN, "the acting set changed; retry")
         if delete and not existed:
             raise Refused(Code.NOT_FOUND, f"object {name!r} not found")
@@ -323,7 +408,15 @@ class PgCore:
 
     def write_finished(self, plan, committed_here, acknowledged):
         """The write's members answered; `committed_here`: this OSD's copy committed;
-        `acknowledged`: every member did (the client is told it succeeded)."""
+        `acknowledged`: every member did (the client is told it succeeded).
+
+        A write planned in an earlier interval changes nothing here: a replica's reply may
+        take its whole deadline (20 s), and meanwhile a new interval can have found a newer
+        version elsewhere and put the object in its missing set; dropping it from there would
+        serve the old copy as current and call the PG clean (the seeded simulation found this,
+        seed 40, 2026-11-27)."""
+        if self.interval is None or plan.epoch < self.interval[0]:
+            return
         if committed_here:
             self.missing.pop(plan.name, None)           # our copy is the newest now
             self.object_count += (not plan.delete) - plan.existed

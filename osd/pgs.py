@@ -36,12 +36,10 @@ from cairn.common.codes import Code
 from cairn.common.daemon import crash_on_error
 from cairn.common.keylocks import KeyLocks
 from cairn.common import pg as pgs
-from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.common.messenger import RequestFailed
 from cairn.common.monclient import MonitorsUnavailable
 from cairn.osd import peering
-from cairn.osd.pg import (ACKED_ATTR, COMPLETE_ATTR, TAIL_NAME, Phase, PgCore, Role,
-                          backfill_names, delta_names, hash_order, log_entry_attrs)
-from cairn.osd.errors import CollectionExists, ObjectNotFound
+from cairn.osd.pg import Phase, PgCore, Role, backfill_names, delta_names, hash_order
 from cairn.osd.store import Transaction
 
 log = logging.getLogger("cairn.osd")
@@ -53,9 +51,6 @@ PEERING_RETRY_S = 1.0
 RECOVERY_LIST_PAGE = 1000
 # Tries of one member's background recovery before it is left incomplete until the map changes.
 RECOVERY_ATTEMPTS_MAX = 5
-# Deadline of one peering or recovery call to another OSD; a member that does not answer in
-# time makes peering start again.
-PEER_CALL_TIMEOUT_S = 10.0
 # How often a stray copy asks its PG's primary whether the PG is clean (then it is deleted).
 STRAY_CHECK_S = 5.0
 STRAY_DELETE_BATCH = 256
@@ -72,6 +67,8 @@ class PgShell(PgCore):
         self.active = asyncio.Event()
         self.task = None
         self.locks = KeyLocks()
+        # A PG's first background scrub comes one interval after the OSD saw it.
+        self.last_scrub = self.last_deep_scrub = time.monotonic()
 
     @contextlib.asynccontextmanager
     async def object_lock(self, name, really=True):
@@ -84,8 +81,6 @@ class PgShell(PgCore):
             yield
         finally:
             self.locks.release(name)
-        # A PG's first background scrub comes one interval after the OSD saw it.
-        self.last_scrub = self.last_deep_scrub = time.monotonic()
 
 
 class RecoveryThrottle:
@@ -93,15 +88,15 @@ class RecoveryThrottle:
     through a token bucket, and at most max_active PGs recovering at once. Both follow the
     cluster config and the local time at every call, so a change applies within seconds."""
 
-    def __init__(self, daemon):
-        self.daemon = daemon
+    def __init__(self, port):
+        self.port = port
         self.bucket = throttle.TokenBucket(0, time.monotonic())
         self.active = 0
         self._changed = asyncio.Condition()
         self._parsed = (None, None)                     # (epoch, windows)
 
     def budget(self):
-        cmap = self.daemon.monc.map
+        cmap = self.port.map
         if self._parsed[0] != cmap.epoch:
             self._parsed = (cmap.epoch, config.value(cmap.config, "recovery.windows"))
         now = time.localtime()
@@ -145,28 +140,25 @@ class RecoveryThrottle:
 
 
 class PgRegistry:
-    def __init__(self, daemon):
-        self.daemon = daemon
+    def __init__(self, port, local, backends):
+        self.port = port
+        self.local = local                              # osd/pglocal.py: the copies here
+        self.backends = backends                        # by pool kind (osd/backend.py)
         self.pgs = {}                                   # key -> PgShell
-        self.recovery_bytes_total = 0
         self.delta_recoveries_total = 0
         self.backfills_total = 0
         self.on_demand_total = 0                        # objects recovered for a waiting client
-        self.throttle = RecoveryThrottle(daemon)
-        self.collection_lock = asyncio.Lock()           # creating a PG's collections
+        self.throttle = RecoveryThrottle(port)
 
     @property
-    def me(self):
-        return self.daemon.id
-
-    @property
-    def store(self):
-        return self.daemon.store
+    def recovery_bytes_total(self):
+        """Bytes recovery moved, over both backends."""
+        return sum(backend.recovery_bytes_total for backend in self.backends.values())
 
     def load_local(self):
         """Know every PG that has a copy in the local store, so a stray copy can answer
         peering queries after a restart."""
-        for name in self.store.list_collections():
+        for name in self.port.store.list_collections():
             parts = name.split(".")
             if len(parts) == 3 and parts[0] == "pg":
                 try:
@@ -177,7 +169,7 @@ class PgRegistry:
     def shell(self, key):
         found = self.pgs.get(key)
         if found is None:
-            found = self.pgs[key] = PgShell(key, self.me)
+            found = self.pgs[key] = PgShell(key, self.port.me)
         return found
 
     # -- map changes ------------------------------------------------------------------------------
@@ -190,7 +182,7 @@ class PgRegistry:
             for pg_index, acting in enumerate(pgs.acting_sets(cmap, pool["name"])):
                 key = (pool["id"], pg_index)
                 live.add(key)
-                if self.me not in acting.members and key not in self.pgs:
+                if self.port.me not in acting.members and key not in self.pgs:
                     continue
                 pg = self.shell(key)
                 previous = pg.interval[1] if pg.interval else None
@@ -251,7 +243,7 @@ class PgRegistry:
 
     def copies_held(self):
         """How many PGs this OSD holds a copy of (members and strays)."""
-        return sum(1 for name in self.store.list_collections() if name.startswith("pg."))
+        return sum(1 for name in self.port.store.list_collections() if name.startswith("pg."))
 
     def pool_usage(self):
         """{pool id (as text): [objects, bytes stored]} over the PGs this OSD is primary of and serves
@@ -259,14 +251,14 @@ class PgRegistry:
         in its copy here; an erasure-coded PG's copy is one shard of each object, so k times
         its bytes (padding included)."""
         usage = {}
-        cmap = self.daemon.monc.map
+        cmap = self.port.map
         for pg in self.pgs.values():
             if pg.role is not Role.PRIMARY or not pg.serving:
                 continue
             pool = pgs.pool_by_id(cmap, pg.key[0])
             if pool is None:
                 continue
-            stored = self.store.usage(pg.collection)[1] * pool.get("k", 1)
+            stored = self.port.store.usage(pg.collection)[1] * pool.get("k", 1)
             entry = usage.setdefault(str(pg.key[0]), [0, 0])
             entry[0] += pg.object_count
             entry[1] += stored
@@ -289,11 +281,11 @@ class PgRegistry:
         # Runs until the PG is active and clean, incomplete, or a new interval cancels it;
         # retries after failures.
         while True:
-            core = peering.Peering(epoch, acting, up, self.me)
+            core = peering.Peering(epoch, acting, up, self.port.me)
             try:
-                reply = await self.daemon.monc.request({"op": "pg_last_active", "pool": pg.key[0],
+                reply = await self.port.monitor({"op": "pg_last_active", "pool": pg.key[0],
                                                         "pg": pg.key[1]})
-                effects = core.start(peering.Record.from_list(reply.header["record"]))
+                effects = core.start(peering.Record.from_list(reply["record"]))
                 done = await self._run(pg, core, effects, epoch, writable)
             except (MonitorsUnavailable, RequestFailed) as exc:
                 done = False
@@ -373,7 +365,7 @@ class PgRegistry:
 
     async def _record(self, pg, effect):
         """Write the activation record (or its growing complete set) at the monitor."""
-        await self.daemon.monc.request({"op": "pg_set_active", "pool": pg.key[0],
+        await self.port.monitor({"op": "pg_set_active", "pool": pg.key[0],
                                         "pg": pg.key[1], "epoch": effect.epoch,
                                         "acting": list(effect.acting),
                                         "complete": list(effect.complete)})
@@ -382,7 +374,7 @@ class PgRegistry:
         """Recover one member while the PG serves; True once it is recorded complete."""
         for attempt in range(RECOVERY_ATTEMPTS_MAX):
             try:
-                if recover.target == self.me:
+                if recover.target == self.port.me:
                     await self._recover_missing(pg, epoch)
                 else:
                     await self._recover(pg, recover.source, recover.target, epoch, locked=True)
@@ -422,17 +414,17 @@ class PgRegistry:
     async def _tidy_stray(self, pg):
         """Delete this OSD's copy of a PG it is no longer a member of, once the PG's primary
         says the PG is clean (every member complete, recorded at the monitor)."""
-        if not (self.store.has_collection(pg.collection)
-                or self.store.has_collection(pg.log_collection)):
+        if not (self.port.store.has_collection(pg.collection)
+                or self.port.store.has_collection(pg.log_collection)):
             del self.pgs[pg.key]
             return
         if pg.stray_objects is None:
-            pg.stray_objects = (self.store.count_objects(pg.collection)
-                                if self.store.has_collection(pg.collection) else 0)
+            pg.stray_objects = (self.port.store.count_objects(pg.collection)
+                                if self.port.store.has_collection(pg.collection) else 0)
         interval = pg.interval
         if interval is None or interval[1].primary is None:
             return
-        header, _ = await self.call(interval[1].primary, {"op": "pg_info", "pool": pg.key[0],
+        header, _ = await self.port.call(interval[1].primary, {"op": "pg_info", "pool": pg.key[0],
                                                           "pg": pg.key[1],
                                                           "epoch": interval[0]})
         if not header.get("clean") or pg.interval is not interval or pg.phase is not Phase.STRAY \
@@ -450,55 +442,37 @@ class PgRegistry:
 
     async def _remove_copy(self, pg):
         # The log goes first, in one transaction: a copy half deleted never looks complete.
-        if self.store.has_collection(pg.log_collection):
+        if self.port.store.has_collection(pg.log_collection):
             txn = Transaction()
-            for name in self._all_names(pg.log_collection):
+            for name in self.local.all_names(pg.log_collection):
                 txn.delete(pg.log_collection, name)
-            await self.store.apply(txn.remove_collection(pg.log_collection),
+            await self.port.store.apply(txn.remove_collection(pg.log_collection),
                                    then=pg.log_forgotten)
         else:
             pg.log_forgotten()
         pg.stash_names = None
         for collection in (pg.stash_collection, pg.collection):
-            while self.store.has_collection(collection) and pg.phase is Phase.STRAY:
-                names, _ = self.store.list_objects(collection, limit=STRAY_DELETE_BATCH)
+            while self.port.store.has_collection(collection) and pg.phase is Phase.STRAY:
+                names, _ = self.port.store.list_objects(collection, limit=STRAY_DELETE_BATCH)
                 txn = Transaction()
                 for name in names:
                     txn.delete(collection, name)
                 if not names:
                     txn.remove_collection(collection)
-                await self.store.apply(txn)
+                await self.port.store.apply(txn)
                 if collection == pg.collection:
                     pg.stray_objects = max(0, (pg.stray_objects or 0) - len(names))
 
     # -- talking to members -------------------------------------------------------------------------
 
-    async def call(self, osd_id, header, payload=b""):
-        """Send an op to `osd_id` (handled locally when it is us); the reply (header, payload)."""
-        if osd_id == self.me:
-            return await self.daemon.service.handle(dict(header), payload)
-        osd = self.daemon.monc.map.osds.get(osd_id)
-        if osd is None or not osd["addr"]:
-            raise RequestFailed(Code.AGAIN, f"osd.{osd_id} has no address")
-        try:
-            connection = await self.daemon.service.connections.get(osd_id, osd["addr"])
-            reply = await connection.request(header, payload, timeout_s=PEER_CALL_TIMEOUT_S)
-        except (ConnectionClosed, RequestTimeout) as exc:
-            raise RequestFailed(Code.AGAIN, f"osd.{osd_id}: {exc}") from None
-        return reply.header, reply.payload
-
-    def header(self, pg, op, epoch, **fields):
-        return {"op": op, "pool": pg.key[0], "pg": pg.key[1], "epoch": epoch, "from": self.me,
-                **fields}
-
     async def _query(self, pg, osd_id, epoch):
-        header, _ = await self.call(osd_id, self.header(pg, "pg_query", epoch))
+        header, _ = await self.port.call(osd_id, self.port.header(pg, "pg_query", epoch))
         return header["last_update"], header.get("complete_to", 0)
 
     async def _listing(self, pg, osd_id, epoch, as_target=False):
         versions, start_after = {}, None
         while True:
-            header, _ = await self.call(osd_id, self.header(pg, "pg_list", epoch,
+            header, _ = await self.port.call(osd_id, self.port.header(pg, "pg_list", epoch,
                                                              start_after=start_after,
                                                              limit=RECOVERY_LIST_PAGE,
                                                              as_target=as_target))
@@ -539,7 +513,7 @@ class PgRegistry:
                 # stopped an OSD in CI).
                 if target in pg.remaining:
                     pg.remaining[target] -= 1
-            await self.call(target, self.header(pg, "pg_mark", epoch, version=mark))
+            await self.port.call(target, self.port.header(pg, "pg_mark", epoch, version=mark))
         finally:
             pg.remaining.pop(target, None)
             await self.throttle.release()
@@ -558,49 +532,18 @@ class PgRegistry:
     async def _find_missing(self, pg, authority, epoch):
         """Before a primary that is behind serves: the objects whose version here differs from
         the authority's, with the authority's version (None where it has no such object)."""
-        names, mark, _ = await self._plan(pg, authority, self.me, epoch)
+        names, mark, _ = await self._plan(pg, authority, self.port.me, epoch)
         candidates = {}
         for first in range(0, len(names), RECOVERY_LIST_PAGE):
             batch = names[first:first + RECOVERY_LIST_PAGE]
-            header, _ = await self.call(authority, self.header(pg, "pg_stat", epoch,
+            header, _ = await self.port.call(authority, self.port.header(pg, "pg_stat", epoch,
                                                                 names=batch))
             candidates.update(zip(batch, zip(header["versions"], header["sizes"])))
         missing = pg.set_missing(authority, mark, candidates,
-                                 {name: self.local_version(pg, name) for name in candidates})
+                                 {name: self.local.local_version(pg, name) for name in candidates})
         if missing:
             log.info("pg %d.%x: serving with %d objects missing here (recovered from osd.%d "
                      "first when a client asks for them)", *pg.key, missing, authority)
-
-    def local_record(self, pg, name):
-        """The store's stat of this OSD's copy of `name`, or None."""
-        if not self.store.has_collection(pg.collection):
-            return None
-        try:
-            return self.store.stat(pg.collection, name)
-        except ObjectNotFound:
-            return None
-
-    def local_version(self, pg, name):
-        """The version of this OSD's copy of `name`, or None (also for a shard of another
-        position than this OSD's: it must be rebuilt)."""
-        record = self.local_record(pg, name)
-        return self._version_here(pg, record) if record else None
-
-    def _version_here(self, pg, record):
-        shard = pgs.shard_of(record.attrs)
-        if shard is not None:
-            members = pg.acting.members if pg.acting else ()
-            if shard >= len(members) or members[shard] != self.me:
-                return None
-        return pgs.version_of(record.attrs)
-
-    def present(self, pg, name):
-        """Whether this OSD's copy of the PG has `name`."""
-        return self.store.size_of(pg.collection, name) is not None
-
-    def exists(self, pg, name):
-        """Whether the PG holds `name`, as this primary serves it (the missing set first)."""
-        return pg.exists(name, lambda: self.present(pg, name))
 
     async def _recover_missing(self, pg, epoch):
         """Recover this primary's missing objects in the background (within the budget), then
@@ -615,16 +558,24 @@ class PgRegistry:
                 await self.throttle.take(pg.missing_sizes.get(name, 0))
                 async with pg.object_lock(name):
                     await self.recover_now(pg, name, background=True)
-            await self.call(self.me, self.header(pg, "pg_mark", epoch, version=pg.missing_mark))
+            await self.port.call(self.port.me, self.port.header(pg, "pg_mark", epoch, version=pg.missing_mark))
         finally:
             await self.throttle.release()
+
+    async def make_current(self, pg, name, interval):
+        """Before a client op admitted in `interval` reads `name` (holding its lock): recover
+        the object first if this primary serves it through its missing set, and refuse
+        (`again`) if the PG left that interval meanwhile (PgCore.check_serving)."""
+        pg.check_serving(interval)
+        await self.recover_now(pg, name)
+        pg.check_serving(interval)
 
     async def recover_now(self, pg, name, background=False):
         """Recover one missing object from the authority; the caller holds its object lock.
         A client waiting on it calls this: that object goes first, outside the budget."""
         if name not in pg.missing:
             return
-        outcome = await self.sync_object(pg, pg.missing_from, self.me, name, pg.interval[0],
+        outcome = await self.sync_object(pg, pg.missing_from, self.port.me, name, pg.interval[0],
                                           locked=False, throttled=False)
         pg.object_recovered(name)
         if not background:
@@ -634,12 +585,12 @@ class PgRegistry:
     def _count_objects(self, pg):
         """The PG's objects as this primary serves them (its copy, corrected by the missing
         set); kept up to date by writes."""
-        stored = (self.store.count_objects(pg.collection)
-                  if self.store.has_collection(pg.collection) else 0)
-        return pg.count_objects(stored, lambda name: self.present(pg, name))
+        stored = (self.port.store.count_objects(pg.collection)
+                  if self.port.store.has_collection(pg.collection) else 0)
+        return pg.count_objects(stored, lambda name: self.local.present(pg, name))
 
     async def _log(self, pg, osd_id, epoch):
-        header, _ = await self.call(osd_id, self.header(pg, "pg_log", epoch))
+        header, _ = await self.port.call(osd_id, self.port.header(pg, "pg_log", epoch))
         return {"entries": [(version, name) for version, name in header["entries"]],
                 "last_update": header["last_update"], "tail": header["tail"],
                 "complete_to": header["complete_to"]}
@@ -648,10 +599,9 @@ class PgRegistry:
         """Make one object on `target` what it is on `source` now: 'copied' or 'removed'.
         `locked`: take the primary's object lock, so a client write to it cannot interleave
         (a write since the plan is simply copied as it now is)."""
-        service = self.daemon.service
-        backend = service.backend(pgs.pool_by_id(self.daemon.monc.map, pg.key[0]))
+        backend = self.backends[pgs.pool_by_id(self.port.map, pg.key[0])["kind"]]
         async with pg.object_lock(name, locked):
-            if source == self.me and target != self.me and name in pg.missing:
+            if source == self.port.me and target != self.port.me and name in pg.missing:
                 # Our own copy is not the PG's yet (we serve it through the missing set):
                 # fetch it from the authority first, or the target would get our old version
                 # and be marked complete with it.
@@ -661,133 +611,3 @@ class PgRegistry:
 
     # -- the log ----------------------------------------------------------------------------------
 
-    async def ensure_collections(self, pg, stash=False):
-        """Create the PG's object and log collections on first use (and its rollback stash
-        for an erasure-coded PG)."""
-        wanted = [c for c in (pg.collection, pg.log_collection) + ((pg.stash_collection,) if
-                                                                    stash else ())
-                  if not self.store.has_collection(c)]
-        if not wanted:
-            return
-        async with self.collection_lock:
-            txn = Transaction()
-            for collection in wanted:
-                if not self.store.has_collection(collection):
-                    txn.create_collection(collection)
-            if not txn.ops:
-                return
-            try:
-                await self.store.apply(txn)
-            except CollectionExists:
-                pass
-
-    def load_log(self, pg):
-        """Hand the PG's log as the store holds it to the core (once per PG): the entries of
-        its log collection's key table, and any held as objects by an older store."""
-        if pg.log_names is not None:
-            return
-        values = self._log_values(pg.log_collection)
-        legacy = self._all_names(pg.log_collection)
-        tail_attrs = None
-        if TAIL_NAME in legacy:
-            legacy.remove(TAIL_NAME)
-            tail_attrs = self.store.stat(pg.log_collection, TAIL_NAME).attrs
-        for entry in legacy:
-            values[entry] = self.store.stat(pg.log_collection, entry).attrs
-        names = sorted(values)
-        newest_complete = next((entry for entry in reversed(names)
-                                if COMPLETE_ATTR in values[entry]), None)
-        pg.log_loaded(names, tail_attrs, newest_complete, legacy)
-
-    def _log_values(self, collection):
-        """{entry name: its fields} of a log collection's key table (none if no collection)."""
-        values, start_after = {}, None
-        if not self.store.has_collection(collection):
-            return values
-        while True:
-            page, more = self.store.keys_list(collection, start_after=start_after,
-                                              limit=RECOVERY_LIST_PAGE)
-            for key, value in page:
-                values[key.decode()] = log_entry_attrs(value)
-            if not more:
-                return values
-            start_after = page[-1][0]
-
-    def _log_attrs(self, pg, entry):
-        """The fields of one log entry here, or None if it is gone."""
-        if entry in pg.log_legacy:
-            try:
-                return self.store.stat(pg.log_collection, entry).attrs
-            except ObjectNotFound:
-                return None
-        value = self.store.keys_get(pg.log_collection, entry.encode())
-        return log_entry_attrs(value) if value is not None else None
-
-    def load_stash(self, pg):
-        """Hand the PG's rollback stash entries, and the highest acked_to its log entries
-        carry, to the core (once per PG; erasure-coded PGs only)."""
-        if pg.stash_names is None:
-            pg.stash_loaded(self._all_names(pg.stash_collection), self._acked_in_log(pg))
-
-    def _acked_in_log(self, pg):
-        """The highest acked_to on the PG's log entries, newest first; an entry's acked_to is
-        below its own version, so the scan stops at the first entry no newer than the best."""
-        self.load_log(pg)
-        best = 0
-        for entry in reversed(pg.log_names):
-            if int(entry, 16) <= best:
-                break
-            attrs = self._log_attrs(pg, entry) or {}
-            if ACKED_ATTR in attrs:
-                best = max(best, int(attrs[ACKED_ATTR].decode(), 16))
-        return best
-
-    def _all_names(self, collection):
-        """Every object name in `collection` (none if it does not exist), page by page."""
-        names, start_after = [], None
-        if not self.store.has_collection(collection):
-            return names
-        while True:
-            batch, start_after = self.store.list_objects(collection, start_after=start_after,
-                                                         limit=RECOVERY_LIST_PAGE)
-            names.extend(batch)
-            if start_after is None:
-                return names
-
-    def log_ops(self, pg, txn, version, name, delete, complete, acked_to=None):
-        self.load_log(pg)
-        pg.log_ops(txn, version, name, delete, complete, acked_to)
-
-    def mark_ops(self, pg, txn, version):
-        self.load_log(pg)
-        pg.mark_ops(txn, version)
-
-    def log_entries(self, pg):
-        """[(version, object name)] of the PG's log here, oldest first."""
-        self.load_log(pg)
-        values = self._log_values(pg.log_collection)    # one scan, not a lookup per entry
-        entries = []
-        for entry in sorted(pg.log_names):
-            attrs = self._log_attrs(pg, entry) if entry in pg.log_legacy else values.get(entry)
-            if attrs is None:
-                continue
-            entries.append((int(entry, 16), attrs.get("n", b"").decode()))
-        return entries
-
-    def listing(self, pg, start_after, limit, as_target=False):
-        """([(name, version)], next start_after) of the PG's objects here. `as_target`: this
-        OSD is to be recovered, so a shard held for another position counts as absent."""
-        if not self.store.has_collection(pg.collection):
-            return [], None
-        names, following = self.store.list_objects(pg.collection, start_after=start_after,
-                                                    limit=limit)
-        entries = []
-        for name in names:
-            try:
-                record = self.store.stat(pg.collection, name)
-                version = self._version_here(pg, record) if as_target else \
-                    pgs.version_of(record.attrs)
-                entries.append((name, version))
-            except ObjectNotFound:
-                continue
-        return entries, following

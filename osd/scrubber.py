@@ -30,17 +30,15 @@ def pg_name(pg):
 
 
 class Scrubber:
-    def __init__(self, daemon):
-        self.daemon = daemon
+    def __init__(self, port, registry, backends):
+        self.port = port
+        self.registry = registry
+        self.backends = backends
         self.scrubs_total = 0
         self.repairs_total = 0
 
-    @property
-    def registry(self):
-        return self.daemon.pgs
-
     def _pool(self, pg):
-        return pgs.pool_by_id(self.daemon.monc.map, pg.key[0])
+        return pgs.pool_by_id(self.port.map, pg.key[0])
 
     # -- one PG -------------------------------------------------------------------------------
 
@@ -58,7 +56,7 @@ class Scrubber:
             return report
         epoch, acting = pg.interval
         erasure = self._pool(pg)["kind"] == "erasure"
-        me = self.daemon.id
+        me = self.port.me
         members = acting.up_members
         scans = await asyncio.gather(*(self._scan(pg, osd, epoch, deep, names)
                                        for osd in members))
@@ -100,7 +98,7 @@ class Scrubber:
         """{name: scrub.Entry} of one member's copy of the PG, page by page."""
         view, start_after = {}, None
         while True:
-            header, _ = await self.registry.call(osd, self.registry.header(
+            header, _ = await self.port.call(osd, self.port.header(
                 pg, "pg_scrub_local", epoch, deep=deep, start_after=start_after,
                 limit=SCRUB_PAGE, names=names))
             for name, version, shard, size, crc, damaged in header["entries"]:
@@ -112,17 +110,17 @@ class Scrubber:
     async def _check_parity(self, pg, views, errors):
         """Parity errors: objects whose every shard is present and sound, yet whose parity
         differs from a fresh encoding of the data shards."""
-        backend = self.daemon.service.backends["erasure"]
+        backend = self.backends["erasure"]
         codec = backend.codec(pg)
         members = pg.acting.members
         if any(osd is None for osd in members):
             return []
         suspect = {error.object for error in errors}
         found = []
-        for name, entry in sorted(views[self.daemon.id].items()):
+        for name, entry in sorted(views[self.port.me].items()):
             if name in suspect:
                 continue
-            record = self.daemon.store.stat(pg.collection, name)
+            record = self.port.store.stat(pg.collection, name)
             size, unit = pgs.ec_geometry(record.attrs)
             if size == 0:
                 continue
@@ -146,7 +144,7 @@ class Scrubber:
         """Mend one error from good copies; True when done."""
         # A shard is rebuilt from k others (the bad one excluded); a replica is copied from a
         # good one.
-        source = self.daemon.id if erasure else self._good_replica(pg, error, views)
+        source = self.port.me if erasure else self._good_replica(pg, error, views)
         if source is None:
             log.warning("pg %s: no good copy of %r to repair osd.%d from", pg_name(pg),
                         error.object, error.osd)
@@ -165,14 +163,14 @@ class Scrubber:
     def _good_replica(self, pg, error, views):
         """A member whose copy of the object has the reference version, is not damaged and
         agrees with the most common crc32c; None if there is none."""
-        reference = views[self.daemon.id].get(error.object)
+        reference = views[self.port.me].get(error.object)
         if reference is None:
-            return self.daemon.id           # the object is gone: remove the stray copy
+            return self.port.me           # the object is gone: remove the stray copy
         entries = {osd: view[error.object] for osd, view in views.items()
                    if error.object in view and osd != error.osd}
         crcs = [e.crc for e in entries.values() if e.crc is not None and not e.damaged]
         majority = max(set(crcs), key=crcs.count) if crcs else None
-        for osd, entry in sorted(entries.items(), key=lambda item: item[0] != self.daemon.id):
+        for osd, entry in sorted(entries.items(), key=lambda item: item[0] != self.port.me):
             if entry.version == reference.version and not entry.damaged and \
                     (majority is None or entry.crc in (None, majority)):
                 return osd
@@ -188,7 +186,7 @@ class Scrubber:
 
     async def run_once(self):
         """One pass: repair read damage, then start due scrubs (one PG at a time)."""
-        cmap = self.daemon.monc.map
+        cmap = self.port.map
         if cmap is None:
             return
         interval_s = config.value(cmap.config, "scrub.interval_s")

@@ -41,7 +41,7 @@ import itertools
 import logging
 import time
 
-from cairn.common import config, messenger, pg as pgs, server
+from cairn.common import config, pg as pgs, server
 from cairn.common.codes import Code
 from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
@@ -50,10 +50,10 @@ from cairn.native.errors import DeviceError, DeviceNoSpace
 from cairn.osd import access, member_ops, omap
 from cairn.osd.backend import ZERO_COPY_READ_BYTES_MIN, slow_osds
 from cairn.osd.backend_erasure import ErasureBackend
-from cairn.osd.backend_replicated import ReplicatedBackend
-from cairn.osd.errors import ChecksumError, InvalidArgument, NoSpace, ObjectNotFound, StoreError
+from cairn.osd.errors import (ChecksumError, CollectionNotFound, InvalidArgument, NoSpace,
+                              ObjectNotFound, StoreError)
 from cairn.osd.pg import Refused, merge_missing
-from cairn.osd.request import LIST_PAGE_DEFAULT, byte_ranges, object_name
+from cairn.osd.request import LIST_PAGE_DEFAULT, byte_ranges, object_name, op_version
 
 log = logging.getLogger("cairn.osd")
 
@@ -62,18 +62,23 @@ MAP_CATCH_UP_S_MAX = 3.0
 # The code a store or device error is answered with. DeviceNoSpace: the device refused a write
 # (a file device whose filesystem is full, a thin volume out of room); the transaction changed
 # nothing and the store stays usable.
-ERROR_CODES = ((ObjectNotFound, Code.NOT_FOUND), (NoSpace, Code.NO_SPACE),
+# CollectionNotFound: this OSD holds no copy of the PG (a member that never got a write of it);
+# to a reader, the object is not here.
+ERROR_CODES = ((ObjectNotFound, Code.NOT_FOUND), (CollectionNotFound, Code.NOT_FOUND),
+               (NoSpace, Code.NO_SPACE),
                (DeviceNoSpace, Code.NO_SPACE), (ChecksumError, Code.IO_ERROR),
                (InvalidArgument, Code.INVALID))
+_ANSWERED = tuple(kind for kind, _ in ERROR_CODES) + (Refused,)
 
 
 class ObjectService:
-    def __init__(self, daemon):
-        self.daemon = daemon
-        self.connections = messenger.ConnectionPool(      # osd id -> Connection
-            authenticate=daemon.tickets.authenticate, tls=daemon.tls_client)
-        self.backends = {"replicated": ReplicatedBackend(self),      # by pool kind
-                         "erasure": ErasureBackend(self)}
+    def __init__(self, port, local, registry, backends, audit_op):
+        self.port = port                # osd/port.py: the store, the map, the other OSDs
+        self.local = local              # osd/pglocal.py: this OSD's copies of its PGs
+        self.registry = registry        # osd/pgs.py: the PGs, their peering and recovery
+        self.backends = backends        # by pool kind (osd/backend.py)
+        self.audit_op = audit_op        # (peer, header, result): a client write's audit line
+        self.scrubber = None            # osd/scrubber.py, for pg_scrub (set by the daemon)
         self.ops_total = 0
         self._started = {}              # client op serial -> monotonic start (SLOW_OPS)
         self._serial = itertools.count()
@@ -82,18 +87,6 @@ class ObjectService:
         self.client_bytes_out = 0       # payload bytes of their replies
         self.direct_reads_total = 0     # shard reads served to clients (`_shard_read`)
         self.fast_ops = {"get": 0, "put": 0, "rep_put": 0}  # answered from callbacks (`fast`)
-
-    @property
-    def store(self):
-        return self.daemon.store
-
-    @property
-    def map(self):
-        return self.daemon.monc.map
-
-    @property
-    def registry(self):
-        return self.daemon.pgs
 
     def backend(self, pool):
         return self.backends[pool["kind"]]
@@ -127,38 +120,35 @@ class ObjectService:
     async def _handle(self, op, header, payload):
         try:
             return await op.handler(self, header, payload)
-        except (ObjectNotFound, NoSpace, DeviceNoSpace, ChecksumError, InvalidArgument,
-                Refused) as exc:
+        except _ANSWERED as exc:
             raise self._failure(exc) from None
 
     def _failure(self, exc):
         """The RequestFailed an op's error is answered with (`ERROR_CODES`; the client library
         turns the code into a typed exception); `exc` itself when it is no such error."""
-        epoch = self.map.epoch if self.map is not None else 0
+        epoch = self.port.map.epoch if self.port.map is not None else 0
         if isinstance(exc, Refused):
-            return RequestFailed(exc.code, f"{exc.message} (osd.{self.daemon.id}, epoch {epoch})")
+            return RequestFailed(exc.code, f"{exc.message} (osd.{self.port.me}, epoch {epoch})")
         for kind, code in ERROR_CODES:
             if isinstance(exc, kind):
-                return RequestFailed(code, f"osd.{self.daemon.id}: {exc} (epoch {epoch})")
+                return RequestFailed(code, f"osd.{self.port.me}: {exc} (epoch {epoch})")
         return exc
 
     # -- map checks -------------------------------------------------------------------------------
 
-    async def pg_of(self, header, as_primary=True):
-        """(pool dict, PgShell) for the op's PG, after the map checks."""
-        if self.map is None:
-            raise RequestFailed(Code.AGAIN, f"osd.{self.daemon.id} is starting (no map yet)")
+    def _locate(self, header, as_primary=True):
+        """(pool dict, PgShell or None) for the op's PG after the map checks, or None while
+        this OSD's map is older than the sender's epoch (`pg_of` waits for it). Raises the
+        refusals. Both the usual paths and the fast ones (`_fast_pg`) locate an op here."""
+        cmap = self.port.map
+        if cmap is None:
+            raise RequestFailed(Code.AGAIN, f"osd.{self.port.me} is starting (no map yet)")
         epoch = header.get("epoch", 0)
-        if not isinstance(epoch, int) or epoch < 0:
+        if type(epoch) is not int or epoch < 0:
             raise RequestFailed(
                 Code.INVALID, f"epoch must be a non-negative integer (was {epoch!r})")
-        if epoch > self.map.epoch:
-            try:
-                await self.daemon.monc.wait_for_epoch(epoch, timeout_s=MAP_CATCH_UP_S_MAX)
-            except TimeoutError:
-                raise RequestFailed(Code.AGAIN, f"osd.{self.daemon.id} is at epoch "
-                                    f"{self.map.epoch}, behind {epoch}; retry") from None
-        cmap = self.map
+        if epoch > cmap.epoch:
+            return None
         pool_id, pg_index = header.get("pool"), header.get("pg")
         pool = pgs.pool_by_id(cmap, pool_id) if isinstance(pool_id, int) else None
         if pool is None:
@@ -172,23 +162,42 @@ class ObjectService:
                                 "version serves objects in replicated pools only")
         pg = self.registry.pgs.get((pool_id, pg_index))
         acting = pg.interval[1] if pg is not None and pg.interval else None
-        if as_primary and (acting is None or acting.primary != self.daemon.id):
-            raise RequestFailed(Code.WRONG_PRIMARY, f"osd.{self.daemon.id} is not the primary of "
+        if as_primary and (acting is None or acting.primary != self.port.me):
+            raise RequestFailed(Code.WRONG_PRIMARY, f"osd.{self.port.me} is not the primary of "
                                 f"pg {pool_id}.{pg_index:x} at epoch {cmap.epoch} (primary: "
                                 f"{acting.primary if acting else 'elsewhere'})")
         return pool, pg
 
+    async def pg_of(self, header, as_primary=True):
+        """(pool dict, PgShell) for the op's PG, after the map checks (`_locate`), waiting
+        up to MAP_CATCH_UP_S_MAX for this OSD's map to reach the sender's epoch."""
+        found = self._locate(header, as_primary)
+        if found is None:
+            epoch = header["epoch"]
+            try:
+                await self.port.wait_for_epoch(epoch, MAP_CATCH_UP_S_MAX)
+            except TimeoutError:
+                raise RequestFailed(Code.AGAIN, f"osd.{self.port.me} is at epoch "
+                                    f"{self.port.map.epoch}, behind {epoch}; retry") from None
+            found = self._locate(header, as_primary)
+        return found
+
     # -- primary ops --------------------------------------------------------------------------------
 
     async def _put(self, header, payload):
-        pool, pg = await self.pg_of(header)
+        return await self._write(header, payload, delete=False)
+
+    def _admit_write(self, pool, pg, header, payload, delete):
+        """The checks of a write that need no waiting, for the usual path and the fast one
+        alike: (object name, the acting set it is admitted under, manifest). Raises the
+        refusals (invalid, quota, no_space, pool_unavailable)."""
         name = object_name(header)
-        if len(payload) > OBJECT_SIZE_BYTES_MAX:
-            raise RequestFailed(Code.INVALID, f"object of {len(payload)} bytes is over the limit "
-                                f"({OBJECT_SIZE_BYTES_MAX}); stripe it (put_stream)")
-        self._check_room(pool, pg)
-        return await self._write(pool, pg, name, payload, delete=False,
-                                 manifest=bool(header.get("manifest")))
+        if not delete:
+            if len(payload) > OBJECT_SIZE_BYTES_MAX:
+                raise RequestFailed(Code.INVALID, f"object of {len(payload)} bytes is over the "
+                                    f"limit ({OBJECT_SIZE_BYTES_MAX}); stripe it (put_stream)")
+            self._check_room(pool, pg)
+        return name, pg.check_writable(pool["name"]), bool(header.get("manifest"))
 
     def _check_room(self, pool, pg):
         """Refuse a write (never a delete) to a pool at its quota or to a PG with a member
@@ -201,12 +210,12 @@ class ObjectService:
                                 f"({' or '.join(limits) or 'reached'}); raise it with 'cairn "
                                 f"pool set-quota {pool['name']}' or delete objects")
         members = pg.acting.members if pg.acting is not None else ()
-        full = [m for m in members if m is not None and self.map.osds.get(m, {}).get("full")]
-        statfs = self.store.statfs()
+        full = [m for m in members if m is not None and self.port.map.osds.get(m, {}).get("full")]
+        statfs = self.port.store.statfs()
         ratio = statfs["used_bytes"] / statfs["total_bytes"] if statfs["total_bytes"] else 0.0
-        full_ratio = config.value(self.map.config, "osd.full_ratio")
-        if ratio >= full_ratio and self.daemon.id not in full:
-            full.append(self.daemon.id)
+        full_ratio = config.value(self.port.map.config, "osd.full_ratio")
+        if ratio >= full_ratio and self.port.me not in full:
+            full.append(self.port.me)
         if full:
             where = f"pg {pg.key[0]}.{pg.key[1]:x} of pool {pool['name']}"
             raise RequestFailed(Code.NO_SPACE, f"no space: {', '.join(f'osd.{m}' for m in full)} "
@@ -215,55 +224,31 @@ class ObjectService:
                                 "OSDs)")
 
     async def _delete(self, header, payload):
-        pool, pg = await self.pg_of(header)
-        return await self._write(pool, pg, object_name(header), None, delete=True)
+        return await self._write(header, None, delete=True)
 
-    async def _write(self, pool, pg, name, payload, delete, manifest=False):
-        acting = pg.check_writable(pool["name"])
+    async def _write(self, header, payload, delete):
+        pool, pg = await self.pg_of(header)
+        name, acting, manifest = self._admit_write(pool, pg, header, payload, delete)
         pg = await self.registry.wait_active(pg.key)
         async with pg.object_lock(name):
-            plan = await self._write_under_lock(pool, pg, acting, name, payload, delete,
-                                                manifest)
-            self.ops_total += 1
-            return {"version": plan.version, "epoch": plan.epoch}, b""
-
-    async def _write_under_lock(self, pool, pg, acting, name, payload, delete, manifest):
-        self.registry.load_log(pg)
-        plan = pg.plan_write(acting, self.map.epoch, name, delete, manifest,
-                             existed=self.registry.exists(pg, name))
-        committed, failure = await self.backend(pool).write(pg, plan, payload)
-        pg.write_finished(plan, committed, acknowledged=failure is None)
-        if failure is not None:
-            # Not acknowledged. Members that did commit keep the new version; the next
-            # peering reconciles them (an unacknowledged write may appear whole or not).
-            raise failure
-        return plan
-
-    async def write_locked(self, pg, name, payload, delete, manifest):
-        """A write for the PG itself (a rollback during recovery) by a caller that already
-        holds the object's lock; the PG must be active and writable."""
-        pool = pgs.pool_by_id(self.map, pg.key[0])
-        if not pg.active.is_set():
-            raise RequestFailed(Code.AGAIN, f"pg {pg.key[0]}.{pg.key[1]:x} is {pg.state}; a "
-                                "rollback waits until it is active")
-        try:
-            await self._write_under_lock(pool, pg, pg.check_writable(pool["name"]), name,
-                                         payload, delete, manifest)
-        except Refused as exc:
-            raise RequestFailed(exc.code, exc.message) from None
+            plan = await self.backend(pool).write_as_primary(pg, acting, name, payload, delete,
+                                                             manifest)
+        self.ops_total += 1
+        return {"version": plan.version, "epoch": plan.epoch}, b""
 
     async def _get(self, header, payload):
         pool, pg = await self.pg_of(header)
         name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
+        interval = pg.interval
         # Room for the reply first (before any lock): a peer that leaves its replies unread
         # waits here, holding nothing of ours.
         await server.reserve_reply(self.backend(pool).reply_bytes(
             pg, name, header.get("offset", 0), header.get("length")))
         await pg.locks.acquire(name)                     # no read of a write not yet everywhere
         try:
-            await self.registry.recover_now(pg, name)
-            if not self.store.has_collection(pg.collection):
+            await self.registry.make_current(pg, name, interval)
+            if not self.port.store.has_collection(pg.collection):
                 raise ObjectNotFound(pg.collection, name)
             backend = self.backend(pool)
             offset, length = header.get("offset", 0), header.get("length")
@@ -298,52 +283,39 @@ class ObjectService:
         return False
 
     def _fast_pg(self, connection, header, as_primary):
-        """(map, PgShell) of a request a fast path may take: this OSD's map is at least the
-        sender's epoch, the peer may send it (access.check), the pool is replicated and the
-        PG is known here (and, `as_primary`, active with this OSD its primary); else None.
-        Raises RequestFailed when the peer may not send it (the caller then declines the
-        request, and the usual path answers the refusal)."""
-        cmap = self.map
-        epoch = header.get("epoch", 0)
-        if cmap is None or type(epoch) is not int or epoch > cmap.epoch:
+        """(pool, PgShell) of a request a fast path may take: the peer may send it
+        (access.check), `_locate` finds its PG without waiting for a map, the pool is
+        replicated and the PG known here (and, `as_primary`, active with this OSD its
+        primary); else None. Raises the refusals (the caller then declines the request, and the
+        usual path, which runs the same checks, answers them)."""
+        access.check(connection.peer, self.port.map, header)
+        found = self._locate(header, as_primary)
+        if found is None:
             return None
-        access.check(connection.peer, cmap, header)
-        pool, pg_index = pgs.pool_by_id(cmap, header.get("pool")), header.get("pg")
-        if pool is None or pool["kind"] != "replicated" or type(pg_index) is not int:
+        pool, pg = found
+        if pool["kind"] != "replicated" or pg is None or as_primary and not pg.active.is_set():
             return None
-        pg = self.registry.pgs.get((pool["id"], pg_index))
-        if pg is None or as_primary and (not pg.interval or
-                                         pg.interval[1].primary != self.daemon.id or
-                                         not pg.active.is_set()):
-            return None
-        return cmap, pool, pg
+        return pool, pg
 
     def fast_put(self, connection, received):
-        """Take a client's put to a replicated PG when `_put` would not wait before its write
-        (the checks of `_pg_of`, `_check_room` and `check_writable` pass, the PG is active here
-        as primary with its log loaded and its collections made, the object's lock is free):
-        the write starts here (the local transaction's task, the replica writes) and is
-        answered from their callbacks (`_fast_written`). Anything else goes the usual way;
-        from the write's start on, its outcome is the answer."""
+        """Take a client's put to a replicated PG when the usual path (`_write`) would not
+        wait before its write: `_fast_pg` and `_admit_write` (the usual path's own checks)
+        pass, the PG is active here as primary with its log loaded and its collections made,
+        and the object's lock is free. The write starts here (`ReplicatedBackend.start_write`,
+        the usual path's body too) and is answered from its callback (`_fast_written`).
+        Anything else, refusals included, goes the usual way, which answers them; from the
+        write's start on, its outcome is the answer."""
         header, payload = received.header, received.payload
         try:
             found = self._fast_pg(connection, header, as_primary=True)
             if found is None:
                 return False
-            cmap, pool, pg = found
-            name = header.get("name")
-            if pg.log_names is None or type(name) is not str or not name or \
-                    len(payload) > OBJECT_SIZE_BYTES_MAX or \
-                    not self.store.has_collection(pg.collection) or \
-                    not self.store.has_collection(pg.log_collection):
-                return False
-            if pg.locks.held(name):
-                return False
-            self._check_room(pool, pg)
-            acting = pg.check_writable(pool["name"])
+            pool, pg = found
+            name, acting, manifest = self._admit_write(pool, pg, header, payload, delete=False)
         except (RequestFailed, Refused):
-            return False                # refused: `_put` makes the same checks and answers
-        manifest = bool(header.get("manifest"))
+            return False
+        if pg.log_names is None or pg.locks.held(name) or not self.local.has_collections(pg):
+            return False                # the usual path waits for these
         pg.locks.take(name)
         serial = next(self._serial)
         started_ns = time.monotonic_ns()
@@ -352,23 +324,14 @@ class ObjectService:
         finish = functools.partial(self._fast_written, connection, received, pg, name, serial,
                                    started_ns)
         try:
-            plan = pg.plan_write(acting, cmap.epoch, name, False, manifest,
-                                 existed=self.registry.exists(pg, name))
-        except Exception as exc:
+            plan = pg.plan_write(acting, self.port.map.epoch, name, False, manifest,
+                                 existed=self.local.exists(pg, name))
+        except Refused as exc:
             finish(None, False, exc)
             return True
-        backend = self.backends["replicated"]
-        complete = plan.target(self.daemon.id).complete
-        try:
-            local = self.store.start_apply(
-                backend.transaction(pg, name, payload, plan.version, False, manifest, complete,
-                                    received.block_crcs),
-                then=lambda: pg.applied(plan.version, complete))
-        except Exception as exc:
-            finish(plan, False, exc)
-            return True
-        remote = backend.start_replicas(pg, plan, payload, received.payload_crc)
-        backend.when_written(local, remote, functools.partial(finish, plan))
+        self.backends["replicated"].start_write(pg, plan, payload, received.block_crcs,
+                                                received.payload_crc,
+                                                functools.partial(finish, plan))
         return True
 
     def _fast_written(self, connection, received, pg, name, serial, started_ns, plan, committed,
@@ -386,43 +349,40 @@ class ObjectService:
         if failure is None:
             self.ops_total += 1
             self.fast_ops["put"] += 1
-            self.daemon.audit_op(connection.peer, received.header, "ok")
+            self.audit_op(connection.peer, received.header, "ok")
             connection.answer_fast(received, {"version": plan.version, "epoch": plan.epoch},
                                    b"", 0)
         else:
             failure = self._failure(failure)
             if isinstance(failure, RequestFailed):
-                self.daemon.audit_op(connection.peer, received.header, failure.code)
+                self.audit_op(connection.peer, received.header, failure.code)
             connection.fail_fast(received, failure)
         self.op_latency.record("put", time.monotonic_ns() - started_ns)
 
     def fast_rep_put(self, connection, received):
-        """Take a replica write of a replicated PG when `_rep_put` would not wait before its
-        store transaction (the map current, the sender this PG's primary here, the PG's
-        collections made): the transaction's own task (Store.start_apply: it runs to its end)
-        answers from its done callback. Anything else goes the usual way, which says what was
-        wrong; from the transaction's start on, its outcome is the answer."""
+        """Take a replica write of a replicated PG when the usual path (`member_ops.rep_put`)
+        would not wait before its store transaction: `_fast_pg` and
+        `member_ops.admit_from_primary` (the usual path's own checks) pass and the PG's
+        collections are made. The transaction's own task (`ReplicatedBackend.start_apply`,
+        the usual path's body too) answers from its done callback. Anything else, refusals
+        included, goes the usual way, which answers them; from the transaction's start on, its
+        outcome is the answer."""
         header = received.header
         try:
             found = self._fast_pg(connection, header, as_primary=False)
             if found is None:
                 return False
-            _, _, pg = found
-            name, version = header.get("name"), header.get("version")
-            if type(name) is not str or not name or type(version) is not int or version <= 0 \
-                    or not self.store.has_collection(pg.collection) or \
-                    not self.store.has_collection(pg.log_collection):
-                return False
-            pg.check_from_primary(header.get("from"), header.get("epoch", 0))
+            pg = member_ops.admit_from_primary(self, found[1], header)
+            name, version = object_name(header), op_version(header)
         except (RequestFailed, Refused):
-            return False                # refused: `_rep_put` makes the same checks and answers
-        complete = bool(header.get("complete"))
+            return False
+        if not self.local.has_collections(pg):
+            return False                # the usual path makes them
         try:
-            txn = self.backends["replicated"].transaction(
+            task = self.backends["replicated"].start_apply(
                 pg, name, received.payload, version, False, bool(header.get("manifest")),
-                complete, received.block_crcs)
-            task = self.store.start_apply(txn, then=lambda: pg.applied(version, complete))
-        except Exception as exc:
+                bool(header.get("complete")), received.block_crcs)
+        except (StoreError, DeviceError) as exc:
             connection.fail_fast(received, self._failure(exc))
             return True
         task.add_done_callback(lambda done: self._fast_applied(connection, received, done))
@@ -431,7 +391,7 @@ class ObjectService:
     def _fast_applied(self, connection, received, task):
         if task.cancelled():
             connection.fail_fast(received, RequestFailed(
-                Code.AGAIN, f"osd.{self.daemon.id} is stopping; retry"))
+                Code.AGAIN, f"osd.{self.port.me} is stopping; retry"))
             return
         exc = task.exception()
         if exc is not None:
@@ -454,23 +414,22 @@ class ObjectService:
             if header.get("direct"):
                 return False
             found = self._fast_pg(connection, header, as_primary=True)
-            if found is None or self.daemon.id in slow_osds(found[0]):
+            if found is None or self.port.me in slow_osds(self.port.map):
                 return False
-            pg = found[2]
-            name, offset, length = header.get("name"), header.get("offset", 0), \
+            pg = found[1]
+            name, offset, length = object_name(header), header.get("offset", 0), \
                 header.get("length")
-            if type(name) is not str or not name or name in pg.missing or \
-                    type(offset) is not int or (length is not None and type(length) is not int) \
-                    or pg.locks.held(name):
+            if name in pg.missing or type(offset) is not int or \
+                    (length is not None and type(length) is not int) or pg.locks.held(name):
                 return False
-            pending = self.store.begin_read(pg.collection, name, offset, length)
+            pending = self.port.store.begin_read(pg.collection, name, offset, length)
             if pending is None:
                 return False
         except (RequestFailed, StoreError, DeviceError):
             return False                # refused or failed: `_get` reads again and answers
         reserved = pending.length
         if not connection.reserve_now(reserved):
-            self.store.abandon_read(pending)
+            self.port.store.abandon_read(pending)
             return False
         pg.locks.take(name)
         serial = next(self._serial)
@@ -487,7 +446,7 @@ class ObjectService:
         pg.locks.release(pending.name)
         del self._started[serial]
         try:
-            data, data_crc = self.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN)
+            data, data_crc = self.port.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN)
         except (StoreError, DeviceError):
             connection.fall_back(received, reserved)      # read around a damaged copy, errors
             return
@@ -515,15 +474,15 @@ class ObjectService:
         where = f"pg {pg.key[0]}.{pg.key[1]:x}" if pg is not None else "that pg"
         if not isinstance(backend, ErasureBackend) or pg is None or pg.interval is None or \
                 pg.interval[0] != header.get("interval") or \
-                backend.position(pg, self.daemon.id) != shard:
-            raise RequestFailed(Code.STALE, f"osd.{self.daemon.id} does not serve shard {shard!r} "
+                backend.position(pg, self.port.me) != shard:
+            raise RequestFailed(Code.STALE, f"osd.{self.port.me} does not serve shard {shard!r} "
                                 f"of {where} in interval {header.get('interval')!r}; read "
                                 "through the primary")
         await server.reserve_reply(sum(length for _, length in ranges))
         record, data = await backend.read_local(pg, name, [tuple(r) for r in ranges])
         found = (pgs.version_of(record.attrs), pgs.shard_of(record.attrs))
         if found != (version, shard):
-            raise RequestFailed(Code.STALE, f"osd.{self.daemon.id} holds version {found[0]} of "
+            raise RequestFailed(Code.STALE, f"osd.{self.port.me} holds version {found[0]} of "
                                 f"shard {found[1]} of {name!r}, not version {version} of shard "
                                 f"{shard}; read through the primary")
         self.direct_reads_total += 1
@@ -533,10 +492,11 @@ class ObjectService:
         pool, pg = await self.pg_of(header)
         name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
+        interval = pg.interval
         if name in pg.missing:
             async with pg.object_lock(name):
-                await self.registry.recover_now(pg, name)
-        if not self.store.has_collection(pg.collection):
+                await self.registry.make_current(pg, name, interval)
+        if not self.port.store.has_collection(pg.collection):
             raise ObjectNotFound(pg.collection, name)
         record, extra = await self.backend(pool).stat(pg, name)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
@@ -549,8 +509,8 @@ class ObjectService:
         prefix, start_after = header.get("prefix", ""), header.get("start_after")
         limit = header.get("limit", LIST_PAGE_DEFAULT)
         names, following = [], None
-        if self.store.has_collection(pg.collection):
-            names, following = self.store.list_objects(pg.collection, prefix, start_after, limit)
+        if self.port.store.has_collection(pg.collection):
+            names, following = self.port.store.list_objects(pg.collection, prefix, start_after, limit)
         if pg.missing:
             names, following = merge_missing(names, following, pg.missing, prefix, start_after,
                                              limit)
@@ -568,22 +528,23 @@ class ObjectService:
             self._check_room(pool, pg)
         acting = pg.check_writable(pool["name"])
         pg = await self.registry.wait_active(pg.key)
+        interval = pg.interval
         await pg.locks.acquire(name)
         try:
-            await self.registry.recover_now(pg, name)
-            record = self.registry.local_record(pg, name)
+            await self.registry.make_current(pg, name, interval)
+            record = self.local.local_record(pg, name)
             prior = pgs.version_of(record.attrs) if record is not None else 0
             if record is None and not request.create:
                 raise ObjectNotFound(pg.collection, name)
             current, used = {}, []
             if record is not None and request.keys_checked:
-                current = self.store.omap_get(pg.collection, name, request.keys_checked)
+                current = self.port.store.omap_get(pg.collection, name, request.keys_checked)
             if record is not None:
                 used = [prefix for prefix in request.prefixes_checked
-                        if self.store.omap_list(pg.collection, name, prefix=prefix, limit=1)[0]]
+                        if self.port.store.omap_list(pg.collection, name, prefix=prefix, limit=1)[0]]
             omap.check_conditions(request, name, prior, current, used)
-            self.registry.load_log(pg)
-            plan = pg.plan_write(acting, self.map.epoch, name, False, False,
+            self.local.load_log(pg)
+            plan = pg.plan_write(acting, self.port.map.epoch, name, False, False,
                                  existed=record is not None)
             committed, failure = await self.backend(pool).write_omap(pg, plan, prior,
                                                                      request.update)
@@ -600,30 +561,28 @@ class ObjectService:
         pool, pg = await self.pg_of(header)
         name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
+        interval = pg.interval
         async with pg.object_lock(name):
-            await self.registry.recover_now(pg, name)
-            if not self.store.has_collection(pg.collection):
+            await self.registry.make_current(pg, name, interval)
+            if not self.port.store.has_collection(pg.collection):
                 raise ObjectNotFound(pg.collection, name)
-            version = pgs.version_of(self.store.stat(pg.collection, name).attrs)
+            version = pgs.version_of(self.port.store.stat(pg.collection, name).attrs)
             return {"version": version, **read(pg, name)}, b""
 
     async def _omap_get(self, header, payload):
         keys = omap.parse_keys(header)
         return await self._omap_read(header, lambda pg, name: {"values": [
-            found.get(key) for found in [self.store.omap_get(pg.collection, name, keys)]
+            found.get(key) for found in [self.port.store.omap_get(pg.collection, name, keys)]
             for key in keys]})
 
     async def _omap_list(self, header, payload):
         start_after, prefix, limit = omap.parse_listing(header)
 
         def page(pg, name):
-            entries, more = self.store.omap_list(pg.collection, name, start_after, prefix, limit,
+            entries, more = self.port.store.omap_list(pg.collection, name, start_after, prefix, limit,
                                                  max_bytes=omap.LIST_REPLY_BYTES)
             return {"entries": [list(pair) for pair in entries], "more": more}
         return await self._omap_read(header, page)
-
-    async def close(self):
-        await self.connections.close()
 
 
 @dataclasses.dataclass(frozen=True)

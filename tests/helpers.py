@@ -243,3 +243,37 @@ def close_fsspec_filesystems():
     for fs in list(CairnFileSystem._cache.values()):
         fs.close()
     CairnFileSystem.clear_instance_cache()
+
+
+class StorePort:
+    """An osd/port.py Port for tests of one OSD's PG code alone: its id, its store and a map;
+    a call to another OSD or the monitors is a test error."""
+
+    def __new__(cls, me, store, cmap=None):
+        from cairn.osd.port import Port
+
+        class _StorePort(Port):
+            @property
+            def me(self):
+                return me
+
+            @property
+            def store(self):
+                return store
+
+            @property
+            def map(self):
+                return cmap
+
+            async def remote(self, osd_id, header, payload):
+                raise AssertionError(f"this test's OSD has no peers (call to osd.{osd_id})")
+
+            def send(self, osd_id, header, payload, timeout_s, crc=None):
+                raise AssertionError(f"this test's OSD has no peers (send to osd.{osd_id})")
+
+            async def monitor(self, request):
+                raise AssertionError("this test's OSD has no monitors")
+
+            async def wait_for_epoch(self, epoch, timeout_s):
+                raise AssertionError("this test's OSD gets no maps")
+        return _StorePort()

@@ -136,16 +136,16 @@ def test_slow_flags_follow_slow_disk_and_reads_avoid_flagged_osds():
     assert slow_flag_ops(down, {1: "finding"}) == [{"op": "osd_slow", "id": 1, "slow": False}]
     assert slow_flag_ops(cmap, {}) == [{"op": "osd_slow", "id": 1, "slow": False}]
 
-    service = types.SimpleNamespace(map=cmap, daemon=types.SimpleNamespace(id=1))
-    replicated = ReplicatedBackend(service)
+    port = types.SimpleNamespace(map=cmap, me=1)
+    replicated = ReplicatedBackend(port, None)
     acting = types.SimpleNamespace(members=(1, 0, 2), up_members=(1, 0, 2))
     pg = types.SimpleNamespace(acting=acting, complete_members=frozenset({1, 2}))
     assert replicated.stand_ins(pg) == [2]                   # osd.0 is not complete
-    erasure = ErasureBackend(service)
+    erasure = ErasureBackend(port, None)
     assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=2) == {0}
     assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=3) == set()
-    service.map = step(cmap, {"op": "config_set", "key": "osd.avoid_slow_reads", "value": "0"})
-    assert slow_osds(service.map) == frozenset()
+    port.map = step(cmap, {"op": "config_set", "key": "osd.avoid_slow_reads", "value": "0"})
+    assert slow_osds(port.map) == frozenset()
     assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=2) == set()
     with pytest.raises(MapError):
         step(cmap, {"op": "osd_slow", "id": 1, "slow": "yes"})

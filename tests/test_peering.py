@@ -27,7 +27,9 @@ from cairn.common import pg as pgs
 from cairn.native import MemoryBlockDevice
 from cairn.osd.backend_replicated import ReplicatedBackend
 from cairn.osd.pg import Refused, WritePlan, WriteTarget, backfill_names, delta_names
+from cairn.osd.pglocal import LocalCopies
 from cairn.osd.pgs import PgRegistry
+from tests.helpers import StorePort
 from cairn.osd.store import Store, Transaction, mkfs
 
 pytestmark = pytest.mark.unit
@@ -150,24 +152,21 @@ class Member:
         """A fresh process over the same store: everything in memory is rebuilt from it."""
         store, osd_id = self.store, self.id
         self.incarnation += 1
-        self.daemon = types.SimpleNamespace(store=store, id=osd_id, monc=None)
-        self.registry = PgRegistry(self.daemon)
-        self.daemon.pgs = self.registry
-        self.daemon.service = types.SimpleNamespace(store=store, registry=self.registry,
-                                                    daemon=self.daemon)
-        self.backend = ReplicatedBackend(self.daemon.service)
+        self.local = LocalCopies(StorePort(osd_id, store))
+        self.registry = PgRegistry(self.local.port, self.local, {})
+        self.backend = ReplicatedBackend(self.local.port, self.local)
         self.pg = self.registry.shell(KEY)
         self.pg.log_entries_kept, self.pg.log_trim_batch = 4, 2   # so trims happen
 
     def log(self):
-        self.registry.load_log(self.pg)
-        return self.pg.log_summary(self.registry.log_entries(self.pg))
+        self.local.load_log(self.pg)
+        return self.pg.log_summary(self.local.log_entries(self.pg))
 
     def version(self, name):
-        return self.registry.local_version(self.pg, name)
+        return self.local.local_version(self.pg, name)
 
     def versions(self):
-        entries, following = self.registry.listing(self.pg, None, 10_000)
+        entries, following = self.local.listing(self.pg, None, 10_000)
         assert following is None
         return dict(entries)
 
@@ -177,9 +176,9 @@ class Member:
         return await self.store.read_bytes(self.pg.collection, name)
 
     async def mark(self, version):
-        await self.registry.ensure_collections(self.pg)
+        await self.local.ensure_collections(self.pg)
         txn = Transaction()
-        self.registry.mark_ops(self.pg, txn, version)
+        self.local.mark_ops(self.pg, txn, version)
         await self.store.apply(txn)
         self.pg.marked(version)
 
@@ -262,7 +261,7 @@ class Simulation:
                 if not target.up:
                     effects += core.failed(effect.osd, "down")
                     continue
-                target.registry.load_log(target.pg)
+                target.local.load_log(target.pg)
                 effects += core.info(effect.osd, target.pg.query(epoch), target.pg.complete_to)
             elif isinstance(effect, Recover) and core.state is State.ACTIVE:
                 self.background.append([effect, None])      # done later, between writes
@@ -300,7 +299,7 @@ class Simulation:
         """One object on the target made what it is on the source (as pg_read + pg_push or
         pg_remove do, under the primary's object lock)."""
         source, target = self.osds[source_id], self.osds[target_id]
-        await target.registry.ensure_collections(target.pg)
+        await target.local.ensure_collections(target.pg)
         version = source.version(name)
         if version is None:
             if target.version(name) is not None:
@@ -363,10 +362,10 @@ class Simulation:
             return
         primary = self.primary
         pg = primary.pg
-        primary.registry.load_log(pg)
+        primary.local.load_log(pg)
         try:
             plan = pg.plan_write(pg.check_writable("sim"), self.epoch, name, value is None,
-                                 False, existed=primary.registry.exists(pg, name))
+                                 False, existed=primary.local.exists(pg, name))
         except Refused as exc:
             assert exc.code == "not_found", exc
             assert self.acked.get(name) is None or name in self.uncertain, name
@@ -582,8 +581,15 @@ def test_delta_names_from_logs():
     assert delta_names(source, divergent) == ["c", "x"]
     trimmed = log([(7, "a"), (9, "c")], tail=6)
     assert delta_names(trimmed, log([(5, "a")])) is None                 # gap: backfill
-    assert delta_names(trimmed, log([(5, "a"), (6, "b")])) == ["a", "c"]
-    assert delta_names(source, log([], complete_to=9)) == []             # equal already
+    # b (6) is trimmed from the source's log: the target's entry is synced again (a copy).
+    assert delta_names(trimmed, log([(5, "a"), (6, "b")])) == ["a", "b", "c"]
+    assert delta_names(source, log([], complete_to=9, tail=9)) == []     # recovered to 9
+    # The target missed an unacknowledged write (7) and went on taking later ones as a
+    # complete member: its complete_to (9) is past the write it lacks; a is still synced.
+    missed = log([(5, "a"), (6, "b"), (9, "c")], complete_to=9, tail=4)
+    assert delta_names(source, missed) == ["a"]
+    # Symmetrically, the source trimmed a write the target still logs: synced (to be sure).
+    assert delta_names(log([(9, "c")], tail=8), missed) == ["a", "b"]
     # A member whose recovery was interrupted: complete only up to 4, then it received 8 and 9
     # as a member. Its newest entries do not hide the writes it missed in between.
     interrupted = log([(8, "x"), (9, "c")], complete_to=4)
@@ -596,12 +602,9 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
     """A transaction that fails after its log entry was planned (a replica deleting an object
     it never had, a full device) must not leave a phantom entry that a later trim deletes: the
     trim's transaction would fail with ObjectNotFound, and so would every write to that PG."""
-    import types
-
     from cairn.native import MemoryBlockDevice
     from cairn.osd.errors import ObjectNotFound
     from cairn.osd.pg import LOG_ENTRIES_KEPT, LOG_TRIM_BATCH
-    from cairn.osd.pgs import PgRegistry
     from cairn.osd.store import Store, Transaction, mkfs
     from tests.helpers import run
 
@@ -609,9 +612,7 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
         device = MemoryBlockDevice(16 << 20)
         await mkfs(device, str(tmp_path / "meta"))
         store = await Store.open(device, str(tmp_path / "meta"))
-        daemon = types.SimpleNamespace(store=store, id=0, monc=None)
-        registry = PgRegistry(daemon)
-        pg = registry.shell((1, 0))
+        registry, pg = member(store)
         await registry.ensure_collections(pg)
         failed = Transaction().delete(pg.collection, "never-was")
         registry.log_ops(pg, failed, 1 << 32 | 1, "never-was", delete=True, complete=True)
@@ -631,10 +632,9 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
 
 
 def member(store):
-    """(registry, the shell of PG 1.0) of one OSD on `store`, as the daemon makes them."""
-    daemon = types.SimpleNamespace(store=store, id=0, monc=None)
-    registry = PgRegistry(daemon)
-    return registry, registry.shell((1, 0))
+    """(LocalCopies, the shell of PG 1.0) of one OSD on `store`, as the daemon makes them."""
+    local = LocalCopies(StorePort(0, store))
+    return local, PgRegistry(local.port, local, {}).shell((1, 0))
 
 
 async def member_on_memory(tmp_path):
@@ -752,9 +752,7 @@ def test_a_primary_recovers_its_own_missing_copy_before_it_copies_it_to_another_
             return "copied"
 
     cmap = types.SimpleNamespace(pools={"p": {"id": 1, "kind": "replicated"}})
-    daemon = types.SimpleNamespace(id=0, store=None, monc=types.SimpleNamespace(map=cmap))
-    daemon.service = types.SimpleNamespace(backend=lambda pool: Backend())
-    registry = PgRegistry(daemon)
+    registry = PgRegistry(StorePort(0, None, cmap), None, {"replicated": Backend()})
     pg = registry.shell((1, 0))
     pg.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
     pg.set_missing(1, 5, {"stale": (5, 10), "gone": (None, 0)}, {"stale": 4, "gone": 3})
@@ -777,8 +775,8 @@ def test_two_recoveries_to_one_target_and_a_new_interval_keep_the_progress_count
     from cairn.common.pg import Acting
     from tests.helpers import run
 
-    daemon = types.SimpleNamespace(id=0, store=None, monc=None)
-    registry = PgRegistry(daemon)
+    port = StorePort(0, None)
+    registry = PgRegistry(port, None, {})
     pg = registry.shell((1, 0))
     pg.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
     gate = asyncio.Event()
@@ -804,7 +802,7 @@ def test_two_recoveries_to_one_target_and_a_new_interval_keep_the_progress_count
     async def release():
         pass
 
-    registry._plan, registry.sync_object, registry.call = plan, sync_object, call
+    registry._plan, registry.sync_object, port.call = plan, sync_object, call
     registry.throttle = types.SimpleNamespace(slot=slot, release=release)
 
     async def main():

@@ -12,7 +12,7 @@ from cairn.osd.errors import (ChecksumError, CollectionExists, CollectionNotEmpt
 from cairn.native.checksum import block_crcs
 from cairn.osd.fsck import fsck
 from cairn.osd.store import Store, StoreClosed, Transaction, mkfs
-from tests.helpers import run
+from tests.helpers import StorePort, run
 
 pytestmark = pytest.mark.unit
 
@@ -562,7 +562,6 @@ def test_a_device_out_of_room_gives_a_no_space_reply_and_the_store_goes_on(tmp_p
     """A file device whose filesystem is full refuses a write with ENOSPC (DeviceNoSpace): the
     OSD's request handler answers `no_space` (the client's NoSpace), not an internal error, the
     transaction changes nothing, and the next write is taken once there is room."""
-    import types
     from cairn.common.messenger import RequestFailed
     from cairn.native.errors import DeviceNoSpace
     from cairn.osd.service import ObjectService, Op
@@ -578,10 +577,7 @@ def test_a_device_out_of_room_gives_a_no_space_reply_and_the_store_goes_on(tmp_p
                                     f"{offset} failed: no space left on the device (ENOSPC)")
             await write(offset, buffer)
         device.write = refusing
-        daemon = types.SimpleNamespace(id=7, store=store, tls_client=None,
-                                       tickets=types.SimpleNamespace(authenticate=None),
-                                       monc=types.SimpleNamespace(map=None))
-        service = ObjectService(daemon)
+        service = ObjectService(StorePort(7, store), None, None, {}, None)
 
         async def put(header, payload):
             await store.put("c", header["name"], payload)
