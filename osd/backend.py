@@ -223,30 +223,21 @@ class PgBackend(abc.ABC):
                 "pg": pg.key[1], "name": plan.name, "version": plan.version,
                 "epoch": plan.epoch, "from": self.port.me, "manifest": plan.manifest, **fields}
 
-    async def _write_everywhere(self, local, remote):
-        """(this OSD committed, the first failure or None) of a write: `local` (the
-        coroutine applying it here) runs in this task while the replica writes `remote`
-        ([(osd id, reply awaitable)], `_start_replica`) are in flight; then their replies are
-        collected. As gather(return_exceptions=True) did, without a task per part."""
-        results = []
-        try:
-            try:
-                results.append(await local)
-            except Exception as exc:
-                results.append(exc)
-            for osd_id, reply in remote:
-                try:
-                    results.append(await self._replica_outcome(osd_id, reply))
-                except Exception as exc:
-                    results.append(exc)
-        except BaseException:
-            for _, reply in remote:
-                reply.cancel()              # cancelled ourselves: no one awaits these now
-            raise
-        return self._outcome(results)
+    @staticmethod
+    async def _until_written(start):
+        """Await a write started from callbacks: `start(done)` starts it and calls
+        `done(committed here, the first failure or None)` at its end (`when_written`). A
+        waiter cancelled meanwhile (a new interval) leaves the write to run to its end."""
+        finished = asyncio.get_running_loop().create_future()
+
+        def done(committed, failure):
+            if not finished.done():
+                finished.set_result((committed, failure))
+        start(done)
+        return await finished
 
     def when_written(self, local, remote, done):
-        """`_write_everywhere` from callbacks: call `done(committed here, the first failure or
+        """Join a write's parts: call `done(committed here, the first failure or
         None)` once `local` (the transaction's task, Store.start_apply) and every replica
         write in `remote` (`_start_replica`) are done."""
         left = [1 + len(remote)]

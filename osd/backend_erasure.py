@@ -114,7 +114,8 @@ class ErasureBackend(PgBackend):
                     target.osd, {**header, "complete": target.complete,
                                  "shard": target.position}, padded(pieces))))
         assert local is not None, "the primary is always a target of its writes"
-        return await self._write_everywhere(local, remote)
+        local = asyncio.ensure_future(local)        # runs to its end, like a replica's write
+        return await self._until_written(lambda done: self.when_written(local, remote, done))
 
     def _joined(self, pieces):
         """A shard given as pieces, as one whole-block buffer the store can write as it is

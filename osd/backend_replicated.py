@@ -37,10 +37,8 @@ class ReplicatedBackend(PgBackend):
         (`start_write`, which a fast put starts from its callback)."""
         await self.local.ensure_collections(pg)
         crcs, crc = received_checksums(payload)
-        done = asyncio.get_running_loop().create_future()
-        self.start_write(pg, plan, payload, crcs, crc,
-                         lambda committed, failure: done.set_result((committed, failure)))
-        return await done
+        return await self._until_written(
+            lambda done: self.start_write(pg, plan, payload, crcs, crc, done))
 
     def start_write(self, pg, plan, payload, crcs, crc, done):
         """Start one write everywhere now: this OSD's transaction (its own task, which runs to

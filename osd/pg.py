@@ -327,9 +327,11 @@ class PgCore:
     # -- intervals and peering's outcomes ------------------------------------------------------------
 
     def new_interval(self, epoch, acting):
-        """The acting set changed at `epoch`: forget the last interval's serving state.
+        """The acting set changed at `epoch` (or may have, unseen: a map that skipped epochs):
+        forget the last interval's serving state.
         Returns this OSD's role in the new one (PRIMARY: the shell starts peering)."""
-        assert self.interval is None or self.interval[1].members != acting.members
+        assert self.interval is None or self.interval[1].members != acting.members or \
+            epoch > self.interval[0]
         self.interval = (epoch, acting)
         self.serving = False
         self.complete_members = frozenset()

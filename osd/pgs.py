@@ -145,6 +145,7 @@ class PgRegistry:
         self.local = local                              # osd/pglocal.py: the copies here
         self.backends = backends                        # by pool kind (osd/backend.py)
         self.pgs = {}                                   # key -> PgShell
+        self.epoch_seen = None                          # the last map's epoch (on_map)
         self.delta_recoveries_total = 0
         self.backfills_total = 0
         self.on_demand_total = 0                        # objects recovered for a waiting client
@@ -176,7 +177,15 @@ class PgRegistry:
 
     def on_map(self, cmap):
         """Recompute intervals; start peering where this OSD became (or stays) a new
-        interval's primary."""
+        interval's primary.
+
+        A map that skips epochs (this OSD was cut off from the monitors, or a push was
+        missed) may hide intervals: another OSD may have led a PG in between, and its queries
+        raised the members' min_epoch past our interval's start, so they would refuse us as
+        stale for good. Every PG then starts a new interval here, its members unchanged or not
+        (the seeded simulation found a PG that stayed unavailable this way)."""
+        gap = self.epoch_seen is not None and cmap.epoch > self.epoch_seen + 1
+        self.epoch_seen = cmap.epoch
         live = set()
         for pool in cmap.pools.values():
             for pg_index, acting in enumerate(pgs.acting_sets(cmap, pool["name"])):
@@ -186,7 +195,7 @@ class PgRegistry:
                     continue
                 pg = self.shell(key)
                 previous = pg.interval[1] if pg.interval else None
-                if previous is not None and previous.members == acting.members:
+                if previous is not None and previous.members == acting.members and not gap:
                     continue
                 self._new_interval(pg, cmap.epoch, acting, cmap)
         for key in [k for k in self.pgs if k not in live]:        # pool deleted

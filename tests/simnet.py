@@ -151,33 +151,43 @@ class SimNet:
         self.delay_max_s = 0.002
         self.spikes = 0.02              # chance a message stalls (and the pair's later ones)
         self.cut = set()                # OSD ids no message reaches or leaves
-        self._next_at = {}              # (src, dst, connection) -> when its last message arrives
-        self._connection = {}           # (src, dst) -> the connection's number
+        self._next_at = {}              # connection (`_key`) -> when its last message arrives
         self.delivered = self.lost = self.late = 0
+
+    def _key(self, src, dst):
+        """One connection: a pair of endpoints while neither restarts."""
+        def incarnation(osd_id):
+            osd = self.sim.osds.get(osd_id)
+            return osd.incarnation if osd is not None else 0
+        return src, dst, incarnation(src), incarnation(dst)
 
     def _arrival(self, src, dst):
         delay = self.rng.uniform(0, self.delay_max_s)
         if self.rng.random() < self.spikes:
             delay += self.rng.uniform(0.05, 1.0)        # a stall: later messages queue behind
-        key = (src, dst, self._connection.get((src, dst), 0))
+        key = self._key(src, dst)
         at = max(self.sim.loop.time() + delay, self._next_at.get(key, 0.0) + 1e-6)
         self._next_at[key] = at
         return at
 
-    def _lose(self, src, dst, target, incarnation, header, payload):
-        """A request whose sender gives up waiting: it drops the connection and opens another,
-        whose messages do not queue behind this one. This one is gone, or (half the time)
-        still handled later, after newer messages: a socket closed with data in flight still
-        delivers it."""
+    def _stall(self, src, dst, target, incarnation, header, payload):
+        """A message stuck past its sender's deadline (TCP retransmitting into a bad path):
+        the connection keeps it, so it still arrives, late, and the pair's later messages
+        queue behind it (the messenger keeps its connection on a timeout; clients and
+        OSDs resend on the same one). `header` None: a reply, which nobody waits for now."""
         self.lost += 1
-        self._connection[(src, dst)] = self._connection.get((src, dst), 0) + 1
-        if header is not None and self.rng.random() < 0.5:
-            def deliver():
-                if target.running and target.incarnation == incarnation:
-                    self.late += 1
-                    task = target.spawn(target.service.handle(_wire(header), payload))
-                    task.add_done_callback(_retrieved)
-            self.sim.loop.call_later(self.rng.uniform(0.5, 12.0), deliver)
+        key = self._key(src, dst)
+        at = self.sim.loop.time() + self.rng.uniform(0.5, 12.0)
+        self._next_at[key] = max(self._next_at.get(key, 0.0), at)
+        if header is None:
+            return
+
+        def deliver():
+            if target.running and target.incarnation == incarnation:
+                self.late += 1
+                task = target.spawn(target.service.handle(_wire(header), payload))
+                task.add_done_callback(_retrieved)
+        self.sim.loop.call_at(at, deliver)
 
     async def request(self, src, dst, header, payload, timeout_s):
         """The reply (header, payload) of `dst`'s handler, or ConnectionClosed /
@@ -194,7 +204,7 @@ class SimNet:
             payload = b"".join(bytes(piece) for piece in payload)
         payload = bytes(payload)
         if self.rng.random() < self.loss:               # stuck on the way there
-            self._lose(src, dst, target, incarnation, header, payload)
+            self._stall(src, dst, target, incarnation, header, payload)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             raise RequestTimeout(f"request to osd.{dst} timed out")
         if not target.running or target.incarnation != incarnation:
@@ -203,7 +213,6 @@ class SimNet:
         task.add_done_callback(_retrieved)          # a reply nobody waits for any more
         done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
         if not done:
-            self._lose(src, dst, target, incarnation, None, None)
             raise RequestTimeout(f"request to osd.{dst} timed out")
         if task.cancelled():
             raise ConnectionClosed(f"osd.{dst} went away")
@@ -213,7 +222,7 @@ class SimNet:
             raise ConnectionClosed(f"osd.{dst} failed")
         await asyncio.sleep(max(0.0, self._arrival(dst, src) - loop.time()))
         if self.rng.random() < self.loss:               # the reply is stuck
-            self._lose(src, dst, target, incarnation, None, None)
+            self._stall(dst, src, target, incarnation, None, None)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             raise RequestTimeout(f"reply from osd.{dst} lost")
         if failure is not None:
@@ -316,7 +325,8 @@ class SimOsd:
         self.map_changed = asyncio.Event()
         self.running = False
         self.incarnation = 0
-        self.tasks = set()
+        self.tasks = {}                 # task -> None: in the order started (a set's order
+                                        # follows memory addresses: runs would differ)
 
     async def create(self):
         self.device = MemoryBlockDevice(DEVICE_BYTES, rng=random.Random(self.sim.seed * 31 + self.id))
@@ -345,8 +355,8 @@ class SimOsd:
 
     def spawn(self, coroutine, background=False):
         task = asyncio.get_running_loop().create_task(coroutine)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = None
+        task.add_done_callback(lambda done: self.tasks.pop(done, None))
         if background:
             task.add_done_callback(self.sim.background_done)
         return task
@@ -548,6 +558,7 @@ class Simulation:
         except RequestFailed as exc:
             if exc.code == Code.NOT_FOUND and value is None:
                 self.model.wrote(name, None, True)      # a delete of nothing: it is absent
+                self.note(f"delete {name}: not found")
                 return
             self.counts["unknown"] += 1
             self.model.wrote(name, value, False)

@@ -10,7 +10,9 @@ one in the monitor's), each on the shipped code with the moment of the race fixe
 - a write planned in an earlier interval finished in the next and dropped an object from the
   new missing set (simulation seed 40, 2026-11-27);
 - a read admitted in an earlier interval waited for the object's lock into the next one and
-  read a copy the new missing set said was behind (simulation seed 72, 2026-11-27).
+  read a copy the new missing set said was behind (simulation seed 72, 2026-11-27);
+- an OSD whose map skipped epochs kept an interval that other OSDs' queries had fenced off
+  (the simulation, 2026-11-27).
 """
 
 import asyncio
@@ -225,3 +227,29 @@ def test_the_rollback_choice_restores_waits_or_gives_up_as_the_members_answers_s
     choice = rollback_choice(v5, [(0, answer(held(v5, 0))), (1, answer(absent)),
                                   (2, answer(absent)), (3, answer())], 2)
     assert choice.action == "delete"
+
+
+def test_a_map_that_skips_epochs_starts_a_new_interval_even_with_the_same_members():
+    """An OSD that sees epoch 2 and then epoch 4 cannot know whether another OSD led its PGs at
+    epoch 3; if one did, its queries raised the members' min_epoch to 3 and they refuse every
+    op of an interval that began at 2, for good. So a gap starts a new interval of every PG
+    here (the seeded simulation found a PG left unavailable this way); consecutive maps with
+    the same members do not."""
+    from cairn.osd.pgs import PgRegistry
+    cmap = cluster()
+    acting = pgs.acting_set(cmap, "ec", 0)
+    me = next(osd for osd in acting.members if osd != acting.primary)   # a member: no peering
+    registry = PgRegistry(ScriptedPort(me, cmap, None), None, {})
+    step = lambda m: m.apply(Incremental(m.epoch + 1, ({"op": "config_set",
+                                                       "key": "scrub.interval_s",
+                                                       "value": str(m.epoch)},)))
+    registry.on_map(cmap)
+    key = (cmap.pools["ec"]["id"], 0)
+    assert registry.pgs[key].interval[0] == cmap.epoch
+    following = step(cmap)
+    registry.on_map(following)                      # the next epoch, same members: no change
+    assert registry.pgs[key].interval[0] == cmap.epoch
+    skipped = step(step(following))
+    registry.on_map(skipped)                        # two epochs at once: a new interval
+    assert registry.pgs[key].interval[0] == skipped.epoch
+    assert registry.pgs[key].interval[1].members == acting.members
