@@ -20,16 +20,16 @@ an erasure-coded pool while OSDs crash and restart, are marked out and in, the n
 and delays messages, and each OSD sees each new map late. It checks, as it goes and at the end
 once everything is healed and every PG clean, that no read returns an older value than one
 acknowledged before the read began, and that every acknowledged write is still there
-(`Model`). A failure names its seed; `python -m tests.simnet SEED` replays one with its log.
+(`Model`). A failure names its seed; `python -m tests.simnet SEED [--seconds S]` replays it.
 """
 
 import asyncio
 import concurrent.futures
 import logging
+import multiprocessing
 import os
 import random
 import selectors
-import sys
 import tempfile
 
 import msgpack
@@ -717,9 +717,38 @@ def simulate(seed, duration_s=60.0, faults=True):
             osd_log.propagate = propagate
 
 
+def run_seed(job):
+    """(seed, None) or (seed, what it found): one seed of `run_seeds`, in a worker process."""
+    seed, duration_s = job
+    try:
+        simulate(seed, duration_s=duration_s)
+    except (AssertionError, SimulationStalled) as exc:
+        return seed, f"{type(exc).__name__}: {str(exc)[:6000]}"
+    return seed, None
+
+
+def run_seeds(seeds, duration_s, workers):
+    """[(seed, what it found)] of the seeds that failed, run `workers` at a time in fresh
+    processes (spawned: the test process holds threads a fork would copy mid-flight). The
+    workers end with the pool, also when this is interrupted."""
+    jobs = [(seed, duration_s) for seed in seeds]
+    if workers <= 1:
+        results = map(run_seed, jobs)
+        return sorted((seed, text) for seed, text in results if text)
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        results = pool.imap_unordered(run_seed, jobs, chunksize=4)
+        return sorted((seed, text) for seed, text in results if text)
+
+
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for arg in sys.argv[1:]:
-        result = simulate(int(arg))
-        print(f"seed {arg}: {result.counts}; messages {result.net.delivered} delivered, "
-              f"{result.net.lost} lost")
+    import argparse
+    parser = argparse.ArgumentParser(
+        description="Replay seeds of the simulation (tests/test_simulation.py runs 30 s seeds in "
+                    "CI and 60 s ones in the slow tier). SIM_HISTORY=N: events shown on a failure.")
+    parser.add_argument("seeds", type=int, nargs="+")
+    parser.add_argument("--seconds", type=float, default=30.0, help="virtual seconds of faults")
+    options = parser.parse_args()
+    for seed in options.seeds:
+        result = simulate(seed, duration_s=options.seconds)
+        print(f"seed {seed}: {result.counts}; messages {result.net.delivered} delivered, "
+              f"{result.net.lost} stuck, {result.net.late} handled late")
