@@ -134,6 +134,15 @@ def run(coroutine):
     try:
         return loop.run_until_complete(coroutine)
     finally:
+        # Messages still on their way when the run ended (a replica write whose sender gave
+        # up, a late delivery): stopped, so none is destroyed pending.
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+
+        async def stopped():
+            await asyncio.gather(*left, return_exceptions=True)
+        loop.run_until_complete(stopped())
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
