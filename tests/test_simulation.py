@@ -48,7 +48,7 @@ def test_the_seeds_that_fail_without_a_fix_pass(seed):
 
 @pytest.mark.skipif(not os.environ.get("CAIRN_SIM_SEEDS"),
                     reason="the slow tier: set CAIRN_SIM_SEEDS=N to run N seeds beyond CI's "
-                           "(3000 take about two hours on 2 cores)")
+                           "(3000 take about 40 minutes on 2 cores)")
 def test_many_more_seeds():
     count = int(os.environ["CAIRN_SIM_SEEDS"])
     found = run_seeds(range(10_000, 10_000 + count), 60.0, workers=os.cpu_count() or 1)
