@@ -12,7 +12,11 @@ one in the monitor's), each on the shipped code with the moment of the race fixe
 - a read admitted in an earlier interval waited for the object's lock into the next one and
   read a copy the new missing set said was behind (simulation seed 72, 2026-11-27);
 - an OSD whose map skipped epochs kept an interval that other OSDs' queries had fenced off
-  (the simulation, 2026-11-27).
+  (the simulation, 2026-11-27);
+- a rollback needed while the primary caught itself up before activating waited for the
+  activation, which waited for it (the simulation, 2026-11-27).
+The simulation's fifth find, recovery by log missing an unacknowledged write below the target's
+complete_to, is tested with `delta_names` in tests/test_peering.py.
 """
 
 import asyncio
@@ -253,3 +257,23 @@ def test_a_map_that_skips_epochs_starts_a_new_interval_even_with_the_same_member
     registry.on_map(skipped)                        # two epochs at once: a new interval
     assert registry.pgs[key].interval[0] == skipped.epoch
     assert registry.pgs[key].interval[1].members == acting.members
+
+
+def test_a_rollback_may_rewrite_while_the_primary_catches_up_before_activating():
+    """An erasure-coded object that needs a rollback while the primary recovers itself from a
+    non-acting authority (RECOVERING) must be rewritable then: the activation waits for that
+    recovery, so a rewrite that waited for the activation restarted peering forever (the
+    seeded simulation, 2026-11-27). Client writes still wait for the activation."""
+    from cairn.osd.pg import Phase
+    pg = PgCore((1, 0), me=0)
+    pg.new_interval(5, pgs.Acting((0, 1, 2), 0, 3, 2))
+    pg.log_loaded([], None, None)
+    pg.peering_moved(Phase.RECOVERING)
+    with pytest.raises(Refused):
+        pg.plan_write(pg.acting, 5, "obj", False, False, existed=True)
+    plan = pg.plan_write(pg.acting, 5, "obj", False, False, existed=True, recovery=True)
+    assert plan.version == pgs.make_version(5, 1)
+    assert all(not target.complete for target in plan.targets)   # nobody complete yet
+    pg.peering_moved(Phase.PEERING)
+    with pytest.raises(Refused):                                   # only while RECOVERING
+        pg.plan_write(pg.acting, 5, "obj", False, False, existed=True, recovery=True)
