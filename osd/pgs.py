@@ -183,7 +183,10 @@ class PgRegistry:
         missed) may hide intervals: another OSD may have led a PG in between, and its queries
         raised the members' min_epoch past our interval's start, so they would refuse us as
         stale for good. Every PG then starts a new interval here, its members unchanged or not
-        (the seeded simulation found a PG that stayed unavailable this way)."""
+        (the seeded simulation found a PG that stayed unavailable this way). An incomplete PG
+        peers again on every map: the complete member it waits for may come back without its
+        acting set changing (found the same way: a PG incomplete for good after every OSD was
+        back)."""
         gap = self.epoch_seen is not None and cmap.epoch > self.epoch_seen + 1
         self.epoch_seen = cmap.epoch
         live = set()
@@ -195,7 +198,8 @@ class PgRegistry:
                     continue
                 pg = self.shell(key)
                 previous = pg.interval[1] if pg.interval else None
-                if previous is not None and previous.members == acting.members and not gap:
+                if previous is not None and previous.members == acting.members and not gap \
+                        and pg.phase is not Phase.INCOMPLETE:
                     continue
                 self._new_interval(pg, cmap.epoch, acting, cmap)
         for key in [k for k in self.pgs if k not in live]:        # pool deleted
