@@ -232,18 +232,20 @@ class ErasureBackend(PgBackend):
         stashed), or delete the object. `unavailable` is raised when the choice is to wait
         for members that did not answer, or when the object is lost beyond what the code can
         rebuild."""
-        call, header_of = self.port.call, self.port.header
+
+        async def holdings(osd):
+            """What `osd` holds of the object; None for an empty position or no answer."""
+            if osd is None:
+                return None
+            try:
+                header, _ = await self.port.call(osd, self.port.header(pg, "pg_versions", epoch,
+                                                                       name=name))
+            except RequestFailed:
+                return None
+            return header
+
         members = pg.acting.members
-        answers = await asyncio.gather(*(call(osd, header_of(pg, "pg_versions", epoch,
-                                                             name=name))
-                                         for osd in members if osd is not None),
-                                       return_exceptions=True)
-        answered = iter(answers)
-        views = []
-        for osd in members:
-            answer = next(answered) if osd is not None else None
-            views.append((osd, None if answer is None or isinstance(answer, BaseException)
-                          else answer[0]))
+        views = list(zip(members, await asyncio.gather(*map(holdings, members))))
         codec = self.codec(pg)
         choice = rollback_choice(version, views, codec.k)
         log.info("pg %d.%x: %r version %x has too few shards: %s", *pg.key, name, version,

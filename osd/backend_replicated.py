@@ -65,16 +65,20 @@ class ReplicatedBackend(PgBackend):
         """Apply one replicated write here with its log entry; `complete`: this OSD is a
         complete member (osd/pg.py)."""
         await self.local.ensure_collections(pg)
-        await asyncio.shield(self.start_apply(pg, name, payload, version, delete, manifest,
-                                              complete, received_checksums(payload)[0]))
+        await self.port.store.apply(*self._applied(pg, name, payload, version, delete, manifest,
+                                                   complete, received_checksums(payload)[0]))
 
     def start_apply(self, pg, name, payload, version, delete, manifest, complete, crcs):
         """`apply` started now, for a caller told of its end by a done callback (a replica's
         fast write): the transaction's task, which runs to its end whoever waits. The PG's
         collections must exist."""
-        return self.port.store.start_apply(
-            self.transaction(pg, name, payload, version, delete, manifest, complete, crcs),
-            then=lambda: pg.applied(version, complete))
+        return self.port.store.start_apply(*self._applied(pg, name, payload, version, delete,
+                                                          manifest, complete, crcs))
+
+    def _applied(self, pg, name, payload, version, delete, manifest, complete, crcs):
+        """(transaction, what records it once committed) of one replicated write here."""
+        return (self.transaction(pg, name, payload, version, delete, manifest, complete, crcs),
+                lambda: pg.applied(version, complete))
 
     def transaction(self, pg, name, payload, version, delete, manifest, complete, crcs=None):
         """The store transaction of one replicated write here, with its log entry (which
