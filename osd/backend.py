@@ -112,10 +112,10 @@ class PgBackend(abc.ABC):
         that did commit keep the new version; the next peering reconciles them: an
         unacknowledged write may appear whole or not)."""
         self.local.load_log(pg)
-        plan = pg.plan_write(acting, self.port.map.epoch, name, delete, manifest,
+        plan = pg.core.plan_write(acting, self.port.map.epoch, name, delete, manifest,
                              existed=self.local.exists(pg, name), recovery=recovery)
         committed, failure = await self.write(pg, plan, payload)
-        pg.write_finished(plan, committed, acknowledged=failure is None)
+        pg.core.write_finished(plan, committed, acknowledged=failure is None)
         if failure is not None:
             raise failure
         return plan
@@ -126,7 +126,7 @@ class PgBackend(abc.ABC):
         up before it activates (`PgCore.plan_write`'s `recovery`)."""
         pool = pgs.pool_by_id(self.port.map, pg.key[0])
         try:
-            await self.write_as_primary(pg, pg.check_writable(pool["name"]), name, payload,
+            await self.write_as_primary(pg, pg.core.check_writable(pool["name"]), name, payload,
                                         delete, manifest, recovery=True)
         except Refused as exc:
             raise RequestFailed(exc.code, exc.message) from None
@@ -166,8 +166,9 @@ class PgBackend(abc.ABC):
     async def read_local(self, pg, name, ranges=None, stash_entry=None):
         """(stat, bytes) of this OSD's copy or shard (or of a rollback stash entry): whole,
         or the byte `ranges` [(offset, length)] one after another. Large reads, whole or of one
-        range, go out as the store's own buffer (no copy; the buffer returns to its pool when the transport has
-        sent it and drops it); small ones are copied so their buffer is reused at once."""
+        range, go out as the store's own buffer (no copy; the buffer returns to its pool when
+        the transport has sent it and drops it); small ones are copied so their buffer is
+        reused at once."""
         collection = pg.collection
         if stash_entry is not None:
             collection, name = pg.stash_collection, stash_entry

@@ -64,7 +64,7 @@ class ErasureBackend(PgBackend):
     @staticmethod
     def position(pg, osd_id):
         """The acting position (shard index) of `osd_id` in this PG, or None."""
-        members = pg.acting.members if pg.acting else ()
+        members = pg.core.acting.members if pg.core.acting else ()
         return members.index(osd_id) if osd_id in members else None
 
     def layout(self, codec, size, unit=None):
@@ -98,7 +98,7 @@ class ErasureBackend(PgBackend):
                 shards = [(shard,) for shard in await self._in_thread_if_large(
                     layout.size, ecstripe.encode_shards, codec, layout, payload, buffers)]
             geometry = [layout.size, layout.unit]
-        acked_to = pg.acked_to()
+        acked_to = pg.core.acked_to()
         header = self._write_header(pg, plan, ec=geometry, acked_to=acked_to)
         local, remote = None, []
         for target in plan.targets:
@@ -134,7 +134,7 @@ class ErasureBackend(PgBackend):
         await self.local.ensure_collections(pg, stash=True)
         self.local.load_stash(pg)
         txn = Transaction()
-        entry = pg.stash_ops(txn, version, name, self.local.present(pg, name), acked_to)
+        entry = pg.core.stash_ops(txn, version, name, self.local.present(pg, name), acked_to)
         if not delete:
             txn.put(pg.collection, name, payload, size=shard_bytes, attrs=object_attrs(
                 version, manifest, pgs.ec_attrs(shard_index, *geometry)),
@@ -142,8 +142,8 @@ class ErasureBackend(PgBackend):
         self.local.log_ops(pg, txn, version, name, delete, complete, acked_to)
 
         def applied():
-            pg.stashed(entry)
-            pg.applied(version, complete)
+            pg.core.stashed(entry)
+            pg.core.applied(version, complete)
         await self.port.store.apply(txn, then=applied)
 
     async def apply_message(self, pg, header, payload, delete):
@@ -212,7 +212,7 @@ class ErasureBackend(PgBackend):
     async def stat(self, pg, name):
         """The object's info, and which shards of its version the acting members hold."""
         record, version, layout = self._local_info(pg, name)
-        members = [(index, osd) for index, osd in enumerate(pg.acting.members)
+        members = [(index, osd) for index, osd in enumerate(pg.core.acting.members)
                    if osd is not None]
         probes = await asyncio.gather(*(self._fetch(pg, osd, index, name, version, [])
                                         for index, osd in members), return_exceptions=True)
@@ -224,9 +224,12 @@ class ErasureBackend(PgBackend):
         return ObjectInfo(layout.size, record.attrs, record.mtime_ns), {
             "shards": present, "shards_needed": layout.k, "shard_count": layout.k + layout.m}
 
-    async def _roll_back(self, pg, name, version, epoch, unavailable):
+    async def _roll_back(self, pg, name, version, epoch, unavailable, source=None):
         """Version `version` of `name` has fewer than k shards readable now: ask every acting
-        member what it holds of the object (its shard and its rollback stash, `pg_versions`),
+        member, and the recovery's `source` when it is not one (an authority whose log named
+        the version, left out of the acting set: the seeded simulation's seed 10321 held a PG
+        peering for good when only it knew the write), what it holds of the object (its shard
+        and its rollback stash, `pg_versions`),
         let `rollback_choice` (osd/pg.py, pure) decide, and carry it out as a new write under
         the object lock the caller holds: restore a version from k of its shards (live or
         stashed), or delete the object. `unavailable` is raised when the choice is to wait
@@ -244,8 +247,10 @@ class ErasureBackend(PgBackend):
                 return None
             return header
 
-        members = pg.acting.members
-        views = list(zip(members, await asyncio.gather(*map(holdings, members))))
+        asked = list(pg.core.acting.members)
+        if source is not None and source not in asked:
+            asked.append(source)
+        views = list(zip(asked, await asyncio.gather(*map(holdings, asked))))
         codec = self.codec(pg)
         choice = rollback_choice(version, views, codec.k)
         log.info("pg %d.%x: %r version %x has too few shards: %s", *pg.key, name, version,
@@ -257,8 +262,9 @@ class ErasureBackend(PgBackend):
             raise unavailable
         if choice.action == "delete":
             await self.rewrite(pg, name, None, delete=True, manifest=False)
-            log.warning("pg %d.%x: removed %r: its only version %x was never acknowledged and "
-                        "has too few shards", *pg.key, name, version)
+            log.warning("pg %d.%x: removed %r: version %x was never acknowledged, has too few "
+                        "shards, and the object was absent before it (%s)", *pg.key, name,
+                        version, choice.reason)
             return "removed"
         size, unit = choice.geometry
         layout = self.layout(codec, size, unit)
@@ -295,7 +301,7 @@ class ErasureBackend(PgBackend):
         else:
             try:
                 header, data = await self.port.call(osd, self.port.header(
-                    pg, "pg_read", pg.interval[0], name=name, ranges=ranges, stash=stash_entry))
+                    pg, "pg_read", pg.core.interval[0], name=name, ranges=ranges, stash=stash_entry))
             except RequestFailed as exc:
                 if exc.code in (Code.WRONG_PRIMARY, Code.STALE):
                     # The member has moved past this interval: our map is old, not the shard
@@ -323,7 +329,7 @@ class ErasureBackend(PgBackend):
         offset, length = layout.clamp(offset, length)
         if length < DIRECT_READ_BYTES_MIN:
             return None
-        members = pg.acting.members
+        members = pg.core.acting.members
         extents = layout.data_extents(offset, length)
         holders = {index: members[index] for index, _, _ in extents}
         if None in holders.values() or set(holders.values()) == {self.port.me} or \
@@ -333,20 +339,20 @@ class ErasureBackend(PgBackend):
         data = b""
         if own:
             try:
-                data = await self._fetch(pg, self.port.me, self.position(pg, self.port.me), name, version,
-                                         own)
+                me = self.port.me
+                data = await self._fetch(pg, me, self.position(pg, me), name, version, own)
             except ShardUnavailable:
                 return None                 # the usual read decodes around it
         self.direct_plans_total += 1
         info = ObjectInfo(layout.size, record.attrs, record.mtime_ns)
-        return info, {"interval": pg.interval[0], "from": self.port.me, "offset": offset,
+        return info, {"interval": pg.core.interval[0], "from": self.port.me, "offset": offset,
                       "length": length,
                       "extents": [[index, holders[index], start, size]
                                   for index, start, size in extents]}, data
 
     def _damaged(self, pg, name, osd, shard_index, reason):
         self.damaged_shards_total += 1
-        pg.damaged.add(name)
+        pg.core.found_damaged(name)
         log.warning("pg %d.%x: shard %d of %r on osd.%d is damaged (%s); read from the other "
                     "shards, queued for repair", *pg.key, shard_index, name, osd, reason)
 
@@ -357,7 +363,7 @@ class ErasureBackend(PgBackend):
         ranges = collections.defaultdict(list)
         for shard_index, start, size in extents:
             ranges[shard_index].append((start, size))
-        members = pg.acting.members
+        members = pg.core.acting.members
         holes = {index for index in ranges if members[index] is None}
         if holes:
             return None, holes
@@ -391,7 +397,7 @@ class ErasureBackend(PgBackend):
         slow = slow_osds(self.port.map)
         if not slow:
             return set()
-        members = pg.acting.members
+        members = pg.core.acting.members
         avoided = {index for index, osd in enumerate(members) if osd in slow}
         usable = sum(1 for osd in members if osd is not None and osd not in slow)
         return avoided if avoided and usable >= codec_k else set()
@@ -399,7 +405,7 @@ class ErasureBackend(PgBackend):
     def _preference(self, pg):
         """Shard indices to read a degraded range from: this OSD's own, then data shards, then
         parity (decoding from data shards is cheapest), members that are up only."""
-        members = pg.acting.members
+        members = pg.core.acting.members
         up = [index for index, osd in enumerate(members) if osd is not None]
         return sorted(up, key=lambda index: (members[index] != self.port.me, index))
 
@@ -408,7 +414,7 @@ class ErasureBackend(PgBackend):
         asking k members at a time and more when some fail. `extra`: (osd, shard index) of
         holders outside the acting set (a past authority). Raises RequestFailed(Code.UNAVAILABLE)
         naming the shards found when fewer than k can be read."""
-        members = pg.acting.members
+        members = pg.core.acting.members
         candidates = [(members[index], index) for index in self._preference(pg)
                       if index not in exclude]
         candidates += [(osd, index) for osd, index in extra
@@ -478,9 +484,9 @@ class ErasureBackend(PgBackend):
             except RequestFailed as exc:
                 if exc.code != Code.UNAVAILABLE:
                     raise
-                return await self._roll_back(pg, name, version, epoch, exc)
+                return await self._roll_back(pg, name, version, epoch, exc, source)
             moved = sum(len(data) for index, data in shards.items()
-                        if pg.acting.members[index] != self.port.me)
+                        if pg.core.acting.members[index] != self.port.me)
             if pay is not None:
                 await pay(moved + layout.shard_bytes)
             rebuilt = await self._in_thread_if_large(size, ecstripe.rebuild_shards, codec,

@@ -78,11 +78,11 @@ class ReplicatedBackend(PgBackend):
     def _applied(self, pg, name, payload, version, delete, manifest, complete, crcs):
         """(transaction, what records it once committed) of one replicated write here."""
         return (self.transaction(pg, name, payload, version, delete, manifest, complete, crcs),
-                lambda: pg.applied(version, complete))
+                lambda: pg.core.applied(version, complete))
 
     def transaction(self, pg, name, payload, version, delete, manifest, complete, crcs=None):
         """The store transaction of one replicated write here, with its log entry (which
-        `pg.applied(version, complete)` records once it commits). The PG's collections must
+        `pg.core.applied(version, complete)` records once it commits). The PG's collections must
         exist. `crcs`: the payload's block crcs, if its frame check gave them."""
         txn = Transaction()
         # A member that missed the object still logs the delete: its log must count every op
@@ -120,11 +120,11 @@ class ReplicatedBackend(PgBackend):
                                                    copy_below=ZERO_COPY_READ_BYTES_MIN)
         except ChecksumError as exc:
             record, wanted, ranges = self._wanted(pg, name, offset, length)
-            pg.damaged.add(name)
+            pg.core.found_damaged(name)
             log.warning("pg %d.%x: osd.%d's copy of %r is damaged (%s); reading another "
                         "replica, queued for repair", *pg.key, self.port.me, name, exc)
             damage = exc
-        for osd in pg.acting.up_members:
+        for osd in pg.core.acting.up_members:
             if osd == self.port.me:
                 continue
             data = await self._remote_copy(pg, osd, name, wanted, ranges)
@@ -143,14 +143,14 @@ class ReplicatedBackend(PgBackend):
         """Members that may serve a read for this (slow) primary: up, complete (they hold
         every acknowledged write), not flagged slow themselves."""
         slow = slow_osds(self.port.map)
-        return [osd for osd in pg.acting.up_members
-                if osd != self.port.me and osd in pg.complete_members and osd not in slow]
+        return [osd for osd in pg.core.acting.up_members
+                if osd != self.port.me and osd in pg.core.complete_members and osd not in slow]
 
     async def _remote_copy(self, pg, osd, name, wanted, ranges):
         """The `ranges` of `osd`'s copy of `name` if it is version `wanted`, else None."""
         try:
             header, data = await self.port.call(osd, self.port.header(
-                pg, "pg_read", pg.interval[0], name=name, ranges=ranges))
+                pg, "pg_read", pg.core.interval[0], name=name, ranges=ranges))
         except RequestFailed:
             return None
         return data if header.get("version") == wanted else None
@@ -204,7 +204,7 @@ class ReplicatedBackend(PgBackend):
                 txn.set_attrs(pg.collection, name, version_attr)
             txn.omap_update(pg.collection, name, update.sets, update.removes, update.clear)
         self.local.log_ops(pg, txn, version, name, False, complete)
-        await self.port.store.apply(txn, then=lambda: pg.applied(version, complete))
+        await self.port.store.apply(txn, then=lambda: pg.core.applied(version, complete))
 
     # -- recovery -----------------------------------------------------------------------------
 

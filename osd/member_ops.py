@@ -28,17 +28,17 @@ from cairn.osd.store import Transaction
 def admit_from_primary(service, pg, header):
     """The checks of an op from a PG's primary that need no waiting (the usual path and the
     fast replica write alike): `from` is the PG's primary in our map, at an epoch no older
-    than the PG's last peering. Returns the PgShell; raises the refusals."""
+    than the PG's last peering. Returns the Pg; raises the refusals."""
     if pg is None:
         raise RequestFailed(Code.WRONG_PRIMARY, f"osd.{header.get('from')} is not the primary "
                             f"of pg {header.get('pool')}.{header.get('pg'):x} at epoch "
                             f"{service.port.map.epoch}")
-    pg.check_from_primary(header.get("from"), header.get("epoch", 0))
+    pg.core.check_from_primary(header.get("from"), header.get("epoch", 0))
     return pg
 
 
 async def _from_primary(service, header):
-    """(pool, PgShell) of an op from the PG's primary, once our map has its epoch."""
+    """(pool, Pg) of an op from the PG's primary, once our map has its epoch."""
     pool, pg = await service.pg_of(header, as_primary=False)
     return pool, admit_from_primary(service, pg, header)
 
@@ -58,7 +58,7 @@ async def rep_omap(service, header, payload):
     if not isinstance(prior, int) or prior < 0:
         raise RequestFailed(Code.INVALID, "rep_omap carries the version it applies to")
     update = omap.parse_update(header).update
-    await service.backend(pool).apply_omap(pg, name, version, prior, update,
+    await pg.backend.apply_omap(pg, name, version, prior, update,
                                            bool(header.get("complete")),
                                            log_only=bool(header.get("log_only")))
     return {}, b""
@@ -68,7 +68,7 @@ async def _replicated_write(service, header, payload, delete):
     pool, pg = await _from_primary(service, header)
     object_name(header)                  # both checked before the backend reads them
     op_version(header)
-    await service.backend(pool).apply_message(pg, header, payload, delete)
+    await pg.backend.apply_message(pg, header, payload, delete)
     return {}, b""
 
 
@@ -78,8 +78,8 @@ async def _replicated_write(service, header, payload, delete):
 async def pg_query(service, header, payload):
     pool, pg = await _from_primary(service, header)
     service.local.load_log(pg)
-    return {"last_update": pg.query(header.get("epoch", 0)),
-            "complete_to": pg.complete_to}, b""
+    return {"last_update": pg.core.query(header.get("epoch", 0)),
+            "complete_to": pg.core.complete_to}, b""
 
 
 async def pg_list(service, header, payload):
@@ -88,12 +88,12 @@ async def pg_list(service, header, payload):
                                                   header.get("limit", LIST_PAGE_DEFAULT),
                                                   as_target=bool(header.get("as_target")))
     service.local.load_log(pg)
-    return {"entries": entries, "next": following, "last_update": pg.last_update}, b""
+    return {"entries": entries, "next": following, "last_update": pg.core.last_update}, b""
 
 
 async def pg_log(service, header, payload):
     pool, pg = await _from_primary(service, header)
-    return pg.log_summary(service.local.log_entries(pg)), b""
+    return pg.core.log_summary(service.local.log_entries(pg)), b""
 
 
 async def pg_stat(service, header, payload):
@@ -118,12 +118,13 @@ async def pg_read(service, header, payload):
     if stash is not None and not (isinstance(stash, str) and stash):
         raise RequestFailed(Code.INVALID, "stash names a rollback stash entry")
     name = object_name(header)
-    record, data = await service.backend(pool).read_local(pg, name, ranges, stash)
+    record, data = await pg.backend.read_local(pg, name, ranges, stash)
     reply = {"version": pgs.version_of(record.attrs),
              "manifest": pgs.MANIFEST_ATTR in record.attrs}
     if header.get("omap") and record.omap and stash is None:
-        entries, more = service.port.store.omap_list(pg.collection, name, limit=OMAP_PAGE_ENTRIES_MAX,
-                                                max_bytes=OMAP_PAGE_BYTES)
+        entries, more = service.port.store.omap_list(pg.collection, name,
+                                                     limit=OMAP_PAGE_ENTRIES_MAX,
+                                                     max_bytes=OMAP_PAGE_BYTES)
         reply.update(omap=[list(pair) for pair in entries], omap_more=more)
     if pgs.SHARD_ATTR in record.attrs:
         reply["shard"] = pgs.shard_of(record.attrs)
@@ -181,7 +182,7 @@ async def pg_push(service, header, payload):
             raise RequestFailed(Code.INVALID, "pg_push of a shard needs shard and ec: "
                                 "[size, unit]")
         attrs.update(pgs.ec_attrs(shard, *geometry))
-        size = service.backend(pool).shard_bytes(pg, geometry, payload)
+        size = pg.backend.shard_bytes(pg, geometry, payload)
     else:
         size = None
     name = object_name(header)
@@ -212,7 +213,7 @@ async def pg_mark(service, header, payload):
         await service.local.ensure_collections(pg)
         txn = Transaction()
         service.local.mark_ops(pg, txn, version)
-        await service.port.store.apply(txn, then=lambda: pg.marked(version))
+        await service.port.store.apply(txn, then=lambda: pg.core.marked(version))
     return {}, b""
 
 
@@ -227,7 +228,7 @@ async def pg_versions(service, header, payload):
         held.append(_held(record.attrs))
     if pool["kind"] == "erasure":
         service.local.load_stash(pg)    # with acked_seen, kept in the log over restarts
-        for entry in pg.stash_of(name):
+        for entry in pg.core.stash_of(name):
             try:
                 attrs = service.port.store.stat(pg.stash_collection, entry).attrs
             except ObjectNotFound:
@@ -238,7 +239,7 @@ async def pg_versions(service, header, payload):
             else:
                 held.append({**_held(attrs), "entry": entry,
                              "replaced_by": replaced_by})
-    return {"held": held, "acked_seen": pg.acked_seen}, b""
+    return {"held": held, "acked_seen": pg.core.acked_seen}, b""
 
 
 def _held(attrs):
@@ -313,5 +314,5 @@ def _omap_crc(service, pg, name, crc):
 
 async def pg_info(service, header, payload):
     pool, pg = await service.pg_of(header)
-    return {"state": pg.state, "clean": pg.clean,
-            "acting": list(pg.interval[1].members)}, b""
+    return {"state": pg.core.state, "clean": pg.core.clean,
+            "acting": list(pg.core.interval[1].members)}, b""

@@ -168,9 +168,9 @@ class Rollback:
 
 def rollback_choice(version, answers, k):
     """The rollback decision for version `version` of an erasure-coded object that has fewer
-    than k shards readable now, from each acting position's `pg_versions` answer
-    (`answers`: one per position, None where the position is empty or did not answer; else
-    {"held": [...], "acked_seen": v}, osd/member_ops.py).
+    than k shards readable now, from each acting position's `pg_versions` answer and the
+    recovery source's (`answers`: [(osd, answer)], the answer None where the position is
+    empty or did not answer; else {"held": [...], "acked_seen": v}, osd/member_ops.py).
 
     - wait: members that did not answer may hold enough live shards of `version`;
     - restore `version` itself when k shards of it exist counting the members' stashes (a
@@ -178,7 +178,13 @@ def rollback_choice(version, answers, k):
     - lost: `version` was acknowledged (a member saw acked_to reach it) and cannot be rebuilt;
     - restore the newest older version with k shards (live or stashed): `version` was a write
       that reached too few members before its primary died, never acknowledged;
-    - delete: the object did not exist before that write (its members stashed an absence);
+    - delete: no older version is whole and a member stashed an absence (it had no shard
+      before some write): within the pool's tolerance an acknowledged older version would be
+      whole, live or stashed, so the object's last acknowledged state was absent (never
+      written, or deleted); shards of older versions fewer than k are left-overs of a member
+      that missed a delete, and unacknowledged writes after it (the seeded simulation's seed
+      10615 left a PG degraded for good on one such shard, behind four retried writes that
+      each reached one member);
     - lost otherwise.
     Pure: the caller (ErasureBackend._roll_back) asks, fetches and writes."""
     shards = collections.defaultdict(dict)      # version -> shard index -> (osd, stash entry)
@@ -191,7 +197,7 @@ def rollback_choice(version, answers, k):
         acked_seen = max(acked_seen, answer.get("acked_seen", 0))
         for held in answer["held"]:
             if held.get("absent"):
-                absent += held["replaced_by"] >= version
+                absent += 1
                 continue
             if held["version"] > version:
                 continue
@@ -217,8 +223,10 @@ def rollback_choice(version, answers, k):
     whole = sorted((v for v, held in older.items() if len(held) >= k), reverse=True)
     if whole:
         return restore(whole[0])
-    if absent and not older:
-        return Rollback("delete")
+    if absent:
+        return Rollback("delete", reason="absent before it" + (
+            "; ignored stale shards of " + ", ".join(f"{v:x}" for v in sorted(older))
+            if older else ""))
     return Rollback("lost", reason=f"no version up to {version:x} has {k} shards left")
 
 
@@ -293,8 +301,6 @@ class PgCore:
         self.stash_names = None                         # member: sorted stash entry names
         self.acked_seen = 0                             # member: highest acked_to it was sent
         self.scrub_errors = 0                           # errors the last scrub left unrepaired
-        self.last_scrub = 0                             # when (the shell's clock)
-        self.last_deep_scrub = 0
         self.clean = False                              # every member complete, and recorded
         self.serving = False                            # active: client ops are served
         # As a stray:
@@ -395,11 +401,14 @@ class PgCore:
         `acting_seen`: the acting set the op was admitted under; `existed`: whether the PG
         holds the object now (see `exists`). `recovery`: a rollback's rewrite, which recovery
         also makes while the primary catches itself up before activating (RECOVERING): an
-        object that needs one must not hold the activation back forever."""
+        object that needs one must not hold the activation back forever; its delete may find
+        the object absent here."""
         if self.acting is not acting_seen or not (
                 self.serving or recovery and self.phase is Phase.RECOVERING):
             raise Refused(Code.AGAIN, "the acting set changed; retry")
-        if delete and not existed:
+        if delete and not existed and not recovery:
+            # (A rollback's delete may find nothing here: its log entry is what it writes,
+            # superseding a version only another OSD's log named.)
             raise Refused(Code.NOT_FOUND, f"object {name!r} not found")
         version = max(pgs.make_version(epoch, 1), self.last_update + 1, self.assigned + 1)
         self.assigned = version
@@ -578,9 +587,27 @@ class PgCore:
         self.last_update = max(self.last_update, version)
 
     def log_forgotten(self):
-        """The log collection was deleted (a stray copy going away)."""
+        """The log collection was deleted (a stray copy going away; its stash goes next)."""
         self.log_names, self.log_tail, self.last_update, self.complete_to = None, 0, 0, 0
         self.log_legacy = set()
+        self.stash_names = None
+
+    # -- a stray copy -------------------------------------------------------------------------------
+
+    def stray_counted(self, objects):
+        """The stray copy holds `objects` objects (counted once, then kept by stray_removed)."""
+        if self.stray_objects is None:
+            self.stray_objects = objects
+
+    def stray_removed(self, objects):
+        self.stray_objects = max(0, (self.stray_objects or 0) - objects)
+
+    def removal_started(self):
+        """The stray copy is being deleted: peering and replication ops answer `again`."""
+        self.removing = True
+
+    def removal_ended(self):
+        self.removing = False
 
     def log_summary(self, entries):
         """The log as peering exchanges it, from [(version, name)] oldest first."""
@@ -609,6 +636,42 @@ class PgCore:
         """A missing object was recovered here (on demand or in the background)."""
         self.missing.pop(name, None)
         self.recovered_objects += 1
+
+    def member_recovery_started(self, member, objects):
+        """A background recovery of `member` will sync `objects` objects."""
+        self.remaining[member] = objects
+
+    def member_object_synced(self, member):
+        """One of them was synced. A progress count only: a new interval resets the counts,
+        and another recovery to this member may have ended meanwhile (a KeyError here once
+        stopped an OSD in CI)."""
+        if member in self.remaining:
+            self.remaining[member] -= 1
+
+    def member_recovery_ended(self, member, recovered):
+        """That recovery ended (done or failed) after copying or removing `recovered`."""
+        self.remaining.pop(member, None)
+        self.recovered_objects += recovered
+
+    # -- damage and scrubs --------------------------------------------------------------------------
+
+    def found_damaged(self, name):
+        """A read found a copy or shard of `name` failing its checksum: to repair."""
+        self.damaged.add(name)
+
+    def scrubbed(self, names, unrepaired):
+        """A scrub of `names` (None: the whole PG) ended with `unrepaired` errors left."""
+        if names is None:
+            self.scrub_errors = unrepaired
+        if not unrepaired:
+            if names is None:
+                self.damaged.clear()
+            else:
+                self.damaged.difference_update(names)
+
+    def inconsistent(self):
+        """This primary's last scrub left errors, or reads found damage not yet repaired."""
+        return self.role is Role.PRIMARY and bool(self.scrub_errors or self.damaged)
 
     def count_objects(self, stored, present):
         """The PG's objects as this primary serves it: `stored` objects in its copy, corrected

@@ -47,7 +47,7 @@ class LocalCopies:
     def _version_here(self, pg, record):
         shard = pgs.shard_of(record.attrs)
         if shard is not None:
-            members = pg.acting.members if pg.acting else ()
+            members = pg.core.acting.members if pg.core.acting else ()
             if shard >= len(members) or members[shard] != self.port.me:
                 return None
         return pgs.version_of(record.attrs)
@@ -58,7 +58,7 @@ class LocalCopies:
 
     def exists(self, pg, name):
         """Whether the PG holds `name`, as this primary serves it (the missing set first)."""
-        return pg.exists(name, lambda: self.present(pg, name))
+        return pg.core.exists(name, lambda: self.present(pg, name))
 
     def has_collections(self, pg):
         """Whether the PG's object and log collections exist here (`ensure_collections`)."""
@@ -88,7 +88,7 @@ class LocalCopies:
     def load_log(self, pg):
         """Hand the PG's log as the store holds it to the core (once per PG): the entries of
         its log collection's key table, and any held as objects by an older store."""
-        if pg.log_names is not None:
+        if pg.core.log_names is not None:
             return
         values = self._log_values(pg.log_collection)
         legacy = self.all_names(pg.log_collection)
@@ -101,7 +101,7 @@ class LocalCopies:
         names = sorted(values)
         newest_complete = next((entry for entry in reversed(names)
                                 if COMPLETE_ATTR in values[entry]), None)
-        pg.log_loaded(names, tail_attrs, newest_complete, legacy)
+        pg.core.log_loaded(names, tail_attrs, newest_complete, legacy)
 
     def _log_values(self, collection):
         """{entry name: its fields} of a log collection's key table (none if no collection)."""
@@ -119,7 +119,7 @@ class LocalCopies:
 
     def _log_attrs(self, pg, entry):
         """The fields of one log entry here, or None if it is gone."""
-        if entry in pg.log_legacy:
+        if entry in pg.core.log_legacy:
             try:
                 return self.port.store.stat(pg.log_collection, entry).attrs
             except ObjectNotFound:
@@ -130,15 +130,15 @@ class LocalCopies:
     def load_stash(self, pg):
         """Hand the PG's rollback stash entries, and the highest acked_to its log entries
         carry, to the core (once per PG; erasure-coded PGs only)."""
-        if pg.stash_names is None:
-            pg.stash_loaded(self.all_names(pg.stash_collection), self._acked_in_log(pg))
+        if pg.core.stash_names is None:
+            pg.core.stash_loaded(self.all_names(pg.stash_collection), self._acked_in_log(pg))
 
     def _acked_in_log(self, pg):
         """The highest acked_to on the PG's log entries, newest first; an entry's acked_to is
         below its own version, so the scan stops at the first entry no newer than the best."""
         self.load_log(pg)
         best = 0
-        for entry in reversed(pg.log_names):
+        for entry in reversed(pg.core.log_names):
             if int(entry, 16) <= best:
                 break
             attrs = self._log_attrs(pg, entry) or {}
@@ -160,19 +160,19 @@ class LocalCopies:
 
     def log_ops(self, pg, txn, version, name, delete, complete, acked_to=None):
         self.load_log(pg)
-        pg.log_ops(txn, version, name, delete, complete, acked_to)
+        pg.core.log_ops(txn, version, name, delete, complete, acked_to)
 
     def mark_ops(self, pg, txn, version):
         self.load_log(pg)
-        pg.mark_ops(txn, version)
+        pg.core.mark_ops(txn, version)
 
     def log_entries(self, pg):
         """[(version, object name)] of the PG's log here, oldest first."""
         self.load_log(pg)
         values = self._log_values(pg.log_collection)    # one scan, not a lookup per entry
         entries = []
-        for entry in sorted(pg.log_names):
-            attrs = self._log_attrs(pg, entry) if entry in pg.log_legacy else values.get(entry)
+        for entry in sorted(pg.core.log_names):
+            attrs = self._log_attrs(pg, entry) if entry in pg.core.log_legacy else values.get(entry)
             if attrs is None:
                 continue
             entries.append((int(entry, 16), attrs.get("n", b"").decode()))

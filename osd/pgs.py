@@ -57,13 +57,22 @@ STRAY_DELETE_BATCH = 256
 INCONSISTENT_REPORTED_MAX = 64
 
 
-class PgShell(PgCore):
-    """A PG's core with what the asyncio shell needs beside it: the event client ops wait on
-    until the PG is active, the primary's peering task, and the PG's one table of object locks
-    (by object name): client writes and reads, recovery and rollbacks of an object take it."""
+class Pg:
+    """One PG on this OSD: its pure core (`core`, osd/pg.py: every decision and every field
+    the decisions read), its pool kind's backend (`backend`: the layout, osd/backend*.py;
+    None only for a copy found in the store before the first map names its pool), the PG's
+    one table of object locks (by object name: client writes
+    and reads, recovery and rollbacks of an object take it), the event client ops wait on
+    until the PG is active, the primary's peering task, and the scrub clock. The shell never
+    assigns a core field: it tells the core what happened (`core.applied`, ...)."""
 
-    def __init__(self, key, me):
-        super().__init__(key, me)
+    def __init__(self, key, me, backend):
+        self.core = PgCore(key, me)
+        self.backend = backend                          # its pool kind's (osd/backend*.py)
+        self.key = key                                  # (pool id, pg index)
+        self.collection = self.core.collection
+        self.log_collection = self.core.log_collection
+        self.stash_collection = self.core.stash_collection
         self.active = asyncio.Event()
         self.task = None
         self.locks = KeyLocks()
@@ -144,7 +153,7 @@ class PgRegistry:
         self.port = port
         self.local = local                              # osd/pglocal.py: the copies here
         self.backends = backends                        # by pool kind (osd/backend.py)
-        self.pgs = {}                                   # key -> PgShell
+        self.pgs = {}                                   # key -> Pg
         self.epoch_seen = None                          # the last map's epoch (on_map)
         self.delta_recoveries_total = 0
         self.backfills_total = 0
@@ -168,9 +177,15 @@ class PgRegistry:
                     continue
 
     def shell(self, key):
+        """The PG `key` (made on first use), with its pool kind's backend once the map has
+        its pool."""
         found = self.pgs.get(key)
         if found is None:
-            found = self.pgs[key] = PgShell(key, self.port.me)
+            found = self.pgs[key] = Pg(key, self.port.me, None)
+        if found.backend is None and self.port.map is not None:
+            pool = pgs.pool_by_id(self.port.map, key[0])
+            if pool is not None:
+                found.backend = self.backends.get(pool["kind"])
         return found
 
     # -- map changes ------------------------------------------------------------------------------
@@ -197,9 +212,9 @@ class PgRegistry:
                 if self.port.me not in acting.members and key not in self.pgs:
                     continue
                 pg = self.shell(key)
-                previous = pg.interval[1] if pg.interval else None
+                previous = pg.core.interval[1] if pg.core.interval else None
                 if previous is not None and previous.members == acting.members and not gap \
-                        and pg.phase is not Phase.INCOMPLETE:
+                        and pg.core.phase is not Phase.INCOMPLETE:
                     continue
                 self._new_interval(pg, cmap.epoch, acting, cmap)
         for key in [k for k in self.pgs if k not in live]:        # pool deleted
@@ -208,7 +223,7 @@ class PgRegistry:
     def _new_interval(self, pg, epoch, acting, cmap):
         pg.active.clear()
         self._stop_task(pg)
-        if pg.new_interval(epoch, acting) is not Role.PRIMARY:
+        if pg.core.new_interval(epoch, acting) is not Role.PRIMARY:
             return
         up = {osd_id for osd_id, osd in cmap.osds.items() if osd["up"]}
         pg.task = asyncio.get_running_loop().create_task(
@@ -236,13 +251,13 @@ class PgRegistry:
         try:
             await asyncio.wait_for(pg.active.wait(), ACTIVE_WAIT_S_MAX)
         except TimeoutError:
-            raise RequestFailed(Code.AGAIN, f"pg {key[0]}.{key[1]:x} is {pg.state}, not active; "
-                                "retry") from None
+            raise RequestFailed(Code.AGAIN, f"pg {key[0]}.{key[1]:x} is {pg.core.state}, not "
+                                "active; retry") from None
         return pg
 
     def states(self):
         """{state: count} of the PGs this OSD is primary of (reported to the monitor)."""
-        counts = collections.Counter(pg.reported_state() for pg in self.pgs.values())
+        counts = collections.Counter(pg.core.reported_state() for pg in self.pgs.values())
         counts.pop(None, None)
         return dict(counts)
 
@@ -251,7 +266,7 @@ class PgRegistry:
         unrepaired or whose reads found damage not yet repaired (at most 64: a health check
         names them, a count does for more)."""
         names = sorted(f"{pg.key[0]}.{pg.key[1]:x}" for pg in self.pgs.values()
-                       if pg.role is Role.PRIMARY and (pg.scrub_errors or pg.damaged))
+                       if pg.core.inconsistent())
         return names[:INCONSISTENT_REPORTED_MAX]
 
     def copies_held(self):
@@ -266,14 +281,14 @@ class PgRegistry:
         usage = {}
         cmap = self.port.map
         for pg in self.pgs.values():
-            if pg.role is not Role.PRIMARY or not pg.serving:
+            if pg.core.role is not Role.PRIMARY or not pg.core.serving:
                 continue
             pool = pgs.pool_by_id(cmap, pg.key[0])
             if pool is None:
                 continue
             stored = self.port.store.usage(pg.collection)[1] * pool.get("k", 1)
             entry = usage.setdefault(str(pg.key[0]), [0, 0])
-            entry[0] += pg.object_count
+            entry[0] += pg.core.object_count
             entry[1] += stored
         return usage
 
@@ -284,7 +299,7 @@ class PgRegistry:
         no longer a member of, until they are deleted)."""
         totals = [0, 0, 0]
         for pg in self.pgs.values():
-            for index, count in enumerate(pg.object_counts()):
+            for index, count in enumerate(pg.core.object_counts()):
                 totals[index] += count
         return dict(zip(("total", "degraded", "misplaced"), totals))
 
@@ -334,14 +349,14 @@ class PgRegistry:
             elif isinstance(effect, peering.Recover) and core.state is peering.State.ACTIVE:
                 background = [effect] + [e for e in queue if isinstance(e, peering.Recover)]
                 queue = [e for e in queue if not isinstance(e, peering.Recover)]
-                pg.peering_moved(Phase.ACTIVE_RECOVERING)
+                pg.core.peering_moved(Phase.ACTIVE_RECOVERING)
                 recorded = await asyncio.gather(*(self._recover_in_background(pg, core, r, epoch,
                                                                               writable)
                                                   for r in background))
-                pg.recovery_finished(core.clean, writable, all(recorded))
+                pg.core.recovery_finished(core.clean, writable, all(recorded))
                 return True
             elif isinstance(effect, peering.Recover):
-                pg.peering_moved(Phase.RECOVERING)  # the primary catches up first
+                pg.core.peering_moved(Phase.RECOVERING)  # the primary catches up first
                 try:
                     await self._recover(pg, effect.source, effect.target, epoch)
                 except RequestFailed as exc:
@@ -351,7 +366,7 @@ class PgRegistry:
             elif isinstance(effect, peering.Activate):
                 log.debug("pg %d.%x epoch %d: infos %s authority osd.%s", *pg.key, epoch,
                           core.infos, core.authority)
-                pg.peering_moved(Phase.ACTIVATING)
+                pg.core.peering_moved(Phase.ACTIVATING)
                 if effect.missing_from is not None:
                     try:
                         await self._find_missing(pg, effect.missing_from, epoch)
@@ -362,16 +377,16 @@ class PgRegistry:
                 if writable:
                     await self._record(pg, effect)
                 core.activated()
-                pg.activated(effect.complete, writable, more_to_recover=bool(queue))
+                pg.core.activated(effect.complete, writable, more_to_recover=bool(queue))
                 pg.active.set()
                 if not queue:
                     return True
             elif isinstance(effect, peering.Incomplete):
-                pg.peering_moved(Phase.INCOMPLETE)
+                pg.core.peering_moved(Phase.INCOMPLETE)
                 log.warning("pg %d.%x incomplete: %s", *pg.key, effect.reason)
                 return True                 # wait for the next map, not a retry loop
             elif isinstance(effect, peering.Restart):
-                pg.peering_moved(Phase.PEERING)
+                pg.core.peering_moved(Phase.PEERING)
                 log.info("pg %d.%x peering again: %s", *pg.key, effect.reason)
                 return False
         return False
@@ -400,7 +415,7 @@ class PgRegistry:
                     return False
                 await asyncio.sleep(PEERING_RETRY_S * 2 ** attempt)
         effects = core.recovered(recover.target)
-        pg.member_recovered(core.complete)                  # its next writes carry the flag
+        pg.core.member_recovered(core.complete)                  # its next writes carry the flag
         for effect in effects:
             if isinstance(effect, peering.Complete) and writable:
                 try:
@@ -418,7 +433,7 @@ class PgRegistry:
         while True:
             await asyncio.sleep(STRAY_CHECK_S)
             for pg in list(self.pgs.values()):
-                if self.pgs.get(pg.key) is pg and pg.phase is Phase.STRAY:
+                if self.pgs.get(pg.key) is pg and pg.core.phase is Phase.STRAY:
                     try:
                         await self._tidy_stray(pg)
                     except RequestFailed as exc:
@@ -431,26 +446,27 @@ class PgRegistry:
                 or self.port.store.has_collection(pg.log_collection)):
             del self.pgs[pg.key]
             return
-        if pg.stray_objects is None:
-            pg.stray_objects = (self.port.store.count_objects(pg.collection)
-                                if self.port.store.has_collection(pg.collection) else 0)
-        interval = pg.interval
+        if pg.core.stray_objects is None:
+            pg.core.stray_counted(self.port.store.count_objects(pg.collection)
+                                  if self.port.store.has_collection(pg.collection) else 0)
+        interval = pg.core.interval
         if interval is None or interval[1].primary is None:
             return
         header, _ = await self.port.call(interval[1].primary, {"op": "pg_info", "pool": pg.key[0],
                                                           "pg": pg.key[1],
                                                           "epoch": interval[0]})
-        if not header.get("clean") or pg.interval is not interval or pg.phase is not Phase.STRAY \
+        if not header.get("clean") or pg.core.interval is not interval \
+                or pg.core.phase is not Phase.STRAY \
                 or tuple(header.get("acting", ())) != tuple(interval[1].members):
             return
         log.info("pg %d.%x is clean on %s: deleting the stray copy here (%d objects)", *pg.key,
-                 interval[1].members, pg.stray_objects)
-        pg.removing = True          # peering and replication ops answer `again` meanwhile
+                 interval[1].members, pg.core.stray_objects)
+        pg.core.removal_started()
         try:
             await self._remove_copy(pg)
         finally:
-            pg.removing = False
-        if pg.interval is interval and pg.phase is Phase.STRAY:
+            pg.core.removal_ended()
+        if pg.core.interval is interval and pg.core.phase is Phase.STRAY:
             del self.pgs[pg.key]
 
     async def _remove_copy(self, pg):
@@ -460,12 +476,11 @@ class PgRegistry:
             for name in self.local.all_names(pg.log_collection):
                 txn.delete(pg.log_collection, name)
             await self.port.store.apply(txn.remove_collection(pg.log_collection),
-                                   then=pg.log_forgotten)
+                                   then=pg.core.log_forgotten)
         else:
-            pg.log_forgotten()
-        pg.stash_names = None
+            pg.core.log_forgotten()
         for collection in (pg.stash_collection, pg.collection):
-            while self.port.store.has_collection(collection) and pg.phase is Phase.STRAY:
+            while self.port.store.has_collection(collection) and pg.core.phase is Phase.STRAY:
                 names, _ = self.port.store.list_objects(collection, limit=STRAY_DELETE_BATCH)
                 txn = Transaction()
                 for name in names:
@@ -474,7 +489,7 @@ class PgRegistry:
                     txn.remove_collection(collection)
                 await self.port.store.apply(txn)
                 if collection == pg.collection:
-                    pg.stray_objects = max(0, (pg.stray_objects or 0) - len(names))
+                    pg.core.stray_removed(len(names))
 
     # -- talking to members -------------------------------------------------------------------------
 
@@ -515,20 +530,16 @@ class PgRegistry:
         object lock, so no client write interleaves (a write since the plan is simply copied as
         it now is, and the target received it anyway as a member)."""
         names, mark, how = await self._plan(pg, source, target, epoch)
-        pg.remaining[target] = len(names)
+        pg.core.member_recovery_started(target, len(names))
+        outcomes = collections.Counter()
         await self.throttle.slot()
         try:
-            outcomes = collections.Counter()
             for name in names:
                 outcomes[await self.sync_object(pg, source, target, name, epoch, locked)] += 1
-                # A progress count only: a new interval resets the PG's counts, and another
-                # recovery to this target may have ended meanwhile (a KeyError here once
-                # stopped an OSD in CI).
-                if target in pg.remaining:
-                    pg.remaining[target] -= 1
+                pg.core.member_object_synced(target)
             await self.port.call(target, self.port.header(pg, "pg_mark", epoch, version=mark))
         finally:
-            pg.remaining.pop(target, None)
+            pg.core.member_recovery_ended(target, outcomes["copied"] + outcomes["removed"])
             await self.throttle.release()
         if how == "log":
             self.delta_recoveries_total += 1
@@ -538,7 +549,6 @@ class PgRegistry:
         if copied or removed:
             log.info("pg %d.%x: recovered osd.%d from osd.%d by %s: %d objects copied, "
                      "%d removed", *pg.key, target, source, how, copied, removed)
-        pg.recovered_objects += copied + removed
 
     # -- the primary's own missing objects ----------------------------------------------------------
 
@@ -552,7 +562,7 @@ class PgRegistry:
             header, _ = await self.port.call(authority, self.port.header(pg, "pg_stat", epoch,
                                                                 names=batch))
             candidates.update(zip(batch, zip(header["versions"], header["sizes"])))
-        missing = pg.set_missing(authority, mark, candidates,
+        missing = pg.core.set_missing(authority, mark, candidates,
                                  {name: self.local.local_version(pg, name) for name in candidates})
         if missing:
             log.info("pg %d.%x: serving with %d objects missing here (recovered from osd.%d "
@@ -563,15 +573,16 @@ class PgRegistry:
         mark it complete up to the authority's last_update of the plan."""
         await self.throttle.slot()
         try:
-            for name in sorted(pg.missing, key=hash_order):
-                if name not in pg.missing:
+            for name in sorted(pg.core.missing, key=hash_order):
+                if name not in pg.core.missing:
                     continue                        # a client got there first
                 # The budget is paid before the object lock is taken, so a client waiting on
                 # this object never waits for the budget.
-                await self.throttle.take(pg.missing_sizes.get(name, 0))
+                await self.throttle.take(pg.core.missing_sizes.get(name, 0))
                 async with pg.object_lock(name):
                     await self.recover_now(pg, name, background=True)
-            await self.port.call(self.port.me, self.port.header(pg, "pg_mark", epoch, version=pg.missing_mark))
+            await self.port.call(self.port.me, self.port.header(pg, "pg_mark", epoch,
+                                                                version=pg.core.missing_mark))
         finally:
             await self.throttle.release()
 
@@ -579,18 +590,18 @@ class PgRegistry:
         """Before a client op admitted in `interval` reads `name` (holding its lock): recover
         the object first if this primary serves it through its missing set, and refuse
         (`again`) if the PG left that interval meanwhile (PgCore.check_serving)."""
-        pg.check_serving(interval)
+        pg.core.check_serving(interval)
         await self.recover_now(pg, name)
-        pg.check_serving(interval)
+        pg.core.check_serving(interval)
 
     async def recover_now(self, pg, name, background=False):
         """Recover one missing object from the authority; the caller holds its object lock.
         A client waiting on it calls this: that object goes first, outside the budget."""
-        if name not in pg.missing:
+        if name not in pg.core.missing:
             return
-        outcome = await self.sync_object(pg, pg.missing_from, self.port.me, name, pg.interval[0],
-                                          locked=False, throttled=False)
-        pg.object_recovered(name)
+        outcome = await self.sync_object(pg, pg.core.missing_from, self.port.me, name,
+                                         pg.core.interval[0], locked=False, throttled=False)
+        pg.core.object_recovered(name)
         if not background:
             self.on_demand_total += 1
             log.debug("pg %d.%x: %s %r on demand", *pg.key, outcome, name)
@@ -600,7 +611,7 @@ class PgRegistry:
         set); kept up to date by writes."""
         stored = (self.port.store.count_objects(pg.collection)
                   if self.port.store.has_collection(pg.collection) else 0)
-        return pg.count_objects(stored, lambda name: self.local.present(pg, name))
+        return pg.core.count_objects(stored, lambda name: self.local.present(pg, name))
 
     async def _log(self, pg, osd_id, epoch):
         header, _ = await self.port.call(osd_id, self.port.header(pg, "pg_log", epoch))
@@ -612,15 +623,14 @@ class PgRegistry:
         """Make one object on `target` what it is on `source` now: 'copied' or 'removed'.
         `locked`: take the primary's object lock, so a client write to it cannot interleave
         (a write since the plan is simply copied as it now is)."""
-        backend = self.backends[pgs.pool_by_id(self.port.map, pg.key[0])["kind"]]
         async with pg.object_lock(name, locked):
-            if source == self.port.me and target != self.port.me and name in pg.missing:
+            if source == self.port.me and target != self.port.me and name in pg.core.missing:
                 # Our own copy is not the PG's yet (we serve it through the missing set):
                 # fetch it from the authority first, or the target would get our old version
                 # and be marked complete with it.
                 await self.recover_now(pg, name, background=True)
-            return await backend.recover_object(pg, source, target, name, epoch,
-                                                self.throttle.take if throttled else None)
+            return await pg.backend.recover_object(pg, source, target, name, epoch,
+                                                   self.throttle.take if throttled else None)
 
     # -- the log ----------------------------------------------------------------------------------
 

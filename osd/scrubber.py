@@ -47,14 +47,15 @@ class Scrubber:
         `names`: only these objects (a repair of read damage)."""
         report = {"pgs": 0, "objects": 0, "bytes": 0, "errors": [], "repaired": 0,
                   "skipped": []}
-        if pg.role is not Role.PRIMARY or not pg.active.is_set():
-            report["skipped"].append({"pg": pg_name(pg), "reason": f"not active here ({pg.state})"})
+        if pg.core.role is not Role.PRIMARY or not pg.active.is_set():
+            report["skipped"].append({"pg": pg_name(pg),
+                                      "reason": f"not active here ({pg.core.state})"})
             return report
-        if not pg.clean:
-            report["skipped"].append({"pg": pg_name(pg), "reason": f"{pg.state}: recovery "
+        if not pg.core.clean:
+            report["skipped"].append({"pg": pg_name(pg), "reason": f"{pg.core.state}: recovery "
                                       "first, scrub after"})
             return report
-        epoch, acting = pg.interval
+        epoch, acting = pg.core.interval
         erasure = self._pool(pg)["kind"] == "erasure"
         me = self.port.me
         members = acting.up_members
@@ -73,16 +74,11 @@ class Scrubber:
                 if await self._repair(pg, error, views, erasure, epoch):
                     repaired += 1
         unrepaired = len(errors) - repaired
+        pg.core.scrubbed(names, unrepaired)
         if names is None:
-            pg.scrub_errors = unrepaired
             pg.last_scrub = time.monotonic()
             if deep:
                 pg.last_deep_scrub = pg.last_scrub
-        if not unrepaired:
-            if names is None:
-                pg.damaged.clear()
-            else:
-                pg.damaged.difference_update(names)
         report["errors"] = [error.to_dict(pg_name(pg)) for error in errors]
         report["repaired"] = repaired
         self.scrubs_total += 1
@@ -110,9 +106,9 @@ class Scrubber:
     async def _check_parity(self, pg, views, errors):
         """Parity errors: objects whose every shard is present and sound, yet whose parity
         differs from a fresh encoding of the data shards."""
-        backend = self.backends["erasure"]
+        backend = pg.backend
         codec = backend.codec(pg)
-        members = pg.acting.members
+        members = pg.core.acting.members
         if any(osd is None for osd in members):
             return []
         suspect = {error.object for error in errors}
@@ -193,11 +189,11 @@ class Scrubber:
         deep_interval_s = config.value(cmap.config, "scrub.deep_interval_s")
         now = time.monotonic()
         for pg in list(self.registry.pgs.values()):
-            if pg.role is not Role.PRIMARY or not pg.active.is_set() or not pg.clean:
+            if pg.core.role is not Role.PRIMARY or not pg.active.is_set() or not pg.core.clean:
                 continue
             try:
-                if pg.damaged:
-                    await self.scrub_pg(pg, deep=True, repair=True, names=sorted(pg.damaged))
+                if pg.core.damaged:
+                    await self.scrub_pg(pg, deep=True, repair=True, names=sorted(pg.core.damaged))
                     continue
                 deep = deep_interval_s > 0 and now - pg.last_deep_scrub >= deep_interval_s
                 light = interval_s > 0 and now - pg.last_scrub >= interval_s

@@ -88,9 +88,6 @@ class ObjectService:
         self.direct_reads_total = 0     # shard reads served to clients (`_shard_read`)
         self.fast_ops = {"get": 0, "put": 0, "rep_put": 0}  # answered from callbacks (`fast`)
 
-    def backend(self, pool):
-        return self.backends[pool["kind"]]
-
     # -- dispatch ---------------------------------------------------------------------------------
 
     def ops_older_than(self, age_s):
@@ -137,7 +134,7 @@ class ObjectService:
     # -- map checks -------------------------------------------------------------------------------
 
     def _locate(self, header, as_primary=True):
-        """(pool dict, PgShell or None) for the op's PG after the map checks, or None while
+        """(pool dict, Pg or None) for the op's PG after the map checks, or None while
         this OSD's map is older than the sender's epoch (`pg_of` waits for it). Raises the
         refusals. Both the usual paths and the fast ones (`_fast_pg`) locate an op here."""
         cmap = self.port.map
@@ -161,7 +158,7 @@ class ObjectService:
             raise RequestFailed(Code.UNSUPPORTED, f"pool {pool['name']} is {pool['kind']}; this "
                                 "version serves objects in replicated pools only")
         pg = self.registry.pgs.get((pool_id, pg_index))
-        acting = pg.interval[1] if pg is not None and pg.interval else None
+        acting = pg.core.interval[1] if pg is not None and pg.core.interval else None
         if as_primary and (acting is None or acting.primary != self.port.me):
             raise RequestFailed(Code.WRONG_PRIMARY, f"osd.{self.port.me} is not the primary of "
                                 f"pg {pool_id}.{pg_index:x} at epoch {cmap.epoch} (primary: "
@@ -169,7 +166,7 @@ class ObjectService:
         return pool, pg
 
     async def pg_of(self, header, as_primary=True):
-        """(pool dict, PgShell) for the op's PG, after the map checks (`_locate`), waiting
+        """(pool dict, Pg) for the op's PG, after the map checks (`_locate`), waiting
         up to MAP_CATCH_UP_S_MAX for this OSD's map to reach the sender's epoch."""
         found = self._locate(header, as_primary)
         if found is None:
@@ -197,7 +194,7 @@ class ObjectService:
                 raise RequestFailed(Code.INVALID, f"object of {len(payload)} bytes is over the "
                                     f"limit ({OBJECT_SIZE_BYTES_MAX}); stripe it (put_stream)")
             self._check_room(pool, pg)
-        return name, pg.check_writable(pool["name"]), bool(header.get("manifest"))
+        return name, pg.core.check_writable(pool["name"]), bool(header.get("manifest"))
 
     def _check_room(self, pool, pg):
         """Refuse a write (never a delete) to a pool at its quota or to a PG with a member
@@ -209,7 +206,7 @@ class ObjectService:
             raise RequestFailed(Code.QUOTA, f"quota exceeded: pool {pool['name']} is at its quota "
                                 f"({' or '.join(limits) or 'reached'}); raise it with 'cairn "
                                 f"pool set-quota {pool['name']}' or delete objects")
-        members = pg.acting.members if pg.acting is not None else ()
+        members = pg.core.acting.members if pg.core.acting is not None else ()
         full = [m for m in members if m is not None and self.port.map.osds.get(m, {}).get("full")]
         statfs = self.port.store.statfs()
         ratio = statfs["used_bytes"] / statfs["total_bytes"] if statfs["total_bytes"] else 0.0
@@ -231,27 +228,36 @@ class ObjectService:
         name, acting, manifest = self._admit_write(pool, pg, header, payload, delete)
         pg = await self.registry.wait_active(pg.key)
         async with pg.object_lock(name):
-            plan = await self.backend(pool).write_as_primary(pg, acting, name, payload, delete,
+            plan = await pg.backend.write_as_primary(pg, acting, name, payload, delete,
                                                              manifest)
         self.ops_total += 1
         return {"version": plan.version, "epoch": plan.epoch}, b""
 
+    def _admit_read(self, header):
+        """The checks of a get that need no waiting, for the usual path and the fast one
+        alike: (object name, offset, length). Raises the refusal (invalid)."""
+        name = object_name(header)
+        offset, length = header.get("offset", 0), header.get("length")
+        if type(offset) is not int or offset < 0 or \
+                length is not None and (type(length) is not int or length < 0):
+            raise RequestFailed(Code.INVALID, f"offset and length must be non-negative integers "
+                                f"(were {offset!r}, {length!r})")
+        return name, offset, length
+
     async def _get(self, header, payload):
         pool, pg = await self.pg_of(header)
-        name = object_name(header)
+        name, offset, length = self._admit_read(header)
         pg = await self.registry.wait_active(pg.key)
-        interval = pg.interval
+        interval = pg.core.interval
+        backend = pg.backend
         # Room for the reply first (before any lock): a peer that leaves its replies unread
         # waits here, holding nothing of ours.
-        await server.reserve_reply(self.backend(pool).reply_bytes(
-            pg, name, header.get("offset", 0), header.get("length")))
+        await server.reserve_reply(backend.reply_bytes(pg, name, offset, length))
         await pg.locks.acquire(name)                     # no read of a write not yet everywhere
         try:
             await self.registry.make_current(pg, name, interval)
             if not self.port.store.has_collection(pg.collection):
                 raise ObjectNotFound(pg.collection, name)
-            backend = self.backend(pool)
-            offset, length = header.get("offset", 0), header.get("length")
             direct = None
             if header.get("direct") and isinstance(backend, ErasureBackend):
                 direct = await backend.direct_plan(pg, name, offset, length)
@@ -283,7 +289,7 @@ class ObjectService:
         return False
 
     def _fast_pg(self, connection, header, as_primary):
-        """(pool, PgShell) of a request a fast path may take: the peer may send it
+        """(pool, Pg) of a request a fast path may take: the peer may send it
         (access.check), `_locate` finds its PG without waiting for a map, the pool is
         replicated and the PG known here (and, `as_primary`, active with this OSD its
         primary); else None. Raises the refusals (the caller then declines the request, and the
@@ -314,7 +320,7 @@ class ObjectService:
             name, acting, manifest = self._admit_write(pool, pg, header, payload, delete=False)
         except (RequestFailed, Refused):
             return False
-        if pg.log_names is None or pg.locks.held(name) or not self.local.has_collections(pg):
+        if pg.core.log_names is None or pg.locks.held(name) or not self.local.has_collections(pg):
             return False                # the usual path waits for these
         pg.locks.take(name)
         serial = next(self._serial)
@@ -324,12 +330,12 @@ class ObjectService:
         finish = functools.partial(self._fast_written, connection, received, pg, name, serial,
                                    started_ns)
         try:
-            plan = pg.plan_write(acting, self.port.map.epoch, name, False, manifest,
+            plan = pg.core.plan_write(acting, self.port.map.epoch, name, False, manifest,
                                  existed=self.local.exists(pg, name))
         except Refused as exc:
             finish(None, False, exc)
             return True
-        self.backends["replicated"].start_write(pg, plan, payload, received.block_crcs,
+        pg.backend.start_write(pg, plan, payload, received.block_crcs,
                                                 received.payload_crc,
                                                 functools.partial(finish, plan))
         return True
@@ -340,7 +346,7 @@ class ObjectService:
         version was given): what `_write` and the daemon's handler do after it."""
         try:
             if plan is not None:
-                pg.write_finished(plan, committed, acknowledged=failure is None)
+                pg.core.write_finished(plan, committed, acknowledged=failure is None)
         except Exception as exc:
             failure = exc
         finally:
@@ -379,7 +385,7 @@ class ObjectService:
         if not self.local.has_collections(pg):
             return False                # the usual path makes them
         try:
-            task = self.backends["replicated"].start_apply(
+            task = pg.backend.start_apply(
                 pg, name, received.payload, version, False, bool(header.get("manifest")),
                 bool(header.get("complete")), received.block_crcs)
         except (StoreError, DeviceError) as exc:
@@ -407,8 +413,8 @@ class ObjectService:
         room for the reply, this disk not flagged slow, the object in one piece), start its
         device read and answer from the read's callback (or at once, from the read cache): no
         task, no coroutine and no future per get. Anything else, and any error, goes the usual
-        way (`_get`), which also says what was wrong. The same checks as `_get`, in the same
-        order of effect: a fast get and a usual one cannot tell apart."""
+        way (`_get`), which also says what was wrong. The checks are `_get`'s own (`_fast_pg`,
+        `_admit_read`): a fast get and a usual one cannot tell apart."""
         header = received.header
         try:
             if header.get("direct"):
@@ -417,10 +423,8 @@ class ObjectService:
             if found is None or self.port.me in slow_osds(self.port.map):
                 return False
             pg = found[1]
-            name, offset, length = object_name(header), header.get("offset", 0), \
-                header.get("length")
-            if name in pg.missing or type(offset) is not int or \
-                    (length is not None and type(length) is not int) or pg.locks.held(name):
+            name, offset, length = self._admit_read(header)
+            if name in pg.core.missing or pg.locks.held(name):
                 return False
             pending = self.port.store.begin_read(pg.collection, name, offset, length)
             if pending is None:
@@ -446,7 +450,8 @@ class ObjectService:
         pg.locks.release(pending.name)
         del self._started[serial]
         try:
-            data, data_crc = self.port.store.finish_read(pending, copy_below=ZERO_COPY_READ_BYTES_MIN)
+            data, data_crc = self.port.store.finish_read(pending,
+                                                         copy_below=ZERO_COPY_READ_BYTES_MIN)
         except (StoreError, DeviceError):
             connection.fall_back(received, reserved)      # read around a damaged copy, errors
             return
@@ -470,10 +475,10 @@ class ObjectService:
         shard, version = header.get("shard"), header.get("version")
         if type(shard) is not int or type(version) is not int:
             raise RequestFailed(Code.INVALID, "a shard read names the shard and version (integers)")
-        backend = self.backend(pool)
+        backend = pg.backend if pg is not None else None
         where = f"pg {pg.key[0]}.{pg.key[1]:x}" if pg is not None else "that pg"
-        if not isinstance(backend, ErasureBackend) or pg is None or pg.interval is None or \
-                pg.interval[0] != header.get("interval") or \
+        if not isinstance(backend, ErasureBackend) or pg is None or pg.core.interval is None or \
+                pg.core.interval[0] != header.get("interval") or \
                 backend.position(pg, self.port.me) != shard:
             raise RequestFailed(Code.STALE, f"osd.{self.port.me} does not serve shard {shard!r} "
                                 f"of {where} in interval {header.get('interval')!r}; read "
@@ -492,13 +497,13 @@ class ObjectService:
         pool, pg = await self.pg_of(header)
         name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
-        interval = pg.interval
-        if name in pg.missing:
+        interval = pg.core.interval
+        if name in pg.core.missing:
             async with pg.object_lock(name):
                 await self.registry.make_current(pg, name, interval)
         if not self.port.store.has_collection(pg.collection):
             raise ObjectNotFound(pg.collection, name)
-        record, extra = await self.backend(pool).stat(pg, name)
+        record, extra = await pg.backend.stat(pg, name)
         return {"size": record.size, "version": pgs.version_of(record.attrs),
                 "mtime_ns": record.mtime_ns, "manifest": pgs.MANIFEST_ATTR in record.attrs,
                 "omap": getattr(record, "omap", False), **extra}, b""
@@ -510,9 +515,10 @@ class ObjectService:
         limit = header.get("limit", LIST_PAGE_DEFAULT)
         names, following = [], None
         if self.port.store.has_collection(pg.collection):
-            names, following = self.port.store.list_objects(pg.collection, prefix, start_after, limit)
-        if pg.missing:
-            names, following = merge_missing(names, following, pg.missing, prefix, start_after,
+            names, following = self.port.store.list_objects(pg.collection, prefix, start_after,
+                                                            limit)
+        if pg.core.missing:
+            names, following = merge_missing(names, following, pg.core.missing, prefix, start_after,
                                              limit)
         return {"names": names, "next": following}, b""
 
@@ -526,9 +532,9 @@ class ObjectService:
         request = omap.parse_update(header)
         if request.update.sets:
             self._check_room(pool, pg)
-        acting = pg.check_writable(pool["name"])
+        acting = pg.core.check_writable(pool["name"])
         pg = await self.registry.wait_active(pg.key)
-        interval = pg.interval
+        interval = pg.core.interval
         await pg.locks.acquire(name)
         try:
             await self.registry.make_current(pg, name, interval)
@@ -544,11 +550,11 @@ class ObjectService:
                         if self.port.store.omap_list(pg.collection, name, prefix=prefix, limit=1)[0]]
             omap.check_conditions(request, name, prior, current, used)
             self.local.load_log(pg)
-            plan = pg.plan_write(acting, self.port.map.epoch, name, False, False,
+            plan = pg.core.plan_write(acting, self.port.map.epoch, name, False, False,
                                  existed=record is not None)
-            committed, failure = await self.backend(pool).write_omap(pg, plan, prior,
+            committed, failure = await pg.backend.write_omap(pg, plan, prior,
                                                                      request.update)
-            pg.write_finished(plan, committed, acknowledged=failure is None)
+            pg.core.write_finished(plan, committed, acknowledged=failure is None)
             if failure is not None:
                 raise failure
             self.ops_total += 1
@@ -561,7 +567,7 @@ class ObjectService:
         pool, pg = await self.pg_of(header)
         name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
-        interval = pg.interval
+        interval = pg.core.interval
         async with pg.object_lock(name):
             await self.registry.make_current(pg, name, interval)
             if not self.port.store.has_collection(pg.collection):
@@ -579,8 +585,8 @@ class ObjectService:
         start_after, prefix, limit = omap.parse_listing(header)
 
         def page(pg, name):
-            entries, more = self.port.store.omap_list(pg.collection, name, start_after, prefix, limit,
-                                                 max_bytes=omap.LIST_REPLY_BYTES)
+            entries, more = self.port.store.omap_list(pg.collection, name, start_after, prefix,
+                                                      limit, max_bytes=omap.LIST_REPLY_BYTES)
             return {"entries": [list(pair) for pair in entries], "more": more}
         return await self._omap_read(header, page)
 

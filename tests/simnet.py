@@ -649,7 +649,7 @@ class Simulation:
                 if primary is None or not primary.running or primary.map is not cmap:
                     return False
                 pg = primary.registry.pgs.get((pool["id"], index))
-                if pg is None or not pg.serving or not pg.clean:
+                if pg is None or not pg.core.serving or not pg.core.clean:
                     return False
         return True
 
@@ -680,24 +680,27 @@ class Simulation:
                         await self.read({"pool_name": pool, "pg": n % self.PG_NUM,
                                          "name": f"c{index}.{pool}.{n}"}, required=True)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n" + "\n".join(self.history[-int(os.environ.get("SIM_HISTORY", "60")):])) from exc
+            raise AssertionError(f"{exc}\n" + self._recent_history()) from exc
         finally:
             for osd in self.osds.values():
                 if osd.store is not None and osd.running:
                     await osd.stop()
         if self.bugs:
             text, exc = self.bugs[0]
-            raise BugFound(f"seed {self.seed}: {text}\n" + "\n".join(self.history[-int(os.environ.get("SIM_HISTORY", "60")):])) \
-                from exc
+            raise BugFound(f"seed {self.seed}: {text}\n" + self._recent_history()) from exc
         return self
+
+    def _recent_history(self):
+        """The last SIM_HISTORY (default 60) events, for a failure's message."""
+        return "\n".join(self.history[-int(os.environ.get("SIM_HISTORY", "60")):])
 
     def pg_states(self):
         states = {}
         for osd in self.osds.values():
             if osd.running:
                 for key, pg in osd.registry.pgs.items():
-                    if pg.role.value == "primary":
-                        states[f"{key[0]}.{key[1]} on osd.{osd.id}"] = pg.state
+                    if pg.core.role.value == "primary":
+                        states[f"{key[0]}.{key[1]} on osd.{osd.id}"] = pg.core.state
         return states
 
 

@@ -146,7 +146,6 @@ def test_replicas_are_stored_with_the_checksums_their_frames_were_checked_with(l
     block crcs of its frame check and forwards it with the frame's crc; the replicas store it
     with theirs. Reads and a deep scrub then find every checksum right."""
     from cairn.client.cluster import Cluster
-    from tests.helpers import connect_as_admin
     cluster = local_cluster(hosts=3, osds_per_host=1)
     cluster.cairn("pool", "create", "rbd", "--replicated", "3", "--pg-num", "8")
     objects = {f"obj-{size}": (bytes(range(251)) * (size // 251 + 1))[:size]
@@ -187,6 +186,25 @@ def test_replicas_are_stored_with_the_checksums_their_frames_were_checked_with(l
                                     b"x" * 4096)
             assert refused.value.code == "invalid", refused.value
             assert (await admin.request({"op": "ping"})).header["id"] == replica["id"]
+        finally:
+            await admin.close()
+        # A get whose range is not two non-negative integers is refused as invalid by the
+        # primary, whether the fast path or the usual one would have taken it.
+        primary = next(o for o in cluster.description["osds"] if o["id"] == where["primary"])
+        admin = await connect_as_admin(primary["addr"])
+        try:
+            epoch = (await admin.request({"op": "status"})).header["epoch"]
+            for offset, length in (("0", None), (-1, None), (0, -5), (0, 1.5), (None, 10)):
+                header = {"op": "get", "pool": int(where["pg_id"].split(".")[0]),
+                          "pg": where["pg"], "name": "obj-300000", "epoch": epoch,
+                          "offset": offset}
+                if length is not None:
+                    header["length"] = length
+                with pytest.raises(messenger.RequestFailed) as refused:
+                    await admin.request(header)
+                assert refused.value.code == "invalid", (offset, length, refused.value)
+            reply = await admin.request({**header, "offset": 7, "length": 5})
+            assert bytes(reply.payload) == objects["obj-300000"][7:12]
         finally:
             await admin.close()
     run(main())

@@ -281,3 +281,51 @@ def test_large_buffers_come_from_aligned_slabs_and_are_reclaimed_when_dropped():
     assert pool.statistics()["free_large"][1 << 20] == free_before + 1
     assert pool.statistics()["lent_large"] == 3
     assert pool.statistics()["slab_bytes_total"] == slabs      # no new slab was needed
+
+
+MUTATING_METHODS = {"add", "append", "clear", "discard", "pop", "remove", "update",
+                    "difference_update", "setdefault", "extend", "insert"}
+
+
+def core_field_writes(source):
+    """(line, text) of every statement in `source` that changes a field of a PG's core from
+    outside it: `x.core.f = ...`, `x.core.f += ...`, `x.core.f[k] = ...`, `del x.core.f[k]`,
+    `x.core.f.add(...)` and the other mutating methods of a set, dict, list or deque."""
+    import ast
+
+    def field_of_core(node):
+        return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+            and node.value.attr == "core"
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            while isinstance(target, ast.Subscript):
+                target = target.value
+            if field_of_core(target):
+                found.append((node.lineno, ast.unparse(node)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in MUTATING_METHODS and field_of_core(node.func.value):
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_the_pg_shell_never_changes_its_core_s_fields():
+    """A `Pg` holds its `PgCore` (osd/pgs.py); what happens to the PG reaches the core as a
+    call of one of its methods, never as an assignment from the shell code (issue 40). The
+    checker itself is checked on a planted write of each kind."""
+    import pathlib
+    planted = ("pg.core.removing = True\npg.core.remaining[t] -= 1\n"
+               "pg.core.damaged.add(n)\ndel pg.core.missing[n]\npg.core.applied(v, True)\n")
+    assert sorted(line for line, _ in core_field_writes(planted)) == [1, 2, 3, 4]
+    package = pathlib.Path(records.__file__).resolve().parents[1]
+    writes = []
+    for path in sorted(package.glob("osd/*.py")):
+        if path.name != "pg.py":
+            writes += [f"{path.name}:{line}: {text}"
+                       for line, text in core_field_writes(path.read_text())]
+    assert not writes, "\n".join(writes)

@@ -156,11 +156,11 @@ class Member:
         self.registry = PgRegistry(self.local.port, self.local, {})
         self.backend = ReplicatedBackend(self.local.port, self.local)
         self.pg = self.registry.shell(KEY)
-        self.pg.log_entries_kept, self.pg.log_trim_batch = 4, 2   # so trims happen
+        self.pg.core.log_entries_kept, self.pg.core.log_trim_batch = 4, 2   # so trims happen
 
     def log(self):
         self.local.load_log(self.pg)
-        return self.pg.log_summary(self.local.log_entries(self.pg))
+        return self.pg.core.log_summary(self.local.log_entries(self.pg))
 
     def version(self, name):
         return self.local.local_version(self.pg, name)
@@ -180,7 +180,7 @@ class Member:
         txn = Transaction()
         self.local.mark_ops(self.pg, txn, version)
         await self.store.apply(txn)
-        self.pg.marked(version)
+        self.pg.core.marked(version)
 
 
 class Simulation:
@@ -220,7 +220,7 @@ class Simulation:
     @property
     def active(self):
         return self.interval is not None and self.interval[1].primary is not None and \
-            self.primary.pg.serving
+            self.primary.pg.core.serving
 
     def acting(self):
         members = tuple([i for i in self.order if self.osds[i].up][:self.SIZE])
@@ -241,9 +241,9 @@ class Simulation:
             # before any later write to that object.
             await self.deliver_in_flight()
         for member in self.osds:
-            previous = member.pg.acting
+            previous = member.pg.core.acting
             if member.up and (previous is None or previous.members != acting.members):
-                member.pg.new_interval(self.epoch, acting)
+                member.pg.core.new_interval(self.epoch, acting)
         if acting.members and (changed or not self.active):
             await self.peer()       # below min_size too: reads go on, no activation record
 
@@ -262,7 +262,8 @@ class Simulation:
                     effects += core.failed(effect.osd, "down")
                     continue
                 target.local.load_log(target.pg)
-                effects += core.info(effect.osd, target.pg.query(epoch), target.pg.complete_to)
+                effects += core.info(effect.osd, target.pg.core.query(epoch),
+                                     target.pg.core.complete_to)
             elif isinstance(effect, Recover) and core.state is State.ACTIVE:
                 self.background.append([effect, None])      # done later, between writes
             elif isinstance(effect, Recover):
@@ -274,12 +275,12 @@ class Simulation:
             elif isinstance(effect, Activate):
                 if effect.missing_from is not None:
                     self.find_missing(effect.missing_from)
-                primary.pg.count_objects(len(primary.versions()),
+                primary.pg.core.count_objects(len(primary.versions()),
                                          lambda name: primary.version(name) is not None)
                 if self.writable:
                     self.record = Record(effect.epoch, effect.acting, effect.complete)
                 core.activated()
-                primary.pg.activated(effect.complete, self.writable, bool(effects))
+                primary.pg.core.activated(effect.complete, self.writable, bool(effects))
                 await self.check()
             elif isinstance(effect, (Incomplete, Restart)):
                 self.log.append(f"epoch {epoch}: {effect}")
@@ -314,15 +315,15 @@ class Simulation:
         names, mark = self.plan(authority, self.primary.id)
         source = self.osds[authority]
         candidates = {name: (source.version(name), 1) for name in names}
-        self.primary.pg.set_missing(authority, mark, candidates,
+        self.primary.pg.core.set_missing(authority, mark, candidates,
                                     {name: self.primary.version(name) for name in names})
 
     async def read(self, name):
         """A client read on the primary: a missing object is recovered first."""
         pg = self.primary.pg
-        if name in pg.missing:
-            await self.sync(pg.missing_from, self.primary.id, name)
-            pg.object_recovered(name)
+        if name in pg.core.missing:
+            await self.sync(pg.core.missing_from, self.primary.id, name)
+            pg.core.object_recovered(name)
         return await self.primary.value(name)
 
     async def recover_some(self):
@@ -333,11 +334,11 @@ class Simulation:
         recover = job[0]
         pg = self.primary.pg
         if recover.target == self.primary.id:
-            for name in sorted(pg.missing)[:2]:
+            for name in sorted(pg.core.missing)[:2]:
                 await self.read(name)
-            if pg.missing:
+            if pg.core.missing:
                 return
-            mark = pg.missing_mark
+            mark = pg.core.missing_mark
         else:
             if job[1] is None:
                 job[1] = self.plan(recover.source, recover.target)
@@ -352,7 +353,7 @@ class Simulation:
         for done in self.core.recovered(recover.target):
             if isinstance(done, Complete) and self.writable:
                 self.record = Record(done.epoch, done.acting, done.complete)
-        pg.member_recovered(self.core.complete)
+        pg.core.member_recovered(self.core.complete)
         await self.check()
 
     async def write(self, name, value, fail_after=None):
@@ -364,14 +365,14 @@ class Simulation:
         pg = primary.pg
         primary.local.load_log(pg)
         try:
-            plan = pg.plan_write(pg.check_writable("sim"), self.epoch, name, value is None,
+            plan = pg.core.plan_write(pg.core.check_writable("sim"), self.epoch, name, value is None,
                                  False, existed=primary.local.exists(pg, name))
         except Refused as exc:
             assert exc.code == "not_found", exc
             assert self.acked.get(name) is None or name in self.uncertain, name
             return                                      # a delete of what is not there
         applied = await self.apply_on_members(plan, value, fail_after)
-        pg.write_finished(plan, committed_here=applied > 0,
+        pg.core.write_finished(plan, committed_here=applied > 0,
                           acknowledged=applied == len(plan.targets) and fail_after is None)
         if applied == len(plan.targets) and fail_after is None:
             self.acked[name] = value
@@ -387,8 +388,8 @@ class Simulation:
         epoch, acting = self.interval
         pg = self.primary.pg
         name = f"o{self.rng.randrange(8)}"
-        version = max(pgs.make_version(self.epoch, 1), pg.last_update + 1, pg.assigned + 1)
-        pg.assigned = version
+        version = max(pgs.make_version(self.epoch, 1), pg.core.last_update + 1, pg.core.assigned + 1)
+        pg.core.assigned = version
         targets = tuple(WriteTarget(osd, position, False)
                         for position, osd in enumerate(acting.members) if osd != acting.primary)
         plan = WritePlan(name, version, self.epoch, False, False, True, targets)
@@ -420,7 +421,7 @@ class Simulation:
                 break
             if member.id != sender:
                 try:
-                    member.pg.check_from_primary(sender, plan.epoch)
+                    member.pg.core.check_from_primary(sender, plan.epoch)
                 except Refused:
                     self.refusals += 1
                     break                               # refused: not acknowledged
@@ -623,10 +624,10 @@ def test_pg_log_trims_only_committed_entries(tmp_path):
             txn = Transaction().put(pg.collection, f"o{sequence % 7}", b"x")
             registry.log_ops(pg, txn, version, f"o{sequence % 7}", delete=False, complete=True)
             await store.apply(txn)
-            pg.applied(version, complete=True)
+            pg.core.applied(version, complete=True)
         entries = registry.log_entries(pg)
         assert LOG_ENTRIES_KEPT <= len(entries) <= LOG_ENTRIES_KEPT + LOG_TRIM_BATCH
-        assert pg.log_tail == entries[0][0] - 1
+        assert pg.core.log_tail == entries[0][0] - 1
         await store.close()
     run(main())
 
@@ -654,7 +655,7 @@ async def logged_write(store, registry, pg, sequence, acked_to):
     registry.log_ops(pg, txn, version, f"o{sequence}", delete=False, complete=True,
                      acked_to=acked_to)
     await store.apply(txn)
-    pg.applied(version, complete=True)
+    pg.core.applied(version, complete=True)
 
 
 def test_the_pg_log_lives_in_its_collection_key_table_and_reads_an_older_stores_objects(
@@ -680,8 +681,8 @@ def test_the_pg_log_lives_in_its_collection_key_table_and_reads_an_older_stores_
             old.put(pg.collection, f"o{sequence}", b"x")
         await store.apply(old)
         registry.load_log(pg)
-        assert pg.log_legacy == {pgs.log_entry_name(1 << 32 | s) for s in (1, 2, 3)}
-        assert pg.last_update == pg.complete_to == 1 << 32 | 3
+        assert pg.core.log_legacy == {pgs.log_entry_name(1 << 32 | s) for s in (1, 2, 3)}
+        assert pg.core.last_update == pg.core.complete_to == 1 << 32 | 3
         for sequence in (4, 5):
             await write(store, registry, pg, sequence)
         assert store.list_objects(pg.log_collection)[0] == \
@@ -694,13 +695,13 @@ def test_the_pg_log_lives_in_its_collection_key_table_and_reads_an_older_stores_
         registry, pg = member(store)
         assert registry.log_entries(pg) == [(1 << 32 | s, f"o{s}") for s in range(1, 6)]
         # Trims delete the old objects and the new entries alike.
-        pg.log_entries_kept, pg.log_trim_batch = 2, 2
+        pg.core.log_entries_kept, pg.core.log_trim_batch = 2, 2
         for sequence in range(6, 12):
             await write(store, registry, pg, sequence)
         assert store.list_objects(pg.log_collection)[0] == ["~tail"]
         kept = registry.log_entries(pg)
         assert kept and all(version > 1 << 32 | 5 for version, _ in kept)
-        assert pg.log_legacy == set()
+        assert pg.core.log_legacy == set()
         assert len(store.keys_list(pg.log_collection)[0]) == len(kept)
         await store.close()
     run(main())
@@ -722,16 +723,16 @@ def test_acked_to_survives_a_restart_of_an_erasure_member(tmp_path):
         await write(store, registry, pg, 3, None)       # a write sent before the PG was clean
         registry, pg = member(store)                    # the OSD restarts
         registry.load_stash(pg)
-        assert pg.acked_seen == 1 << 32 | 1
+        assert pg.core.acked_seen == 1 << 32 | 1
         # Trims drop the entries that carried it: the tail keeps it.
-        pg.log_entries_kept, pg.log_trim_batch = 2, 2
+        pg.core.log_entries_kept, pg.core.log_trim_batch = 2, 2
         await write(store, registry, pg, 4, 1 << 32 | 3)
         for sequence in range(5, 12):
             await write(store, registry, pg, sequence, None)
         assert all(version > 1 << 32 | 4 for version, _ in registry.log_entries(pg))
         registry, pg = member(store)
         registry.load_stash(pg)
-        assert pg.acked_seen == 1 << 32 | 3
+        assert pg.core.acked_seen == 1 << 32 | 3
         await store.close()
     run(main())
 
@@ -754,16 +755,16 @@ def test_a_primary_recovers_its_own_missing_copy_before_it_copies_it_to_another_
     cmap = types.SimpleNamespace(pools={"p": {"id": 1, "kind": "replicated"}})
     registry = PgRegistry(StorePort(0, None, cmap), None, {"replicated": Backend()})
     pg = registry.shell((1, 0))
-    pg.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
-    pg.set_missing(1, 5, {"stale": (5, 10), "gone": (None, 0)}, {"stale": 4, "gone": 3})
+    pg.core.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
+    pg.core.set_missing(1, 5, {"stale": (5, 10), "gone": (None, 0)}, {"stale": 4, "gone": 3})
 
     async def main():
         for name in ("stale", "current"):
             await registry.sync_object(pg, 0, 2, name, 7, locked=True)
         assert copies == [(1, 0, "stale"), (0, 2, "stale"), (0, 2, "current")]
-        assert "stale" not in pg.missing and "gone" in pg.missing
+        assert "stale" not in pg.core.missing and "gone" in pg.core.missing
         await registry.sync_object(pg, 1, 2, "gone", 7, locked=True)   # from the authority
-        assert copies[-1] == (1, 2, "gone") and "gone" in pg.missing
+        assert copies[-1] == (1, 2, "gone") and "gone" in pg.core.missing
     run(main())
 
 
@@ -778,7 +779,7 @@ def test_two_recoveries_to_one_target_and_a_new_interval_keep_the_progress_count
     port = StorePort(0, None)
     registry = PgRegistry(port, None, {})
     pg = registry.shell((1, 0))
-    pg.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
+    pg.core.new_interval(7, Acting((0, 1, 2), 0, 3, 2))
     gate = asyncio.Event()
     copied, marks, seen = [], [], []
 
@@ -789,7 +790,7 @@ def test_two_recoveries_to_one_target_and_a_new_interval_keep_the_progress_count
         if name == "b":
             await gate.wait()
         copied.append(name)
-        seen.append(dict(pg.remaining))
+        seen.append(dict(pg.core.remaining))
         return "copied"
 
     async def call(osd_id, header, payload=b""):
@@ -809,15 +810,15 @@ def test_two_recoveries_to_one_target_and_a_new_interval_keep_the_progress_count
         first = asyncio.create_task(registry._recover(pg, 0, 2, 7))
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        assert pg.remaining == {2: 2}                 # "a" copied, "b" waits
+        assert pg.core.remaining == {2: 2}                 # "a" copied, "b" waits
         await registry._recover(pg, 1, 2, 7)          # ends first: drops the count
-        assert 2 not in pg.remaining
-        pg.new_interval(8, Acting((0, 1, 3), 0, 3, 2))
+        assert 2 not in pg.core.remaining
+        pg.core.new_interval(8, Acting((0, 1, 3), 0, 3, 2))
         gate.set()
         await first
         assert copied == ["a", "z", "b", "c"] and marks == [2, 2]
         assert all(count >= 0 for counts in seen for count in counts.values())
-        assert pg.remaining == {}
+        assert pg.core.remaining == {}
     run(main())
 
 
@@ -837,7 +838,7 @@ def test_a_replica_write_whose_request_is_cancelled_is_counted_once_it_is_stored
         await mkfs(device, str(tmp_path / "meta"))
         store = await Store.open(device, str(tmp_path / "meta"))
         member = Member(2, store)
-        member.pg.new_interval(16, pgs.Acting((1, 2), 1, 3, 2))
+        member.pg.core.new_interval(16, pgs.Acting((1, 2), 1, 3, 2))
         version = pgs.make_version(16, 1)
         task = asyncio.create_task(member.backend.apply(member.pg, "obj", b"x", version,
                                                         delete=False, complete=True))
@@ -851,8 +852,8 @@ def test_a_replica_write_whose_request_is_cancelled_is_counted_once_it_is_stored
             await asyncio.sleep(0.005)
         stored = member.version("obj")
         assert stored in (None, version)
-        assert member.pg.last_update == (version if stored else 0)
-        assert member.log()["last_update"] == member.pg.last_update
-        assert member.pg.complete_to == member.pg.last_update
+        assert member.pg.core.last_update == (version if stored else 0)
+        assert member.log()["last_update"] == member.pg.core.last_update
+        assert member.pg.core.complete_to == member.pg.core.last_update
         await store.close()
     run(main())

@@ -33,6 +33,15 @@ FIX_CHECKS = {
 }
 # The same, for seeds of the slow tier's length (60 s).
 FIX_CHECKS_60 = {
+    10321: "an erasure-coded write only a recovery source out of the acting set knew: the "
+           "rollback asked the acting members only, found nothing and called it lost; the PG "
+           "peered for good (ErasureBackend._roll_back asks the source too)",
+    10348: "the same, the PG recovering for good (checked 2026-11-28 by leaving the source "
+           "out of the rollback's question)",
+    10615: "an object deleted, then written again by retries that each reached one member, "
+           "with one stale shard of a version before the delete on a member that missed it: "
+           "called lost, the PG degraded for good (rollback_choice: an absence counts when no "
+           "older version is whole)",
     11155: "an incomplete PG waits for a map that changes its acting set, and the complete "
            "member it waits for comes back without one: incomplete for good (PgRegistry.on_map)",
 }
