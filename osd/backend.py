@@ -113,7 +113,7 @@ class PgBackend(abc.ABC):
         unacknowledged write may appear whole or not)."""
         self.local.load_log(pg)
         plan = pg.core.plan_write(acting, self.port.map.epoch, name, delete, manifest,
-                             existed=self.local.exists(pg, name), recovery=recovery)
+                                  existed=self.local.exists(pg, name), recovery=recovery)
         committed, failure = await self.write(pg, plan, payload)
         pg.core.write_finished(plan, committed, acknowledged=failure is None)
         if failure is not None:

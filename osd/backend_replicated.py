@@ -117,7 +117,7 @@ class ReplicatedBackend(PgBackend):
                     return record, data
         try:
             return await self.port.store.read_with_stat(pg.collection, name, offset, length,
-                                                   copy_below=ZERO_COPY_READ_BYTES_MIN)
+                                                        copy_below=ZERO_COPY_READ_BYTES_MIN)
         except ChecksumError as exc:
             record, wanted, ranges = self._wanted(pg, name, offset, length)
             pg.core.found_damaged(name)

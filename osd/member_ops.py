@@ -58,9 +58,8 @@ async def rep_omap(service, header, payload):
     if not isinstance(prior, int) or prior < 0:
         raise RequestFailed(Code.INVALID, "rep_omap carries the version it applies to")
     update = omap.parse_update(header).update
-    await pg.backend.apply_omap(pg, name, version, prior, update,
-                                           bool(header.get("complete")),
-                                           log_only=bool(header.get("log_only")))
+    await pg.backend.apply_omap(pg, name, version, prior, update, bool(header.get("complete")),
+                                log_only=bool(header.get("log_only")))
     return {}, b""
 
 

@@ -110,7 +110,7 @@ class LocalCopies:
             return values
         while True:
             page, more = self.port.store.keys_list(collection, start_after=start_after,
-                                              limit=LIST_PAGE)
+                                                   limit=LIST_PAGE)
             for key, value in page:
                 values[key.decode()] = log_entry_attrs(value)
             if not more:
@@ -153,7 +153,7 @@ class LocalCopies:
             return names
         while True:
             batch, start_after = self.port.store.list_objects(collection, start_after=start_after,
-                                                         limit=LIST_PAGE)
+                                                              limit=LIST_PAGE)
             names.extend(batch)
             if start_after is None:
                 return names
@@ -184,7 +184,7 @@ class LocalCopies:
         if not self.port.store.has_collection(pg.collection):
             return [], None
         names, following = self.port.store.list_objects(pg.collection, start_after=start_after,
-                                                    limit=limit)
+                                                        limit=limit)
         entries = []
         for name in names:
             try:

@@ -312,7 +312,7 @@ class PgRegistry:
             core = peering.Peering(epoch, acting, up, self.port.me)
             try:
                 reply = await self.port.monitor({"op": "pg_last_active", "pool": pg.key[0],
-                                                        "pg": pg.key[1]})
+                                                 "pg": pg.key[1]})
                 effects = core.start(peering.Record.from_list(reply["record"]))
                 done = await self._run(pg, core, effects, epoch, writable)
             except (MonitorsUnavailable, RequestFailed) as exc:
@@ -394,9 +394,9 @@ class PgRegistry:
     async def _record(self, pg, effect):
         """Write the activation record (or its growing complete set) at the monitor."""
         await self.port.monitor({"op": "pg_set_active", "pool": pg.key[0],
-                                        "pg": pg.key[1], "epoch": effect.epoch,
-                                        "acting": list(effect.acting),
-                                        "complete": list(effect.complete)})
+                                 "pg": pg.key[1], "epoch": effect.epoch,
+                                 "acting": list(effect.acting),
+                                 "complete": list(effect.complete)})
 
     async def _recover_in_background(self, pg, core, recover, epoch, writable):
         """Recover one member while the PG serves; True once it is recorded complete."""
@@ -452,9 +452,9 @@ class PgRegistry:
         interval = pg.core.interval
         if interval is None or interval[1].primary is None:
             return
-        header, _ = await self.port.call(interval[1].primary, {"op": "pg_info", "pool": pg.key[0],
-                                                          "pg": pg.key[1],
-                                                          "epoch": interval[0]})
+        header, _ = await self.port.call(interval[1].primary,
+                                         {"op": "pg_info", "pool": pg.key[0], "pg": pg.key[1],
+                                          "epoch": interval[0]})
         if not header.get("clean") or pg.core.interval is not interval \
                 or pg.core.phase is not Phase.STRAY \
                 or tuple(header.get("acting", ())) != tuple(interval[1].members):
@@ -476,7 +476,7 @@ class PgRegistry:
             for name in self.local.all_names(pg.log_collection):
                 txn.delete(pg.log_collection, name)
             await self.port.store.apply(txn.remove_collection(pg.log_collection),
-                                   then=pg.core.log_forgotten)
+                                        then=pg.core.log_forgotten)
         else:
             pg.core.log_forgotten()
         for collection in (pg.stash_collection, pg.collection):
@@ -500,10 +500,9 @@ class PgRegistry:
     async def _listing(self, pg, osd_id, epoch, as_target=False):
         versions, start_after = {}, None
         while True:
-            header, _ = await self.port.call(osd_id, self.port.header(pg, "pg_list", epoch,
-                                                             start_after=start_after,
-                                                             limit=RECOVERY_LIST_PAGE,
-                                                             as_target=as_target))
+            header, _ = await self.port.call(osd_id, self.port.header(
+                pg, "pg_list", epoch, start_after=start_after, limit=RECOVERY_LIST_PAGE,
+                as_target=as_target))
             versions.update((name, version) for name, version in header["entries"])
             start_after = header["next"]
             if start_after is None:
@@ -560,10 +559,10 @@ class PgRegistry:
         for first in range(0, len(names), RECOVERY_LIST_PAGE):
             batch = names[first:first + RECOVERY_LIST_PAGE]
             header, _ = await self.port.call(authority, self.port.header(pg, "pg_stat", epoch,
-                                                                names=batch))
+                                                                         names=batch))
             candidates.update(zip(batch, zip(header["versions"], header["sizes"])))
-        missing = pg.core.set_missing(authority, mark, candidates,
-                                 {name: self.local.local_version(pg, name) for name in candidates})
+        here = {name: self.local.local_version(pg, name) for name in candidates}
+        missing = pg.core.set_missing(authority, mark, candidates, here)
         if missing:
             log.info("pg %d.%x: serving with %d objects missing here (recovered from osd.%d "
                      "first when a client asks for them)", *pg.key, missing, authority)

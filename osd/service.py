@@ -229,7 +229,7 @@ class ObjectService:
         pg = await self.registry.wait_active(pg.key)
         async with pg.object_lock(name):
             plan = await pg.backend.write_as_primary(pg, acting, name, payload, delete,
-                                                             manifest)
+                                                     manifest)
         self.ops_total += 1
         return {"version": plan.version, "epoch": plan.epoch}, b""
 
@@ -331,13 +331,12 @@ class ObjectService:
                                    started_ns)
         try:
             plan = pg.core.plan_write(acting, self.port.map.epoch, name, False, manifest,
-                                 existed=self.local.exists(pg, name))
+                                      existed=self.local.exists(pg, name))
         except Refused as exc:
             finish(None, False, exc)
             return True
-        pg.backend.start_write(pg, plan, payload, received.block_crcs,
-                                                received.payload_crc,
-                                                functools.partial(finish, plan))
+        pg.backend.start_write(pg, plan, payload, received.block_crcs, received.payload_crc,
+                               functools.partial(finish, plan))
         return True
 
     def _fast_written(self, connection, received, pg, name, serial, started_ns, plan, committed,
@@ -551,9 +550,8 @@ class ObjectService:
             omap.check_conditions(request, name, prior, current, used)
             self.local.load_log(pg)
             plan = pg.core.plan_write(acting, self.port.map.epoch, name, False, False,
-                                 existed=record is not None)
-            committed, failure = await pg.backend.write_omap(pg, plan, prior,
-                                                                     request.update)
+                                      existed=record is not None)
+            committed, failure = await pg.backend.write_omap(pg, plan, prior, request.update)
             pg.core.write_finished(plan, committed, acknowledged=failure is None)
             if failure is not None:
                 raise failure

@@ -276,7 +276,7 @@ class Simulation:
                 if effect.missing_from is not None:
                     self.find_missing(effect.missing_from)
                 primary.pg.core.count_objects(len(primary.versions()),
-                                         lambda name: primary.version(name) is not None)
+                                              lambda name: primary.version(name) is not None)
                 if self.writable:
                     self.record = Record(effect.epoch, effect.acting, effect.complete)
                 core.activated()
@@ -316,7 +316,7 @@ class Simulation:
         source = self.osds[authority]
         candidates = {name: (source.version(name), 1) for name in names}
         self.primary.pg.core.set_missing(authority, mark, candidates,
-                                    {name: self.primary.version(name) for name in names})
+                                         {name: self.primary.version(name) for name in names})
 
     async def read(self, name):
         """A client read on the primary: a missing object is recovered first."""
@@ -366,14 +366,14 @@ class Simulation:
         primary.local.load_log(pg)
         try:
             plan = pg.core.plan_write(pg.core.check_writable("sim"), self.epoch, name, value is None,
-                                 False, existed=primary.local.exists(pg, name))
+                                      False, existed=primary.local.exists(pg, name))
         except Refused as exc:
             assert exc.code == "not_found", exc
             assert self.acked.get(name) is None or name in self.uncertain, name
             return                                      # a delete of what is not there
         applied = await self.apply_on_members(plan, value, fail_after)
         pg.core.write_finished(plan, committed_here=applied > 0,
-                          acknowledged=applied == len(plan.targets) and fail_after is None)
+                               acknowledged=applied == len(plan.targets) and fail_after is None)
         if applied == len(plan.targets) and fail_after is None:
             self.acked[name] = value
             self.uncertain.discard(name)
