@@ -37,6 +37,7 @@ from cairn.common import config, pg as pgs
 from cairn.common.codes import Code
 from cairn.common.limits import BLOCK_SIZE_BYTES, OMAP_UPDATE_BYTES_MAX
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
+from cairn.common.server import received_checksums
 from cairn.osd.pg import Refused
 
 log = logging.getLogger("cairn.osd")
@@ -104,21 +105,46 @@ class PgBackend(abc.ABC):
 
     # -- client writes on the primary (both kinds; the caller holds the object's lock) -----
 
+    def start_write_as_primary(self, pg, acting, name, payload, delete, manifest, done,
+                               crcs=None, crc=None, recovery=False):
+        """One client write, started now: the core plans it (version, targets; `acting`: the
+        acting set the op was admitted under), this backend starts it on every member
+        (`start_write`), the core hears the outcome, then `done(plan, the first failure or
+        None)` is called (plan None when the core refused it; the failure is that refusal).
+        Members that did commit an unacknowledged write keep it; the next peering reconciles
+        them (it may appear whole or not). The PG's collections must exist
+        (`prepare_write`). `crcs` / `crc`: the payload's, when its frame check gave them. A
+        fast put calls this from the messenger's callback; `write_as_primary` awaits it."""
+        self.local.load_log(pg)
+        try:
+            plan = pg.core.plan_write(acting, self.port.map.epoch, name, delete, manifest,
+                                      existed=self.local.exists(pg, name), recovery=recovery)
+        except Refused as exc:
+            done(None, exc)
+            return
+
+        def finished(committed, failure):
+            try:
+                pg.core.write_finished(plan, committed, acknowledged=failure is None)
+            finally:            # the caller releases the object's lock and answers in `done`
+                done(plan, failure)
+        self.start_write(pg, plan, payload, crcs, crc, finished)
+
     async def write_as_primary(self, pg, acting, name, payload, delete, manifest,
                                recovery=False):
-        """One client write: the core plans it (version, targets; `acting`: the acting set
-        the op was admitted under), this backend applies it on every member, the core hears
-        the outcome. Raises the first failure when it was not acknowledged everywhere (members
-        that did commit keep the new version; the next peering reconciles them: an
-        unacknowledged write may appear whole or not)."""
-        self.local.load_log(pg)
-        plan = pg.core.plan_write(acting, self.port.map.epoch, name, delete, manifest,
-                                  existed=self.local.exists(pg, name), recovery=recovery)
-        committed, failure = await self.write(pg, plan, payload)
-        pg.core.write_finished(plan, committed, acknowledged=failure is None)
+        """`start_write_as_primary`, awaited: returns the plan, raises the first failure when
+        the write was not acknowledged everywhere."""
+        await self.prepare_write(pg)
+        crcs, crc = received_checksums(payload)
+        plan, failure = await self._until_written(lambda done: self.start_write_as_primary(
+            pg, acting, name, payload, delete, manifest, done, crcs, crc, recovery))
         if failure is not None:
             raise failure
         return plan
+
+    async def prepare_write(self, pg):
+        """Make what `start_write` needs before a write can start (the PG's collections)."""
+        await self.local.ensure_collections(pg)
 
     async def rewrite(self, pg, name, payload, delete, manifest):
         """A write for the PG itself (a rollback during recovery) by a caller that already
@@ -132,8 +158,9 @@ class PgBackend(abc.ABC):
             raise RequestFailed(exc.code, exc.message) from None
 
     @abc.abstractmethod
-    async def write(self, pg, plan, payload):
-        ...
+    def start_write(self, pg, plan, payload, crcs, crc, done):
+        """Start `plan` on every member now; `done(this OSD committed, the first failure or
+        None)` is called once every member answered."""
 
     @abc.abstractmethod
     async def apply_message(self, pg, header, payload, delete):

@@ -78,6 +78,19 @@ class ErasureBackend(PgBackend):
 
     # -- writes -------------------------------------------------------------------------------
 
+    def start_write(self, pg, plan, payload, crcs, crc, done):
+        """`write` in a task of its own, which runs to its end; `done` is called from its end
+        (encoding a large object runs in a thread, so this write cannot start everything from
+        the caller's callback as a replicated one does)."""
+        def ended(task):
+            if task.cancelled():
+                done(False, RequestFailed(Code.AGAIN, f"osd.{self.port.me} is stopping; retry"))
+            elif task.exception() is not None:
+                done(False, task.exception())
+            else:
+                done(*task.result())
+        asyncio.ensure_future(self.write(pg, plan, payload)).add_done_callback(ended)
+
     async def write(self, pg, plan, payload):
         """Encode on the primary; every member (this one too) stores its own shard, all in
         parallel; the log entry is the same everywhere."""
@@ -301,7 +314,8 @@ class ErasureBackend(PgBackend):
         else:
             try:
                 header, data = await self.port.call(osd, self.port.header(
-                    pg, "pg_read", pg.core.interval[0], name=name, ranges=ranges, stash=stash_entry))
+                    pg, "pg_read", pg.core.interval[0], name=name, ranges=ranges,
+                    stash=stash_entry))
             except RequestFailed as exc:
                 if exc.code in (Code.WRONG_PRIMARY, Code.STALE):
                     # The member has moved past this interval: our map is old, not the shard

@@ -32,19 +32,12 @@ class ReplicatedBackend(PgBackend):
         super().__init__(port, local)
         self.behind_pushes_total = 0        # omap updates that pushed a member the whole object
 
-    async def write(self, pg, plan, payload):
-        """Write locally and send rep_put/rep_delete to every other up member in parallel
-        (`start_write`, which a fast put starts from its callback)."""
-        await self.local.ensure_collections(pg)
-        crcs, crc = received_checksums(payload)
-        return await self._until_written(
-            lambda done: self.start_write(pg, plan, payload, crcs, crc, done))
-
     def start_write(self, pg, plan, payload, crcs, crc, done):
         """Start one write everywhere now: this OSD's transaction (its own task, which runs to
-        its end) and the replica writes; `done(this OSD committed, the first failure or None)`
-        is called once all are done. The PG's collections must exist and its log be loaded.
-        `crcs` / `crc`: the payload's block crcs and crc32c, when its frame check gave them."""
+        its end) and rep_put/rep_delete to every other member in parallel; `done(this OSD
+        committed, the first failure or None)` is called once all are done. The PG's
+        collections must exist and its log be loaded. `crcs` / `crc`: the payload's block
+        crcs and crc32c, when its frame check gave them."""
         try:
             local = self.start_apply(pg, plan.name, payload, plan.version, plan.delete,
                                      plan.manifest, plan.target(self.port.me).complete, crcs)

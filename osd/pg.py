@@ -172,9 +172,12 @@ def rollback_choice(version, answers, k):
     recovery source's (`answers`: [(osd, answer)], the answer None where the position is
     empty or did not answer; else {"held": [...], "acked_seen": v}, osd/member_ops.py).
 
+    - restore `version` itself when k shards of it exist, live or in the members' stashes (a
+      later write that never finished moved them there: what was acknowledged comes back),
+      wherever they are: a live shard may sit on an OSD that now holds another position, or
+      on the recovery's source, out of the acting set (a read by position misses those; the
+      slow tier's seed 10533 waited for good on such a pair, 2026-11-28);
     - wait: members that did not answer may hold enough live shards of `version`;
-    - restore `version` itself when k shards of it exist counting the members' stashes (a
-      later write that never finished moved them there: what was acknowledged comes back);
     - lost: `version` was acknowledged (a member saw acked_to reach it) and cannot be rebuilt;
     - restore the newest older version with k shards (live or stashed): `version` was a write
       that reached too few members before its primary died, never acknowledged;
@@ -205,9 +208,6 @@ def rollback_choice(version, answers, k):
             geometry[held["version"]] = (tuple(held["ec"]), held["manifest"])
             if held["version"] == version and held.get("entry") is None:
                 live[held["shard"]] = osd
-    if len(live) + unknown >= k:
-        return Rollback("wait", reason=f"{unknown} members did not answer; they may hold the "
-                        "missing shards")
 
     def restore(chosen):
         sources = tuple((index, osd, entry)
@@ -216,6 +216,9 @@ def rollback_choice(version, answers, k):
         return Rollback("restore", chosen, sources, (size, unit), manifest)
     if len(shards.get(version, ())) >= k:
         return restore(version)
+    if len(live) + unknown >= k:
+        return Rollback("wait", reason=f"{unknown} members did not answer; they may hold the "
+                        "missing shards")
     if acked_seen >= version:
         return Rollback("lost", reason=f"version {version:x} was acknowledged and has "
                         f"{len(shards.get(version, ()))} shards left, {k} needed")

@@ -36,6 +36,7 @@ condition failed), unsupported.
 """
 
 import dataclasses
+import enum
 import functools
 import itertools
 import logging
@@ -59,6 +60,9 @@ log = logging.getLogger("cairn.osd")
 
 # How long an op waits for this OSD's map to reach the epoch its sender already has.
 MAP_CATCH_UP_S_MAX = 3.0
+# Waits one put may go through before it is answered `again` (each wait makes progress: a map,
+# an active PG, its collections, the object's lock; more means the PG keeps moving under it).
+ADMIT_WAITS_MAX = 8
 # The code a store or device error is answered with. DeviceNoSpace: the device refused a write
 # (a file device whose filesystem is full, a thin volume out of room); the transaction changed
 # nothing and the store stays usable.
@@ -69,6 +73,27 @@ ERROR_CODES = ((ObjectNotFound, Code.NOT_FOUND), (CollectionNotFound, Code.NOT_F
                (DeviceNoSpace, Code.NO_SPACE), (ChecksumError, Code.IO_ERROR),
                (InvalidArgument, Code.INVALID))
 _ANSWERED = tuple(kind for kind, _ in ERROR_CODES) + (Refused,)
+
+
+class Wait(enum.Enum):
+    """Why an admitted op cannot start yet (`Admission.wait`): what its usual path awaits
+    before asking again; the fast path declines the op instead."""
+    MAP = "map"                     # the sender's epoch is ahead of this OSD's map
+    ACTIVE = "active"               # the PG is not active here yet
+    COLLECTIONS = "collections"     # the PG's collections are not made here yet
+    LOCK = "lock"                   # another op holds the object's lock
+
+
+@dataclasses.dataclass(slots=True)
+class Admission:
+    """A put or delete admitted on the primary (`ObjectService._admit_put`): `wait` None when
+    it can start now under the acting set `acting`."""
+    wait: Wait = None
+    pool: dict = None
+    pg: object = None
+    name: str = None
+    acting: object = None
+    manifest: bool = False
 
 
 class ObjectService:
@@ -170,23 +195,47 @@ class ObjectService:
         up to MAP_CATCH_UP_S_MAX for this OSD's map to reach the sender's epoch."""
         found = self._locate(header, as_primary)
         if found is None:
-            epoch = header["epoch"]
-            try:
-                await self.port.wait_for_epoch(epoch, MAP_CATCH_UP_S_MAX)
-            except TimeoutError:
-                raise RequestFailed(Code.AGAIN, f"osd.{self.port.me} is at epoch "
-                                    f"{self.port.map.epoch}, behind {epoch}; retry") from None
+            await self._catch_up(header["epoch"])
             found = self._locate(header, as_primary)
         return found
+
+    async def _catch_up(self, epoch):
+        """Wait up to MAP_CATCH_UP_S_MAX for this OSD's map to reach `epoch`."""
+        try:
+            await self.port.wait_for_epoch(epoch, MAP_CATCH_UP_S_MAX)
+        except TimeoutError:
+            raise RequestFailed(Code.AGAIN, f"osd.{self.port.me} is at epoch "
+                                f"{self.port.map.epoch}, behind {epoch}; retry") from None
 
     # -- primary ops --------------------------------------------------------------------------------
 
     async def _put(self, header, payload):
         return await self._write(header, payload, delete=False)
 
+    def _admit_put(self, header, payload, delete, holding=False):
+        """The one admission of a put or delete on the primary, for the fast path (which
+        takes the op only when it can start at once) and the usual one (which waits as told
+        and asks again): an `Admission`, its `wait` saying what to wait for, if anything.
+        Raises the refusals (`_locate`'s; `_admit_write`'s: invalid, quota, no_space,
+        pool_unavailable). `holding`: the caller holds the object's lock already."""
+        found = self._locate(header)
+        if found is None:
+            return Admission(Wait.MAP)
+        pool, pg = found
+        name, acting, manifest = self._admit_write(pool, pg, header, payload, delete)
+        if not pg.active.is_set():
+            wait = Wait.ACTIVE
+        elif not self.local.has_collections(pg):
+            wait = Wait.COLLECTIONS
+        elif not holding and pg.locks.held(name):
+            wait = Wait.LOCK
+        else:
+            wait = None
+        return Admission(wait, pool, pg, name, acting, manifest)
+
     def _admit_write(self, pool, pg, header, payload, delete):
-        """The checks of a write that need no waiting, for the usual path and the fast one
-        alike: (object name, the acting set it is admitted under, manifest). Raises the
+        """The checks of a write that need no waiting (part of `_admit_put`; the omap op's
+        too): (object name, the acting set it is admitted under, manifest). Raises the
         refusals (invalid, quota, no_space, pool_unavailable)."""
         name = object_name(header)
         if not delete:
@@ -224,14 +273,50 @@ class ObjectService:
         return await self._write(header, None, delete=True)
 
     async def _write(self, header, payload, delete):
-        pool, pg = await self.pg_of(header)
-        name, acting, manifest = self._admit_write(pool, pg, header, payload, delete)
-        pg = await self.registry.wait_active(pg.key)
-        async with pg.object_lock(name):
-            plan = await pg.backend.write_as_primary(pg, acting, name, payload, delete,
-                                                     manifest)
+        """A put or delete the fast path did not take: admitted by `_admit_put` as the fast
+        one is, waiting as it says (then asked again: the PG may have moved meanwhile)."""
+        held = None                                     # (pg, name) whose lock this op holds
+        try:
+            for _ in range(ADMIT_WAITS_MAX):
+                admitted = self._admit_put(header, payload, delete, holding=held is not None)
+                if held is not None and admitted.wait is None and \
+                        (admitted.pg, admitted.name) != held:
+                    admitted.wait = Wait.LOCK           # another PG object now: lock it too
+                if admitted.wait is None:
+                    break
+                if held is not None:
+                    held[0].locks.release(held[1])
+                    held = None
+                held = await self._wait(admitted, header)
+            else:
+                raise RequestFailed(Code.AGAIN, "the PG kept changing while the write waited; "
+                                    "retry")
+            pg, name = admitted.pg, admitted.name
+            if held is None:
+                pg.locks.take(name)
+                held = (pg, name)
+            plan = await pg.backend.write_as_primary(pg, admitted.acting, name, payload, delete,
+                                                     admitted.manifest)
+        finally:
+            if held is not None:
+                held[0].locks.release(held[1])
         self.ops_total += 1
         return {"version": plan.version, "epoch": plan.epoch}, b""
+
+    async def _wait(self, admitted, header):
+        """Wait for what `admitted.wait` names; returns (pg, name) when that was the object's
+        lock (the caller holds it now), else None."""
+        wait, pg = admitted.wait, admitted.pg
+        if wait is Wait.MAP:
+            await self._catch_up(header["epoch"])
+        elif wait is Wait.ACTIVE:
+            await self.registry.wait_active(pg.key)
+        elif wait is Wait.COLLECTIONS:
+            await pg.backend.prepare_write(pg)
+        else:
+            await pg.locks.acquire(admitted.name)
+            return pg, admitted.name
+        return None
 
     def _admit_read(self, header):
         """The checks of a get that need no waiting, for the usual path and the fast one
@@ -304,53 +389,38 @@ class ObjectService:
         return pool, pg
 
     def fast_put(self, connection, received):
-        """Take a client's put to a replicated PG when the usual path (`_write`) would not
-        wait before its write: `_fast_pg` and `_admit_write` (the usual path's own checks)
-        pass, the PG is active here as primary with its log loaded and its collections made,
-        and the object's lock is free. The write starts here (`ReplicatedBackend.start_write`,
-        the usual path's body too) and is answered from its callback (`_fast_written`).
-        Anything else, refusals included, goes the usual way, which answers them; from the
-        write's start on, its outcome is the answer."""
+        """Take a client's put to a replicated PG when `_admit_put` (the usual path's
+        admission too) lets it start at once, and start it here
+        (`PgBackend.start_write_as_primary`, the usual path's body too), answered from its
+        callback (`_fast_written`). Anything else, refusals included, goes the usual way
+        (`_write`), which waits or answers them; from the write's start on, its outcome is
+        the answer."""
         header, payload = received.header, received.payload
         try:
-            found = self._fast_pg(connection, header, as_primary=True)
-            if found is None:
-                return False
-            pool, pg = found
-            name, acting, manifest = self._admit_write(pool, pg, header, payload, delete=False)
+            access.check(connection.peer, self.port.map, header)
+            admitted = self._admit_put(header, payload, delete=False)
         except (RequestFailed, Refused):
             return False
-        if pg.core.log_names is None or pg.locks.held(name) or not self.local.has_collections(pg):
-            return False                # the usual path waits for these
+        if admitted.wait is not None or admitted.pool["kind"] != "replicated":
+            return False
+        pg, name = admitted.pg, admitted.name
         pg.locks.take(name)
         serial = next(self._serial)
         started_ns = time.monotonic_ns()
         self._started[serial] = started_ns / 1e9
         self.client_bytes_in += len(payload)
-        finish = functools.partial(self._fast_written, connection, received, pg, name, serial,
-                                   started_ns)
-        try:
-            plan = pg.core.plan_write(acting, self.port.map.epoch, name, False, manifest,
-                                      existed=self.local.exists(pg, name))
-        except Refused as exc:
-            finish(None, False, exc)
-            return True
-        pg.backend.start_write(pg, plan, payload, received.block_crcs, received.payload_crc,
-                               functools.partial(finish, plan))
+        pg.backend.start_write_as_primary(
+            pg, admitted.acting, name, payload, False, admitted.manifest,
+            functools.partial(self._fast_written, connection, received, pg, name, serial,
+                              started_ns),
+            received.block_crcs, received.payload_crc)
         return True
 
-    def _fast_written(self, connection, received, pg, name, serial, started_ns, plan, committed,
-                      failure):
-        """A fast put's write is done everywhere (or failed to start: `plan` None when no
-        version was given): what `_write` and the daemon's handler do after it."""
-        try:
-            if plan is not None:
-                pg.core.write_finished(plan, committed, acknowledged=failure is None)
-        except Exception as exc:
-            failure = exc
-        finally:
-            pg.locks.release(name)
-            del self._started[serial]
+    def _fast_written(self, connection, received, pg, name, serial, started_ns, plan, failure):
+        """A fast put's write is done everywhere (or was refused before it started: `plan`
+        None): what `_write` and the daemon's handler do after it."""
+        pg.locks.release(name)
+        del self._started[serial]
         if failure is None:
             self.ops_total += 1
             self.fast_ops["put"] += 1

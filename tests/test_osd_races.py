@@ -113,6 +113,43 @@ def test_an_ec_member_that_refuses_us_as_primary_means_an_old_map_not_a_lost_sha
     assert "pg_versions" not in ops and "pg_push" not in ops, port.calls
 
 
+def test_an_ec_rollback_asks_the_recovery_source_out_of_the_acting_set_too():
+    """The recovery's source (an authority no longer acting) names version v of an object
+    that no acting member holds; only the source has a shard of it and, stashed, the absence
+    it replaced. Its answer decides: the object was absent before v, never acknowledged, so
+    the rollback deletes it (before, the acting members' empty answers made it `lost` and the
+    PG peered again forever: the slow tier's seeds 10321 and 10348, 2026-11-28)."""
+    cmap = cluster(osds=5)
+    pool = cmap.pools["ec"]
+    version = pgs.make_version(5, 3)
+    unit = ecstripe.unit_for(2)
+    source = 4
+
+    def answer(osd, header):
+        if header["op"] == "pg_read" and header.get("ranges") == [] and osd == source:
+            return {"version": version, "ec": [3 * unit, unit], "shard": 1,
+                    "manifest": False}, b""
+        if header["op"] == "pg_versions":
+            held = [{"version": version, "shard": 1, "ec": [3 * unit, unit],
+                     "manifest": False}, {"absent": True, "replaced_by": version}] \
+                if osd == source else []
+            return {"held": held, "acked_seen": 0}, b""
+        raise RequestFailed(Code.NOT_FOUND, f"osd.{osd}: object 'obj' not found")
+    port = ScriptedPort(9, cmap, answer)                 # the primary's calls, all remote
+    backend = ErasureBackend(port, None)
+    pg = Pg((pool["id"], 0), 9, backend)
+    pg.core.new_interval(5, pgs.Acting((0, 1, 2, 3), 0, 4, 3))
+    rewrites = []
+
+    async def rewrite(pg, name, payload, delete, manifest):
+        rewrites.append((name, payload, delete))
+    backend.rewrite = rewrite
+
+    assert run(backend.recover_object(pg, source, 2, "obj", 5)) == "removed"
+    assert rewrites == [("obj", None, True)]
+    assert (source, "pg_versions") in port.calls, port.calls
+
+
 def test_a_new_leaders_tick_waits_until_its_loop_built_a_fresh_failure_detector(tmp_path,
                                                                                monkeypatch):
     """The Raft core turns leader inside tick() or step(); the monitor's loop notices only
@@ -248,6 +285,13 @@ def test_the_rollback_choice_restores_waits_or_gives_up_as_the_members_answers_s
                                   (1, answer(held(v3, 1))), (2, answer(held(v3, 2))),
                                   (3, answer())], 2)
     assert (choice.action, choice.version) == ("restore", v3)
+    # Everyone answered and two live shards of v5 exist, one on an OSD that now holds another
+    # position (a read by position missed it): restore v5 from them now, no waiting for good
+    # (the slow tier's seed 10533).
+    choice = rollback_choice(v5, [(0, answer(held(v5, 0))), (1, answer(held(v5, 3))),
+                                  (2, answer()), (3, answer())], 2)
+    assert (choice.action, choice.version) == ("restore", v5)
+    assert choice.sources == ((0, 0, None), (3, 1, None))
     # No absence attested and no older version whole: lost.
     choice = rollback_choice(v5, [(0, answer(held(v5, 0))), (1, answer()),
                                   (2, answer(held(v3, 2))), (3, answer())], 2)
