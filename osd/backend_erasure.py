@@ -283,7 +283,17 @@ class ErasureBackend(PgBackend):
         layout = self.layout(codec, size, unit)
         fetched = await asyncio.gather(*(self._fetch(pg, osd, index, name, choice.version, None,
                                                      stash_entry=entry)
-                                         for index, osd, entry in choice.sources))
+                                         for index, osd, entry in choice.sources),
+                                       return_exceptions=True)
+        for failure in fetched:
+            if isinstance(failure, ShardUnavailable):
+                # A source that answered what it holds did not give it now (it went down):
+                # the object stays unavailable until the next try.
+                log.info("pg %d.%x: restoring %r version %x: %s", *pg.key, name,
+                         choice.version, failure)
+                raise unavailable
+            if isinstance(failure, BaseException):
+                raise failure
         data = b""
         if size:
             data = await self._in_thread_if_large(

@@ -180,7 +180,12 @@ def rollback_choice(version, answers, k):
     - wait: members that did not answer may hold enough live shards of `version`;
     - lost: `version` was acknowledged (a member saw acked_to reach it) and cannot be rebuilt;
     - restore the newest older version with k shards (live or stashed): `version` was a write
-      that reached too few members before its primary died, never acknowledged;
+      that reached too few members before its primary died, never acknowledged; unless that
+      version was deleted before `version`: a member stashed it as replaced by a write r of
+      which no member holds a shard, and some member then stashed an absence (a write after
+      r found nothing): r was a delete, and the object is deleted again (restoring the version
+      before it read back a value an acknowledged delete had removed: the slow tier's seed
+      10879, 2026-11-28);
     - delete: no older version is whole and a member stashed an absence (it had no shard
       before some write): within the pool's tolerance an acknowledged older version would be
       whole, live or stashed, so the object's last acknowledged state was absent (never
@@ -192,6 +197,8 @@ def rollback_choice(version, answers, k):
     Pure: the caller (ErasureBackend._roll_back) asks, fetches and writes."""
     shards = collections.defaultdict(dict)      # version -> shard index -> (osd, stash entry)
     live = {}                                   # shard index -> osd, of `version` itself
+    replaced = collections.defaultdict(set)     # version -> the writes its stashed shards name
+    held_versions, absences = set(), []         # versions with any shard; absences' writes
     geometry, absent, acked_seen, unknown = {}, 0, 0, 0
     for osd, answer in answers:
         if answer is None:
@@ -201,7 +208,11 @@ def rollback_choice(version, answers, k):
         for held in answer["held"]:
             if held.get("absent"):
                 absent += 1
+                absences.append(held["replaced_by"])
                 continue
+            held_versions.add(held["version"])
+            if "replaced_by" in held:
+                replaced[held["version"]].add(held["replaced_by"])
             if held["version"] > version:
                 continue
             shards[held["version"]].setdefault(held["shard"], (osd, held.get("entry")))
@@ -225,6 +236,11 @@ def rollback_choice(version, answers, k):
     older = {v: held for v, held in shards.items() if v < version}
     whole = sorted((v for v, held in older.items() if len(held) >= k), reverse=True)
     if whole:
+        deletes = sorted(r for r in replaced[whole[0]]
+                         if whole[0] < r < version and r not in held_versions)
+        if deletes and any(later > deletes[0] for later in absences):
+            return Rollback("delete", reason=f"version {whole[0]:x} was deleted by write "
+                            f"{deletes[0]:x} before {version:x}")
         return restore(whole[0])
     if absent:
         return Rollback("delete", reason="absent before it" + (

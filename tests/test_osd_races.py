@@ -292,6 +292,20 @@ def test_the_rollback_choice_restores_waits_or_gives_up_as_the_members_answers_s
                                   (2, answer()), (3, answer())], 2)
     assert (choice.action, choice.version) == ("restore", v5)
     assert choice.sources == ((0, 0, None), (3, 1, None))
+    # v3 is whole in the stashes, replaced by write v4 of which nobody holds a shard, and a
+    # member then stashed an absence for v5: v4 was a delete. Restoring v3 would bring back a
+    # value that delete removed (the slow tier's seed 10879): delete again. Without the
+    # absence after it, v4 may be a lost unacknowledged put: v3 is restored.
+    by_v4 = f"{v4:016x}.obj"
+    deleted = [(0, answer(held(v3, 0, by_v4) | {"replaced_by": v4},
+                          {"absent": True, "replaced_by": v5}, held(v5, 0))),
+               (1, answer(held(v3, 1, by_v4) | {"replaced_by": v4})), (2, answer()),
+               (3, answer())]
+    choice = rollback_choice(v5, deleted, 2)
+    assert choice.action == "delete" and f"{v4:x}" in choice.reason, choice
+    deleted[0] = (0, answer(held(v3, 0, by_v4) | {"replaced_by": v4}, held(v5, 0)))
+    choice = rollback_choice(v5, deleted, 2)
+    assert (choice.action, choice.version) == ("restore", v3)
     # No absence attested and no older version whole: lost.
     choice = rollback_choice(v5, [(0, answer(held(v5, 0))), (1, answer()),
                                   (2, answer(held(v3, 2))), (3, answer())], 2)

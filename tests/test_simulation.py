@@ -42,6 +42,10 @@ FIX_CHECKS_60 = {
            "with one stale shard of a version before the delete on a member that missed it: "
            "called lost, the PG degraded for good (rollback_choice: an absence counts when no "
            "older version is whole)",
+    10990: "a put that waited 20 s for its object's lock behind a stuck write was carried out "
+           "in a later interval, after its client had written a newer value elsewhere: the "
+           "old value came back (ObjectService._write refuses an op whose acting set changed "
+           "while it waited; found 2026-11-28 in this session's own admission change)",
     11155: "an incomplete PG waits for a map that changes its acting set, and the complete "
            "member it waits for comes back without one: incomplete for good (PgRegistry.on_map)",
 }
