@@ -236,7 +236,17 @@ class ObjectService:
     def _admit_write(self, pool, pg, header, payload, delete):
         """The checks of a write that need no waiting (part of `_admit_put`; the omap op's
         too): (object name, the acting set it is admitted under, manifest). Raises the
-        refusals (invalid, quota, no_space, pool_unavailable)."""
+        refusals (invalid, quota, no_space, pool_unavailable, stale).
+
+        A write sent under a map older than the PG's current interval is refused as `stale`
+        (the client refreshes its map and sends it again): it may be a request that was stuck
+        in the network while its client gave up, retried and went on to newer writes, and
+        carrying it out now would bring an old value back or delete a newer one."""
+        interval = pg.core.interval
+        if interval is not None and header.get("epoch", 0) < interval[0]:
+            raise RequestFailed(Code.STALE, f"the write was sent at epoch {header.get('epoch', 0)}"
+                                f", before pg {pg.key[0]}.{pg.key[1]:x}'s acting set changed "
+                                f"at epoch {interval[0]}; retry with a newer map")
         name = object_name(header)
         if not delete:
             if len(payload) > OBJECT_SIZE_BYTES_MAX:
