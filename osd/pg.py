@@ -425,9 +425,13 @@ class PgCore:
         if self.acting is not acting_seen or not (
                 self.serving or recovery and self.phase is Phase.RECOVERING):
             raise Refused(Code.AGAIN, "the acting set changed; retry")
-        if delete and not existed and not recovery:
-            # (A rollback's delete may find nothing here: its log entry is what it writes,
-            # superseding a version only another OSD's log named.)
+        if delete and not existed and not recovery and name not in self.unsettled.values():
+            # A rollback's delete may find nothing here: its log entry is what it writes,
+            # superseding a version only another OSD's log named. So may a delete retried
+            # after one that removed the object here but was not acknowledged everywhere:
+            # answering `not_found` from this copy would tell the client the object is gone
+            # while a member still holds it and the next peering may bring it back (the slow
+            # tier's seeds 10963 and 10652, 2026-11-28); it is carried out again instead.
             raise Refused(Code.NOT_FOUND, f"object {name!r} not found")
         version = max(pgs.make_version(epoch, 1), self.last_update + 1, self.assigned + 1)
         self.assigned = version

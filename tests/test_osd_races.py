@@ -212,6 +212,29 @@ def test_a_write_planned_in_an_earlier_interval_changes_nothing_in_the_next():
     assert pg.missing == {}                         # a write of this interval does replace it
 
 
+def test_a_delete_retried_after_an_unacknowledged_one_is_carried_out_not_answered_not_found():
+    """A delete removed the primary's copy but a replica never answered: the client retries.
+    The copy here is gone, yet a member may still hold the object and the next peering may
+    bring it back, so the retry is planned as a delete again (its log entry reaches every
+    member), not answered `not_found` (the slow tier's seeds 10963 and 10652). Once a delete of
+    it was acknowledged, a delete of the absent object is `not_found` as before."""
+    pg = PgCore((1, 0), me=0)
+    pg.new_interval(5, pgs.Acting((0, 1, 2), 0, 3, 2))
+    pg.log_loaded([], None, None)
+    pg.activated((0, 1, 2), writable=True, more_to_recover=False)
+    first = pg.plan_write(pg.acting, 5, "obj", True, False, existed=True)
+    pg.write_finished(first, committed_here=True, acknowledged=False)
+    retry = pg.plan_write(pg.acting, 5, "obj", True, False, existed=False)
+    assert retry.delete and retry.version > first.version
+    pg.write_finished(retry, committed_here=True, acknowledged=True)
+    with pytest.raises(Refused) as refused:
+        pg.plan_write(pg.acting, 5, "obj", True, False, existed=False)
+    assert refused.value.code == Code.NOT_FOUND
+    with pytest.raises(Refused) as refused:
+        pg.plan_write(pg.acting, 5, "never", True, False, existed=False)
+    assert refused.value.code == Code.NOT_FOUND
+
+
 def test_an_op_admitted_in_an_earlier_interval_is_refused_after_it_waited():
     pg = PgCore((1, 0), me=0)
     pg.new_interval(5, pgs.Acting((0, 1, 2), 0, 3, 2))

@@ -42,6 +42,9 @@ FIX_CHECKS_60 = {
            "with one stale shard of a version before the delete on a member that missed it: "
            "called lost, the PG degraded for good (rollback_choice: an absence counts when no "
            "older version is whole)",
+    10963: "a delete retried after one that removed the primary's copy but was not "
+           "acknowledged was answered not_found; the member that missed it brought the object "
+           "back at the next peering (PgCore.plan_write carries the retry out again)",
     10990: "a put that waited 20 s for its object's lock behind a stuck write was carried out "
            "in a later interval, after its client had written a newer value elsewhere: the "
            "old value came back (ObjectService._write refuses an op whose acting set changed "
