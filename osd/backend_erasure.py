@@ -47,6 +47,7 @@ class ErasureBackend(PgBackend):
     def __init__(self, port, local):
         super().__init__(port, local)
         self._codecs = {}                   # (k, m, backend) -> Codec, shared by the pool's PGs
+        self._writing = set()               # start_write's tasks (the loop keeps weak refs)
         self.degraded_reads_total = 0
         self.damaged_shards_total = 0
         self.direct_plans_total = 0
@@ -89,7 +90,10 @@ class ErasureBackend(PgBackend):
                 done(False, task.exception())
             else:
                 done(*task.result())
-        asyncio.ensure_future(self.write(pg, plan, payload)).add_done_callback(ended)
+        task = asyncio.ensure_future(self.write(pg, plan, payload))
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
+        task.add_done_callback(ended)
 
     async def write(self, pg, plan, payload):
         """Encode on the primary; every member (this one too) stores its own shard, all in

@@ -139,13 +139,14 @@ def test_slow_flags_follow_slow_disk_and_reads_avoid_flagged_osds():
     port = types.SimpleNamespace(map=cmap, me=1)
     replicated = ReplicatedBackend(port, None)
     acting = types.SimpleNamespace(members=(1, 0, 2), up_members=(1, 0, 2))
-    pg = types.SimpleNamespace(acting=acting, complete_members=frozenset({1, 2}))
+    pg = types.SimpleNamespace(core=types.SimpleNamespace(acting=acting,
+                                                          complete_members=frozenset({1, 2})))
     assert replicated.stand_ins(pg) == [2]                   # osd.0 is not complete
     erasure = ErasureBackend(port, None)
-    assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=2) == {0}
-    assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=3) == set()
+    assert erasure.avoided_shards(pg, codec_k=2) == {0}
+    assert erasure.avoided_shards(pg, codec_k=3) == set()
     port.map = step(cmap, {"op": "config_set", "key": "osd.avoid_slow_reads", "value": "0"})
     assert slow_osds(port.map) == frozenset()
-    assert erasure.avoided_shards(types.SimpleNamespace(acting=acting), codec_k=2) == set()
+    assert erasure.avoided_shards(pg, codec_k=2) == set()
     with pytest.raises(MapError):
         step(cmap, {"op": "osd_slow", "id": 1, "slow": "yes"})
