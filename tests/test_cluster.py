@@ -205,6 +205,14 @@ def test_replicas_are_stored_with_the_checksums_their_frames_were_checked_with(l
                 assert refused.value.code == "invalid", (offset, length, refused.value)
             reply = await admin.request({**header, "offset": 7, "length": 5})
             assert bytes(reply.payload) == objects["obj-300000"][7:12]
+            # A put sent under a map older than the PG's interval (a request stuck in the
+            # network while its client moved on) is refused as stale, and changes nothing.
+            with pytest.raises(messenger.RequestFailed) as refused:
+                await admin.request({"op": "put", "pool": header["pool"], "pg": where["pg"],
+                                     "name": "obj-300000", "epoch": 1}, b"old" * 1000)
+            assert refused.value.code == "stale", refused.value
+            reply = await admin.request({**header, "offset": 0, "length": 12})
+            assert bytes(reply.payload) == objects["obj-300000"][:12]
         finally:
             await admin.close()
     run(main())
