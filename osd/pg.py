@@ -199,7 +199,7 @@ def rollback_choice(version, answers, k):
     live = {}                                   # shard index -> osd, of `version` itself
     replaced = collections.defaultdict(set)     # version -> the writes its stashed shards name
     held_versions, absences = set(), []         # versions with any shard; absences' writes
-    geometry, absent, acked_seen, unknown = {}, 0, 0, 0
+    geometry, acked_seen, unknown = {}, 0, 0
     for osd, answer in answers:
         if answer is None:
             unknown += 1
@@ -207,7 +207,6 @@ def rollback_choice(version, answers, k):
         acked_seen = max(acked_seen, answer.get("acked_seen", 0))
         for held in answer["held"]:
             if held.get("absent"):
-                absent += 1
                 absences.append(held["replaced_by"])
                 continue
             held_versions.add(held["version"])
@@ -242,7 +241,7 @@ def rollback_choice(version, answers, k):
             return Rollback("delete", reason=f"version {whole[0]:x} was deleted by write "
                             f"{deletes[0]:x} before {version:x}")
         return restore(whole[0])
-    if absent:
+    if absences:
         return Rollback("delete", reason="absent before it" + (
             "; ignored stale shards of " + ", ".join(f"{v:x}" for v in sorted(older))
             if older else ""))

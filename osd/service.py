@@ -285,26 +285,15 @@ class ObjectService:
     async def _write(self, header, payload, delete):
         """A put or delete the fast path did not take: admitted by `_admit_put` as the fast
         one is, waiting as it says, then asked again (the quota, room and min_size may have
-        changed meanwhile). The op belongs to the interval it was first admitted in: if the
-        PG's acting set changed while it waited, it is refused (`again`), never carried out
-        in the new one (a put that waited 20 s behind a stuck write, long after its client
-        had given up and written a newer value elsewhere, overwrote that value: the slow
-        tier's seed 10990, 2026-11-28)."""
+        changed meanwhile). An op that waited across a change of the PG's acting set is
+        refused on asking again, by `_admit_write`'s epoch check: the new interval began at
+        an epoch newer than the map the op was sent under (a put that waited 20 s behind a
+        stuck write, long after its client had given up and written a newer value elsewhere,
+        once overwrote that value: the slow tier's seed 10990, 2026-11-28)."""
         held = None                                     # (pg, name) whose lock this op holds
-        interval = None                                 # the acting set first admitted under
         try:
             for _ in range(ADMIT_WAITS_MAX):
                 admitted = self._admit_put(header, payload, delete, holding=held is not None)
-                if admitted.pg is not None:
-                    if interval is None:
-                        interval = admitted.acting
-                    elif admitted.acting is not interval:
-                        raise RequestFailed(Code.AGAIN, f"pg {admitted.pg.key[0]}."
-                                            f"{admitted.pg.key[1]:x} changed its acting set "
-                                            "while the write waited; retry")
-                if held is not None and admitted.wait is None and \
-                        (admitted.pg, admitted.name) != held:
-                    admitted.wait = Wait.LOCK           # another PG object now: lock it too
                 if admitted.wait is None:
                     break
                 if held is not None:

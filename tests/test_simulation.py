@@ -47,8 +47,9 @@ FIX_CHECKS_60 = {
            "back at the next peering (PgCore.plan_write carries the retry out again)",
     10990: "a put that waited 20 s for its object's lock behind a stuck write was carried out "
            "in a later interval, after its client had written a newer value elsewhere: the "
-           "old value came back (ObjectService._write refuses an op whose acting set changed "
-           "while it waited; found 2026-11-28 in this session's own admission change)",
+           "old value came back (ObjectService._admit_write refuses a write sent under a map "
+           "older than the PG's interval; found 2026-11-28 in this session's own admission "
+           "change)",
     11155: "an incomplete PG waits for a map that changes its acting set, and the complete "
            "member it waits for comes back without one: incomplete for good (PgRegistry.on_map)",
 }
