@@ -328,4 +328,8 @@ def test_an_interrupted_backfill_resumes_where_it_stopped(local_cluster):
     print(f"first backfill moved {first / 1e6:.1f} MB before the kill; "
           f"{moved / 1e6:.1f} MB in all for {data_bytes / 1e6:.1f} MB of data")
     assert recoveries(cluster)["backfill"] >= 1
-    assert data_bytes <= moved < data_bytes + first / 2 + 2 * len(blob), (moved, first)
+    # The counter counts a push once the target has answered it: the push in flight at the
+    # kill may have landed unanswered (then the second backfill finds it current and skips
+    # it, and no one counted it), so the floor is one copy less that one object.
+    assert data_bytes - len(blob) <= moved < data_bytes + first / 2 + 2 * len(blob), (moved,
+                                                                                       first)
