@@ -1,8 +1,9 @@
 """Per-key mutual exclusion for one event loop, without a Lock object per key.
 
-The OSD serialises work per object twice: the service holds an object's lock across a client
-write's whole replication, and the store holds its keys' locks while a transaction plans and
-commits. Almost every acquisition finds the key free. An `asyncio.Lock` per key cost a Lock
+The OSD serialises work per object in one table per PG (`Pg.locks`, osd/pgs.py): a client
+write holds its object's lock across its whole replication, recovery and rollbacks across
+theirs. (The store keeps no locks: it plans transactions in the order they start, see
+osd/store_plan.py.) Almost every acquisition finds the key free. An `asyncio.Lock` per key cost a Lock
 object, a coroutine call to acquire it and another to release it, on every 4 KiB op; here a free
 key costs one dict insert and one delete, and only a contended key makes a future.
 

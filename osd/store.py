@@ -3,11 +3,14 @@
 Theory of operation (BlueStore's shape, smaller):
 
 1. A transaction (`Transaction`) lists operations on collections and objects. `Store.apply()`
-   locks the objects it touches, validates every operation against the committed state plus the
-   transaction's own earlier operations, reserves fresh blocks for all new data (copy-on-write:
-   nothing committed is ever overwritten in place), and writes the data with its crc32c per
-   4 KiB block.
-2. Once its writes completed, the transaction joins the commit queue. The committer takes
+   plans it at once, synchronously (osd/store_plan.py): every operation is checked against the
+   current view of its object (the record of the latest transaction in flight that changes
+   it, else the committed one) plus the transaction's own earlier operations, fresh blocks are
+   reserved for all new data (copy-on-write: nothing committed or in flight is ever
+   overwritten in place), and the data is written with its crc32c per 4 KiB block. No lock:
+   transactions are planned in the order they start.
+2. Once its writes completed, and every transaction whose uncommitted record it built on is
+   queued before it, the transaction joins the commit queue. The committer takes
    everything queued and builds one metadata batch: every record, deletion and allocator-bitmap
    segment of the group. With a commit journal (format 2, osd/journal.py) it writes the batch as
    one record into the journal ring on the device, issues one device flush (the group's data
@@ -34,8 +37,11 @@ the committer osd/store_commit.py, each a part of `Store` (a class it inherits, 
 one state; which state each may change is in its docstring).
 
 Rules:
-- Every store-wide mutation happens in the committer (`_commit_loop`, one task) or under an
-  object lock.
+- The committed state changes only in the committer (`_commit_loop`, one task); the view of
+  transactions in flight (`_pending`) only when a plan is made, queued, committed or fails.
+- One object's transactions commit in the order they were planned; a transaction built on one
+  that failed before its commit fails too (StoreError), as its record names blocks that were
+  never written.
 - A failed flush or metadata write poisons the store (`StoreFailed`): the on-device state is
   unknown, so the OSD must restart and remount rather than guess.
 """
@@ -54,7 +60,6 @@ import msgpack
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from cairn.common import limits
-from cairn.common.keylocks import KeyLocks
 from cairn.common.limits import BLOCK_SIZE_BYTES, DEVICE_IO_BYTES_MAX
 from cairn.native.errors import DeviceNoSpace
 from cairn.osd import journal, records
@@ -63,7 +68,7 @@ from cairn.osd.errors import (CollectionNotFound, InvalidArgument, StoreClosed, 
                               StoreError, StoreExists, StoreFailed, StoreMismatch)
 from cairn.osd.records import ObjectRecord
 from cairn.osd.store_commit import StoreCommitter
-from cairn.osd.store_plan import StorePlanner
+from cairn.osd.store_plan import StorePlanner, _NeedBlocks
 from cairn.osd.store_read import RECORD_ENTRY_BYTES, ReadCache, StoreReads  # noqa: F401
 from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
 from cairn.osd.txn import (CreateCollection, KeysUpdate, RemoveCollection,  # noqa: F401
@@ -74,6 +79,9 @@ log = logging.getLogger("cairn.osd")
 META_ROOT_DEFAULT = "/var/lib/cairn"
 # The buffer journal records are written from (larger ones take a pool buffer).
 JOURNAL_BUFFER_BYTES = 64 << 10
+# A partial write plans again after each old block it had to read; this many attempts means
+# other transactions keep replacing the object meanwhile.
+PLAN_ATTEMPTS_MAX = 64
 
 
 
@@ -208,7 +216,9 @@ class Store(StoreReads, StorePlanner, StoreCommitter):
         self.allocator = Allocator(superblock.block_count)
         self.sequence = 0
         self.known_crcs_total = 0       # puts that took their block crcs from the caller
-        self._object_locks = KeyLocks()  # by object key
+        self.built_on_in_flight_total = 0   # plans made on another one's uncommitted record
+        # object key -> the latest plan in flight that changes it (osd/store_plan.py)
+        self._pending = {}
         self._collection_writers = collections.Counter()
         self._collections = set()            # committed collection names (loaded at open)
         # collection -> [objects, bytes of their sizes, created_ns]: kept in the collection's
@@ -439,29 +449,32 @@ class Store(StoreReads, StorePlanner, StoreCommitter):
         return sequence
 
     async def _apply(self, txn):
-        keys, collections_written = set(), set()
+        collections_written = set()
         for op in txn.ops:
             kind = type(op)
-            if kind is CreateCollection or kind is RemoveCollection:
-                continue
-            collections_written.add(op.collection)
-            if kind is KeysUpdate:
-                continue                    # no object: nothing to lock
-            keys.add(records.object_key(op.collection, op.name))
-            if kind is Rename:
-                keys.add(records.object_key(op.target_collection, op.target_name))
-                collections_written.add(op.target_collection)
-        keys = sorted(keys)
-        await self._lock(keys)
+            if kind is not CreateCollection and kind is not RemoveCollection:
+                collections_written.add(op.collection)
+                if kind is Rename:
+                    collections_written.add(op.target_collection)
         writers = self._collection_writers
         for collection in collections_written:
             writers[collection] += 1
         try:
-            plan = await self._prepare(txn)
+            try:
+                plan = self._prepare(txn, {})
+            except _NeedBlocks:
+                plan = await self._plan_reading(txn)
+            for key in plan.records:
+                self._pending[key] = plan
+            if plan.after:
+                self.built_on_in_flight_total += 1
             try:
                 await self._write_data(plan)
-            except BaseException:
+                for earlier in plan.after:
+                    await self._queued(earlier)
+            except BaseException as exc:
                 self.allocator.unreserve(plan.allocated + plan.dropped)
+                self._plan_ended(plan, exc)
                 raise
             finally:
                 for view in plan.buffers:
@@ -471,13 +484,64 @@ class Store(StoreReads, StorePlanner, StoreCommitter):
             plan.future = self._loop.create_future()
             self._commit_queue.append(plan)
             self._commit_wanted.set()
+            self._plan_queued(plan)
             return await plan.future
         finally:
             for collection in collections_written:
                 writers[collection] -= 1
                 if not writers[collection]:
                     del writers[collection]
-            self._unlock(keys)
+
+    async def _plan_reading(self, txn):
+        """`_prepare` for a transaction that needs old blocks (a partial Write): plan, read the
+        block the attempt asked for (once the plans it built on wrote their data), plan again
+        against the view as it is then. One read pin covers every attempt, so no block read
+        for an earlier one is freed and reused meanwhile (each is checked by its crc32c too)."""
+        fetched = {}
+        pin = self._pin()
+        try:
+            for _ in range(PLAN_ATTEMPTS_MAX):
+                try:
+                    return self._prepare(txn, fetched)
+                except _NeedBlocks as need:
+                    for earlier in need.after:
+                        await self._queued(earlier)
+                    fetched[need.start] = await self._read_blocks(need.collection, need.name,
+                                                                  need.record, need.block, 1)
+            raise StoreError(f"the object changed under {PLAN_ATTEMPTS_MAX} attempts to plan a "
+                             "partial write of it; retry")
+        finally:
+            self._unpin(pin)
+            for view in fetched.values():
+                self.device.pool.put(view)
+
+    async def _queued(self, plan):
+        """Wait until the in-flight `plan` is in the commit queue; raise StoreError if it
+        failed before (a plan built on it cannot commit)."""
+        if plan.queued is None:
+            if plan.queued_waiters is None:
+                plan.queued_waiters = self._loop.create_future()
+            await asyncio.shield(plan.queued_waiters)
+        if plan.queued is not True:
+            raise StoreError(f"an earlier transaction on the same object failed: "
+                             f"{plan.queued!r}")
+
+    def _plan_queued(self, plan):
+        plan.queued = True
+        if plan.queued_waiters is not None:
+            plan.queued_waiters.set_result(None)
+
+    def _plan_ended(self, plan, failure=None):
+        """The plan committed (or failed: `failure`): the view of its objects is the committed
+        state again, unless a later plan changes them too."""
+        if failure is not None and plan.queued is None:
+            plan.queued = failure
+            if plan.queued_waiters is not None:
+                plan.queued_waiters.set_result(None)
+        pending = self._pending
+        for key in plan.records:
+            if pending.get(key) is plan:
+                del pending[key]
 
     # -- the committer ------------------------------------------------------------------------
 
@@ -485,6 +549,7 @@ class Store(StoreReads, StorePlanner, StoreCommitter):
         return {"sequence": self.sequence, "commits_total": self.commits_total,
                 "transactions_total": self.transactions_total,
                 "known_crcs_total": self.known_crcs_total,
+                "built_on_in_flight_total": self.built_on_in_flight_total,
                 "transactions_per_commit": (self.transactions_total / self.commits_total
                                             if self.commits_total else 0.0),
                 "flush_ms_avg": (self.flush_ns_total / self.commits_total / 1e6

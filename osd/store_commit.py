@@ -279,6 +279,7 @@ class StoreCommitter:
 
     def _fail_group(self, group, error):
         for plan in group:
+            self._plan_ended(plan, error)
             if not plan.future.done():
                 plan.future.set_exception(error)
 
@@ -391,6 +392,7 @@ class StoreCommitter:
             for key, record in plan.records.items():
                 self._cache_put(key, record)      # None: known absent
                 self.read_cache.drop(key)
+            self._plan_ended(plan)
             for key, created in plan.collections.items():
                 name = key[len(records.PREFIX_COLLECTION):].decode()
                 if created:

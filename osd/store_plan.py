@@ -1,14 +1,26 @@
-"""The object store's transaction planner: from a Transaction and the committed state, what to
-write and what the commit will change.
+"""The object store's transaction planner: from a Transaction and the store's state as the
+transactions before it leave it, what to write and what the commit will change.
 
-Theory of operation: `_prepare` takes the objects' locks (in key order), then checks every
-operation against the committed records plus the transaction's own earlier operations,
-reserves fresh blocks for all new data in the allocator (copy-on-write: nothing committed is
-overwritten in place), stages the data writes with their crc32c per block, and returns a
-`_Plan`: the records to write or delete, the collections made or removed, the extents reserved,
-dropped and freed, the omap changes. `_write_data` then writes the staged blocks; the committer
+Theory of operation: `_prepare` runs synchronously when a transaction starts (no I/O, no
+waiting), so transactions are planned one at a time in the order they were started. It checks
+every operation against the *current view* of each object: the record of the latest transaction
+still in flight that changes it (`Store._pending`), else the committed record, then the
+transaction's own earlier operations. It reserves fresh blocks for all new data in the allocator
+(copy-on-write: nothing committed or in flight is overwritten in place), stages the data writes
+with their crc32c per block, and returns a `_Plan`: the records to write or delete, the
+collections made or removed, the extents reserved, dropped and freed, the omap changes, and
+`after`, the in-flight transactions whose records it built on. `_write_data` then writes the
+staged blocks; the store (osd/store.py) queues the plan for commit only after every plan in its
+`after` is queued, so the commits of one object keep the order of their plans; the committer
 (osd/store_commit.py) turns the plan into the group's metadata batch. A plan that fails before
-its commit returns its reservations; nothing of the committed state changes here.
+its commit returns its reservations, and so fails every plan built on it.
+
+There is no lock: the OSD serialises its writes to an object in the PG's one lock table
+(osd/pgs.py), and the store orders what remains (a replica's writes, pushes, the log's tail
+keys) by plan order, as BlueStore's sequencers do. The one operation that must read old data to
+plan, a partial `Write` of a block it does not cover whole, asks for the block (`_NeedBlocks`);
+the store reads it outside the planner and plans the transaction again (tests and tools use
+`Write`; the OSD writes whole objects).
 """
 
 import dataclasses
@@ -24,9 +36,7 @@ from cairn.osd.txn import (CreateCollection, Delete, KeysUpdate, OmapUpdate, Put
                            RemoveCollection, Rename, Write)
 
 
-@dataclasses.dataclass
-
-
+@dataclasses.dataclass(eq=False)
 class _Plan:
     """What `_prepare` decided for one transaction; the committer turns it into one batch."""
     records: dict                 # object key -> ObjectRecord, or None for a deletion
@@ -37,34 +47,37 @@ class _Plan:
     writes: list                  # (device offset, view) to write before the commit
     buffers: list                 # pool buffers to return after the writes
     before: dict = dataclasses.field(default_factory=dict)  # object key -> (collection,
-                                  # committed record or None) of every object it touches
+                                  # record before this plan, or None) of every object it touches
     omap: list = dataclasses.field(default_factory=list)    # omap changes, in order:
                                   # ("put", key, value) / ("delete", key) / ("range", start, end)
+    after: set = dataclasses.field(default_factory=set)     # in-flight plans it built on
     future: object = None
     sequence: int = 0
+    # Whether it reached the commit queue: None (not yet), True, or the exception that ended it
+    # before; `queued_waiters`: the future a later plan waits on meanwhile (made on demand).
+    queued: object = None
+    queued_waiters: object = None
+
+
+class _NeedBlocks(Exception):
+    """The plan needs logical block `block` of `record`, device block `start` (the old bytes a
+    partial Write keeps): read it and plan again. `after`: the in-flight plans the attempt had
+    built on (one of them may be writing that block still)."""
+
+    def __init__(self, collection, name, record, block, start, after):
+        super().__init__(collection, name, block)
+        self.collection, self.name, self.record, self.block = collection, name, record, block
+        self.start, self.after = start, after
 
 
 class StorePlanner:
-    """The planner of `Store` (osd/store.py): it reads the committed state (records, collections)
-    and the object locks, reserves blocks in the allocator and writes staged data to the
-    device; the committed state itself changes only in the committer."""
+    """The planner of `Store` (osd/store.py): it reads the committed state and the in-flight
+    plans (`_pending`), reserves blocks in the allocator and hands out omap ids; the committed
+    state itself changes only in the committer."""
 
-    async def _lock(self, keys):
-        """Take the keys' locks in order (sorted keys: no deadlock between transactions)."""
-        taken = 0
-        try:
-            for key in keys:
-                await self._object_locks.acquire(key)
-                taken += 1
-        except BaseException:
-            self._unlock(keys[:taken])
-            raise
-
-    def _unlock(self, keys):
-        for key in keys:
-            self._object_locks.release(key)
-
-    async def _prepare(self, txn):
+    def _prepare(self, txn, fetched):
+        """Plan `txn` against the current view. `fetched`: device blocks read for an earlier
+        attempt (first block -> view); raises `_NeedBlocks` for one more."""
         plan = _Plan(records={}, collections={}, allocated=[], dropped=[], freed=[], writes=[],
                      buffers=[])
         staged = {}            # see _stage()
@@ -89,7 +102,7 @@ class StorePlanner:
                     elif isinstance(op, OmapUpdate):
                         new = self._plan_omap(plan, op, old)
                     elif isinstance(op, Write):
-                        new = await self._plan_write(plan, staged, op, old)
+                        new = self._plan_write(plan, staged, fetched, op, old)
                     elif isinstance(op, Delete):
                         if old is None:
                             raise ObjectNotFound(op.collection, op.name)
@@ -116,9 +129,15 @@ class StorePlanner:
         return plan
 
     def _before(self, plan, key, collection, name):
-        """The committed record of an object a transaction touches first (None: none), noted
-        so that the commit can count what changed in each collection."""
-        record = self._record(collection, name)
+        """The record of an object a transaction touches first (None: none) as the view holds it, noted
+        so that the commit can count what changed in each collection. An object an in-flight
+        plan changes is that plan's record, and this plan then commits after it."""
+        owner = self._pending.get(key)
+        if owner is not None:
+            record = owner.records[key]
+            plan.after.add(owner)
+        else:
+            record = self._record(collection, name)
         plan.before[key] = (collection, record)
         return record
 
@@ -266,7 +285,7 @@ class StorePlanner:
         return ObjectRecord(size=length, extents=records.merge_extents(extents), crcs=crcs,
                             attrs=dict(op.attrs), mtime_ns=time.time_ns())
 
-    async def _plan_write(self, plan, staged, op, old):
+    def _plan_write(self, plan, staged, fetched, op, old):
         data = memoryview(op.data).cast("B")
         length = len(data)
         old_size = old.size if old is not None else 0
@@ -292,10 +311,9 @@ class StorePlanner:
             fully_covered = (op.offset <= block * self.block_size
                              and (block + 1) * self.block_size <= write_end)
             if first <= block < min(end, old_blocks) and not fully_covered:
-                old_view = await self._read_blocks(op.collection, op.name, old, block, 1, staged)
                 index = block - first
-                view[index * self.block_size:(index + 1) * self.block_size] = old_view
-                self.device.pool.put(old_view)
+                view[index * self.block_size:(index + 1) * self.block_size] = \
+                    self._old_block(plan, staged, fetched, op, old, block)
         view[op.offset - base:write_end - base] = data
         new_size = max(old_size, write_end)
         extents = self._reserve(plan, count)
@@ -310,6 +328,18 @@ class StorePlanner:
         return ObjectRecord(size=new_size, extents=merged, crcs=crcs,
                             attrs=dict(old.attrs), mtime_ns=time.time_ns(),
                             omap_id=old.omap_id)
+
+    def _old_block(self, plan, staged, fetched, op, old, block):
+        """Logical block `block` of `old`, verified by its crc32c: staged by this transaction,
+        or read for this attempt; else `_NeedBlocks`."""
+        (start, _), = records.slice_extents(old.extents, block, 1)
+        data = blockio.staged_bytes(staged, start, 1, self.block_size)
+        if data is None:
+            data = fetched.get(start)
+            if data is None:
+                raise _NeedBlocks(op.collection, op.name, old, block, start, set(plan.after))
+        self._verify(op.collection, op.name, old, block, 1, data)
+        return data
 
     async def _write_data(self, plan):
         if not plan.writes:

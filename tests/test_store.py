@@ -268,6 +268,71 @@ def test_concurrent_transactions_share_commits(open_twin, tmp_path):
     run(body())
 
 
+def test_transactions_on_one_object_in_flight_at_once_commit_in_the_order_they_started(
+        open_twin, tmp_path):
+    """No lock: a transaction plans on the record an earlier one has not committed yet, shares
+    its commit group, and commits after it; a partial write of an object whose put is still in
+    flight waits for that put's data and keeps its bytes."""
+    async def body():
+        device, meta, store = await fresh_store(open_twin, tmp_path)
+        free = store.statfs()["free_bytes"]
+        commits = store.statistics()["commits_total"]
+        txns = [Transaction().put("c", "a", b"1" * 9000),
+                Transaction().set_attrs("c", "a", {"k": b"v"}).put("c", "b", b"2" * 5000),
+                Transaction().rename("c", "a", "c", "moved"),
+                Transaction().omap_update("c", "moved", set=[(b"key", b"value")]),
+                Transaction().delete("c", "b"),
+                Transaction().put("c", "b", b"3" * 100)]
+        await asyncio.gather(*(store.apply(txn) for txn in txns))
+        assert store.statistics()["commits_total"] - commits < len(txns)
+        assert store.statistics()["built_on_in_flight_total"] >= 4
+        assert store.list_objects("c")[0] == ["b", "moved"]
+        assert await store.read_bytes("c", "moved") == b"1" * 9000
+        assert store.stat("c", "moved").attrs == {"k": b"v"}
+        assert store.omap_get("c", "moved", [b"key"]) == {b"key": b"value"}
+        assert await store.read_bytes("c", "b") == b"3" * 100
+        assert store.usage("c")[:2] == (2, 9100)
+        await asyncio.gather(store.put("c", "p", b"a" * 9000), store.write("c", "p", 100, b"B" * 10))
+        assert await store.read_bytes("c", "p") == b"a" * 100 + b"B" * 10 + b"a" * 8890
+        await asyncio.gather(*(store.delete("c", name) for name in ("b", "moved", "p")))
+        assert store.statfs()["free_bytes"] == free
+        await assert_fsck_clean(store)
+        await store.close()
+        await device.aclose()
+    run(body())
+
+
+def test_a_transaction_built_on_one_that_failed_fails_too(tmp_path):
+    """A put whose data write fails takes back its blocks; the transaction planned on its
+    record in the meantime fails with it (it cannot commit a record of blocks never written),
+    one on another object goes on, and the store stays consistent."""
+    from cairn.native import DeviceIOError
+    from cairn.osd.errors import StoreError
+
+    async def body():
+        device, meta, store = await memory_store(tmp_path)
+        await store.put("c", "obj", b"o" * 100)
+        free = store.statfs()["free_bytes"]
+        data_start = store.superblock.data_start_bytes        # the journal lies before it
+        device.fail_writes.append((data_start, device.size_bytes - data_start))
+        results = await asyncio.gather(
+            store.put("c", "obj", b"x" * 9000),
+            store.set_attrs("c", "obj", {"k": b"v"}),
+            store.apply(Transaction().put("c", "other", b"")), return_exceptions=True)
+        device.fail_writes.clear()
+        assert isinstance(results[0], DeviceIOError), results
+        assert isinstance(results[1], StoreError) and "earlier transaction" in str(results[1])
+        assert not isinstance(results[2], BaseException), results
+        assert await store.read_bytes("c", "obj") == b"o" * 100
+        assert store.stat("c", "obj").attrs == {}
+        assert store.statfs()["free_bytes"] == free
+        await store.set_attrs("c", "obj", {"k": b"w"})      # the object is writable again
+        assert store.stat("c", "obj").attrs == {"k": b"w"}
+        await assert_fsck_clean(store)
+        await store.close()
+    run(body())
+
+
 def test_a_collection_key_table_takes_no_object_lock_and_goes_with_its_collection(open_twin,
                                                                                     tmp_path):
     """A collection's key table (where a PG's log lives): entries set and removed in
