@@ -3,9 +3,10 @@
 The OSD serialises work per object in one table per PG (`Pg.locks`, osd/pgs.py): a client
 write holds its object's lock across its whole replication, recovery and rollbacks across
 theirs. (The store keeps no locks: it plans transactions in the order they start, see
-osd/store_plan.py.) Almost every acquisition finds the key free. An `asyncio.Lock` per key cost a Lock
-object, a coroutine call to acquire it and another to release it, on every 4 KiB op; here a free
-key costs one dict insert and one delete, and only a contended key makes a future.
+osd/store_plan.py.) Almost every acquisition finds the key free. An `asyncio.Lock` per key
+cost a Lock object, a coroutine call to acquire it and another to release it, on every 4 KiB
+op; here a free key costs one dict insert and one delete, and only a contended key makes a
+future.
 
 Rules:
 1. A key is held by at most one owner. `acquire` returns at once when the key is free; else the

@@ -71,7 +71,7 @@ from cairn.osd.store_commit import StoreCommitter
 from cairn.osd.store_plan import StorePlanner, _NeedBlocks
 from cairn.osd.store_read import RECORD_ENTRY_BYTES, ReadCache, StoreReads  # noqa: F401
 from cairn.osd.superblock import SUPERBLOCK_BYTES, Superblock
-from cairn.osd.txn import (CreateCollection, KeysUpdate, RemoveCollection,  # noqa: F401
+from cairn.osd.txn import (CreateCollection, RemoveCollection,  # noqa: F401
                            Rename, Transaction)
 
 log = logging.getLogger("cairn.osd")

@@ -17,7 +17,7 @@ its commit returns its reservations, and so fails every plan built on it.
 
 There is no lock: the OSD serialises its writes to an object in the PG's one lock table
 (osd/pgs.py), and the store orders what remains (a replica's writes, pushes, the log's tail
-keys) by plan order, as BlueStore's sequencers do. The one operation that must read old data to
+object) by plan order, as BlueStore's sequencers do. The one operation that must read old data to
 plan, a partial `Write` of a block it does not cover whole, asks for the block (`_NeedBlocks`);
 the store reads it outside the planner and plans the transaction again (tests and tools use
 `Write`; the OSD writes whole objects).
@@ -129,9 +129,9 @@ class StorePlanner:
         return plan
 
     def _before(self, plan, key, collection, name):
-        """The record of an object a transaction touches first (None: none) as the view holds it, noted
-        so that the commit can count what changed in each collection. An object an in-flight
-        plan changes is that plan's record, and this plan then commits after it."""
+        """The record of an object a transaction touches first (None: none) in the current
+        view, noted so that the commit can count what changed in each collection. An object an
+        in-flight plan changes has that plan's record, and this plan then commits after it."""
         owner = self._pending.get(key)
         if owner is not None:
             record = owner.records[key]

@@ -292,7 +292,8 @@ def test_transactions_on_one_object_in_flight_at_once_commit_in_the_order_they_s
         assert store.omap_get("c", "moved", [b"key"]) == {b"key": b"value"}
         assert await store.read_bytes("c", "b") == b"3" * 100
         assert store.usage("c")[:2] == (2, 9100)
-        await asyncio.gather(store.put("c", "p", b"a" * 9000), store.write("c", "p", 100, b"B" * 10))
+        await asyncio.gather(store.put("c", "p", b"a" * 9000),
+                             store.write("c", "p", 100, b"B" * 10))
         assert await store.read_bytes("c", "p") == b"a" * 100 + b"B" * 10 + b"a" * 8890
         await asyncio.gather(*(store.delete("c", name) for name in ("b", "moved", "p")))
         assert store.statfs()["free_bytes"] == free
