@@ -63,9 +63,10 @@ from cairn.client import errors
 from cairn.client.fs_file import FileHandle, OpenInode, _truncate_stripes
 from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_KEY, ENTRY_PREFIX,
                                     INTENT_SETTLE_S, LIST_PAGE, ROOT_INO, SIZE_KEY, STRIPE_BYTES,
-                                    SYMLINK_BYTES_MAX, _check_name, _display, _pack_entry,
-                                    _unpack_entry, check_prefix, decode_attr, fs_error,
-                                    inode_object, split_path, stripe_object)
+                                    STRIPES_BY_INDEX_MAX, SYMLINK_BYTES_MAX, _check_name,
+                                    _display, _pack_entry, _unpack_entry, check_file_size,
+                                    check_prefix, decode_attr, fs_error, inode_object,
+                                    split_path, stripe_object, stripe_prefix)
 
 
 class Filesystem:
@@ -183,13 +184,33 @@ class Filesystem:
             pass
 
     async def _delete_stripes(self, ino, first, end):
+        """Delete the file's stripes with index in [first, end): one by one when they are few,
+        else those a listing finds (a sparse file costs what it holds, not its size)."""
         async def one(index):
             try:
                 await self.data.delete(self.stripe_object(ino, index))
             except errors.ObjectNotFound:
                 pass
-        for start in range(first, end, 64):
-            await asyncio.gather(*(one(i) for i in range(start, min(end, start + 64))))
+        indices = range(first, end) if end - first <= STRIPES_BY_INDEX_MAX else \
+            await self._stripes_held(ino, first, end)
+        for start in range(0, len(indices), 64):
+            await asyncio.gather(*(one(i) for i in indices[start:start + 64]))
+
+    async def _stripes_held(self, ino, first, end):
+        """The indices in [first, end) of the stripes the data pool holds for file `ino`."""
+        prefix = stripe_prefix(ino, self.prefix)
+        held, page = [], None
+        while True:
+            names, page = await self.data.list(prefix=prefix, page=page, limit=LIST_PAGE)
+            for name in names:
+                try:
+                    index = int(name[len(prefix):], 16)
+                except ValueError:
+                    continue                    # not a stripe of this file
+                if first <= index < end:
+                    held.append(index)
+            if page is None:
+                return sorted(held)
 
     # -- directory entries ------------------------------------------------------------------------
 
@@ -572,6 +593,7 @@ class Filesystem:
     async def setattr(self, ino, mode=None, uid=None, gid=None, size=None, mtime_ns=None):
         """Change attributes; `size` truncates or extends a file (zeros)."""
         if size is not None:
+            check_file_size(size, f"a truncate of inode {ino:x}")
             handle = self._open.get(ino)
             if handle is not None:
                 await handle.truncate(size)

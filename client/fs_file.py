@@ -20,7 +20,8 @@ import msgpack
 
 from cairn.client import errors
 from cairn.client.fs_format import (ATTR_KEY, DIRTY_STRIPES_MAX, FLUSH_INTERVAL_S, READ_AHEAD,
-                                    SIZE_KEY, STRIPE_BYTES, WRITE_BEHIND, _as_oserror, fs_error)
+                                    SIZE_KEY, STRIPE_BYTES, WRITE_BEHIND, _as_oserror,
+                                    check_file_size, fs_error)
 
 
 async def _truncate_stripes(fs, ino, old_size, new_size):
@@ -140,6 +141,7 @@ class OpenInode:
         if self.failure is not None:
             raise self.failure
         view = memoryview(data).cast("B")
+        check_file_size(offset + len(view), f"a write to inode {self.ino:x}")
         self.generation += 1
         position = 0
         while position < len(view):
@@ -190,6 +192,7 @@ class OpenInode:
                 del self.pending[index]
 
     async def truncate(self, size):
+        check_file_size(size, f"a truncate of inode {self.ino:x}")
         async with self.lock:
             await self._drain()
             self.generation += 1

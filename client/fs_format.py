@@ -35,6 +35,13 @@ DIRTY_STRIPES_MAX = 16
 FLUSH_INTERVAL_S = 20.0
 LIST_PAGE = 1000
 PREFIX_BYTES_MAX = 512
+# The largest file: writes and truncates past it fail with EFBIG (as CephFS's max_file_size).
+# 4 PiB, 2**30 stripes; a file costs what it holds, not its size (see STRIPES_BY_INDEX_MAX).
+FILE_BYTES_MAX = 1 << 52
+# A truncate or unlink deletes up to this many stripes one by one; past it, it lists the
+# stripes the file holds (one listing per PG of the data pool) and deletes only those, so
+# removing a sparse 1 PiB file costs its few stripes, not 268 million deletes.
+STRIPES_BY_INDEX_MAX = 256
 
 
 def inode_object(ino, prefix=""):
@@ -43,6 +50,18 @@ def inode_object(ino, prefix=""):
 
 def stripe_object(ino, index, prefix=""):
     return f"{prefix}f.{ino:016x}.{index:x}"
+
+
+def stripe_prefix(ino, prefix=""):
+    """What every stripe object name of inode `ino` starts with."""
+    return f"{prefix}f.{ino:016x}."
+
+
+def check_file_size(size, what):
+    """EFBIG when a file would end past FILE_BYTES_MAX."""
+    if size > FILE_BYTES_MAX:
+        raise fs_error(errno.EFBIG, f"{what} would end at byte {size}, past the largest file "
+                       f"({FILE_BYTES_MAX} bytes, 4 PiB)")
 
 
 def check_prefix(prefix):

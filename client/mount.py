@@ -34,6 +34,8 @@ log = logging.getLogger("cairn.mount")
 
 ATTR_TIMEOUT_S = 1.0
 MOUNT_WAIT_S = 30.0
+# On SIGTERM or SIGINT, requests in flight get this long to finish before they are cancelled.
+STOP_GRACE_S = 3.0
 # What the kernel reads ahead of a sequential reader (the mount's bdi read_ahead_kb).
 READ_AHEAD_KB = 16384
 # Entries whose attributes one readdir page fetches at once.
@@ -448,8 +450,14 @@ def _serve(args, mountpoint):
             serving = asyncio.ensure_future(pyfuse3.main())
             await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
             if not serving.done():
+                # Requests still running get STOP_GRACE_S to finish, then are cancelled: a
+                # stop never waits on whatever is in flight (a cluster that does not answer).
                 pyfuse3.terminate()
-                await serving
+                done, _ = await asyncio.wait([serving], timeout=STOP_GRACE_S)
+                if not done:
+                    log.warning("stopping with requests still in flight: they are cancelled")
+                    serving.cancel()
+                    await asyncio.wait([serving])
             pyfuse3.close(unmount=True)
         finally:
             await cluster.close()

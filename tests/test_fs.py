@@ -132,6 +132,62 @@ def test_posix_behaviour_errno_and_two_clients(local_cluster):
         assert (report.files, report.directories, report.symlinks) == (2, 5, 2), report
 
 
+def test_a_sparse_file_costs_what_it_holds_and_efbig_lies_past_the_largest(local_cluster):
+    """A file truncated to 1 PiB, or written one byte below it, is removed in well under a
+    second (its few stripes are listed and deleted, not 268 million indices); a truncate from
+    there deletes the far stripe it held; writes and truncates past FILE_BYTES_MAX fail with
+    EFBIG and change nothing."""
+    import time
+    cluster = make_cluster(local_cluster)
+    pib = 1 << 50
+    with connect(cluster.dir) as client:
+        fs = client.call(Filesystem.open(client._cluster, "data", metadata_pool="meta"))
+        run = client.call
+
+        def stripes(ino):
+            return sorted(int(name.rsplit(".", 1)[1], 16) for name in
+                          run(fs.data.list(prefix=fsmod.stripe_prefix(ino)))[0])
+
+        async def sparse(path, far_byte):
+            async with await fs.open_path(path, "wb") as f:
+                await f.write(b"head")
+                if far_byte:
+                    await f.write(b"x", pib - 1)
+                else:
+                    await f.truncate(pib)
+            return (await fs.resolve(path))[0]
+
+        for far_byte in (False, True):
+            ino = run(sparse("/sparse", far_byte))
+            assert run(fs.stat("/sparse")).size == pib
+            assert stripes(ino) == ([0, (pib - 1) // STRIPE_BYTES] if far_byte else [0])
+            began = time.monotonic()
+            run(fs.unlink_path("/sparse"))
+            assert time.monotonic() - began < 1.0
+            assert stripes(ino) == []
+
+        ino = run(sparse("/shrunk", far_byte=True))
+        run(fs.setattr(ino, size=10))               # no handle open: the namespace truncates
+        assert stripes(ino) == [0] and run(fs.stat("/shrunk")).size == 10
+
+        async def past_the_largest():
+            async with await fs.open_path("/shrunk", "r+b") as f:
+                with pytest.raises(OSError) as failure:
+                    await f.write(b"y", fsmod.FILE_BYTES_MAX)
+                assert failure.value.errno == errno.EFBIG
+                with pytest.raises(OSError) as failure:
+                    await f.truncate(fsmod.FILE_BYTES_MAX + 1)
+                assert failure.value.errno == errno.EFBIG
+                await f.write(b"z", fsmod.FILE_BYTES_MAX - 1)       # the last byte there is
+        run(past_the_largest())
+        expect(errno.EFBIG, lambda: run(fs.setattr(ino, size=fsmod.FILE_BYTES_MAX + 1)))
+        assert run(fs.stat("/shrunk")).size == fsmod.FILE_BYTES_MAX
+        run(fs.unlink_path("/shrunk"))
+        assert stripes(ino) == []
+        report = run(check(fs, grace_s=0))
+        assert report.clean, report.errors
+
+
 def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cluster):
     cluster = make_cluster(local_cluster)
     with connect(cluster.dir) as client:

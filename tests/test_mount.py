@@ -205,6 +205,59 @@ def test_mount_ergonomics_and_cleanup_after_sigkill(mounts, tmp_path):
     assert not_mounted.returncode == 2 and "not mounted" in not_mounted.stderr
 
 
+def test_sparse_files_through_the_kernel_and_a_stop_that_never_waits_on_the_cluster(mounts):
+    """`truncate -s 1P f && rm f` returns within a second; a write past the largest file is
+    EFBIG; a mount whose cluster stopped answering mid-request still stops on SIGTERM within
+    a few seconds (the request in flight is cancelled)."""
+    m = mounts.mount("m")
+    began = time.monotonic()
+    subprocess.run(["truncate", "-s", "1P", f"{m}/sparse"], check=True, timeout=30)
+    assert os.stat(f"{m}/sparse").st_size == 1 << 50
+    subprocess.run(["rm", f"{m}/sparse"], check=True, timeout=30)
+    assert time.monotonic() - began < 2.0
+    with open(f"{m}/far", "wb") as f:
+        f.write(b"head")
+        f.seek((1 << 50) - 1)
+        f.write(b"x")
+    began = time.monotonic()
+    os.unlink(f"{m}/far")
+    assert time.monotonic() - began < 1.0
+    fd = os.open(f"{m}/big", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with pytest.raises(OSError) as failure:
+            os.pwrite(fd, b"y", 1 << 52)
+        assert failure.value.errno == errno.EFBIG
+    finally:
+        os.close(fd)
+    with open(f"{m}/kept", "wb") as f:
+        f.write(b"k")
+    for osd in range(3):
+        mounts.cluster.script("kill", f"osd.{osd}")
+    # A lookup of a name never seen: the kernel has nothing cached, so it asks the mount,
+    # which asks the (dead) metadata pool.
+    reader = subprocess.Popen(["stat", f"{m}/never-seen"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)                     # the lookup is in flight, waiting on dead OSDs
+        os.kill(mounts.pids[m], signal.SIGTERM)
+        began = time.monotonic()
+        while time.monotonic() - began < 15:
+            try:
+                os.kill(mounts.pids[m], 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        stopped_after = time.monotonic() - began
+        assert stopped_after < 8.0, stopped_after
+    finally:
+        reader.kill()
+        try:
+            reader.wait(timeout=5)
+        except subprocess.TimeoutExpired:       # waiting in the kernel on the mount: end it
+            mounts.stop()
+            reader.wait(timeout=10)
+
+
 def test_mounts_honour_caps_and_a_prefix_namespace_fences_a_team(mounts, tmp_path):
     cluster = mounts.cluster
     keys = {}
