@@ -372,15 +372,16 @@ class Pool:
                           tuple(shards) if shards is not None else None,
                           reply.header.get("shards_needed"), bool(reply.header.get("omap")))
 
-    async def delete(self, name):
-        """Delete `name` (and its stripes if it was written by put_stream)."""
+    async def delete(self, name, plain=False):
+        """Delete `name` (and its stripes if it was written by put_stream: a stat says so,
+        and only then is its manifest read). `plain`: the caller knows it was not (the file
+        namespace's inodes and stripes): one op."""
         manifest = None
-        try:
-            reply = await self.cluster._op(self.name, name, {"op": "get"})
+        if not plain:
+            reply = await self.cluster._op(self.name, name, {"op": "stat"})
             if reply.header.get("manifest"):
+                reply = await self.cluster._op(self.name, name, {"op": "get"})
                 manifest = striping.Manifest.decode(reply.payload)
-        except ObjectNotFound:
-            raise
         await self.cluster._op(self.name, name, {"op": "delete"})
         if manifest is not None:
             await self._delete_stripes(name, manifest)

@@ -179,7 +179,7 @@ class Filesystem:
         if attr is not None and attr.get("t") == "f":
             await self._delete_stripes(ino, 0, -(-attr.get("s", 0) // STRIPE_BYTES))
         try:
-            await self.meta.delete(self.inode_object(ino))
+            await self.meta.delete(self.inode_object(ino), plain=True)
         except errors.ObjectNotFound:
             pass
 
@@ -188,7 +188,7 @@ class Filesystem:
         else those a listing finds (a sparse file costs what it holds, not its size)."""
         async def one(index):
             try:
-                await self.data.delete(self.stripe_object(ino, index))
+                await self.data.delete(self.stripe_object(ino, index), plain=True)
             except errors.ObjectNotFound:
                 pass
         indices = range(first, end) if end - first <= STRIPES_BY_INDEX_MAX else \

@@ -178,7 +178,7 @@ async def _check_orphans(fs, report, seen, files, grace_s, repair):
         _error(report, "orphan_data", seen.get(ino), ino, name)
         if repair:
             try:
-                await fs.data.delete(name)
+                await fs.data.delete(name, plain=True)
             except errors.ObjectNotFound:
                 pass
             report.repaired += 1

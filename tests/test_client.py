@@ -61,7 +61,14 @@ def test_objects_round_trip_with_stripes_ranges_listing_and_typed_errors(local_c
             prefixed, _ = await pool.list(prefix="obj-3")
             assert sorted(prefixed) == sorted(n for n in blobs if n.startswith("obj-3"))
 
+            async def stored(prefix):           # every PG's objects, stripes included
+                names = []
+                for pg_index in range(client.map.pools[pool.name]["pg_num"]):
+                    names += (await pool._list_pg(pg_index, prefix, None, 1000)).header["names"]
+                return names
+            assert len(await stored("big")) == 2                   # the manifest and its stripe
             await pool.delete("big")
+            assert await stored("big") == []                       # its stripes went with it
             await pool.delete("obj-1")
             with pytest.raises(errors.ObjectNotFound):
                 await pool.get("obj-1")
