@@ -593,11 +593,11 @@ class Filesystem:
     async def setattr(self, ino, mode=None, uid=None, gid=None, size=None, mtime_ns=None):
         """Change attributes; `size` truncates or extends a file (zeros)."""
         if size is not None:
-            check_file_size(size, f"a truncate of inode {ino:x}")
             handle = self._open.get(ino)
             if handle is not None:
-                await handle.truncate(size)
+                await handle.truncate(size)         # checks the size itself
             else:
+                check_file_size(size, f"a truncate of inode {ino:x}")
                 attr = await self.getattr(ino)
                 if attr.kind != "f":
                     raise fs_error(errno.EISDIR if attr.is_dir else errno.EINVAL,

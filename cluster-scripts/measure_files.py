@@ -10,13 +10,11 @@ Run as root on a mount of a fresh local cluster (it drops the page cache before 
 import concurrent.futures
 import json
 import os
-import re
 import sys
 import time
 import urllib.request
 
-OP_COUNT = re.compile(r'^cairn_osd_op_latency_seconds_count\{[^}]*op="([^"]+)"[^}]*\} (\S+)',
-                      re.M)
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def cpu_s(pid):
@@ -28,8 +26,13 @@ def op_counts(osds):
     total = {}
     for osd in osds:
         text = urllib.request.urlopen(osd["metrics"], timeout=10).read().decode()
-        for match in OP_COUNT.finditer(text):
-            total[match.group(1)] = total.get(match.group(1), 0) + float(match.group(2))
+        for family in text_string_to_metric_families(text):
+            if family.name != "cairn_osd_op_latency_seconds":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    op = sample.labels["op"]
+                    total[op] = total.get(op, 0) + sample.value
     return total
 
 

@@ -106,41 +106,39 @@ async def crash_scenario(seed, meta, journal=True, rounds=12, ops_max=150, width
                 assert isinstance(result, (DeviceError, StoreError)), result
                 unknown.append((effect, {name: before.get(name) for name in effect}))
             else:
-                for name, value in effect.items():
-                    if value is None:
-                        acked.pop(name, None)
-                    else:
-                        acked[name] = value
+                apply_effect(acked, effect)
     statistics = store.statistics()
-    device.crash()
-    await store.abandon()
 
-    remounted = MemoryBlockDevice(image=device.image())
-    store = await Store.open(remounted, meta)
-    try:
-        seen = {}
-        names, _ = store.list_objects("c", limit=100)
-        for name in names:
-            seen[name] = await store.read_bytes("c", name)
-        entries, _ = store.keys_list("c", limit=100)
-        seen.update((KEY + key.decode(), value) for key, value in entries)
+    def check(seen):
         expected = dict(acked)
         for effect, before in unknown:
             after_matches = all(seen.get(name) == value for name, value in effect.items())
             before_matches = all(seen.get(name) == value for name, value in before.items())
             assert after_matches or before_matches, (
                 f"seed {seed}: a transaction is half-visible: {sorted(effect)}")
-            for name, value in (effect if after_matches else before).items():
-                if value is None:
-                    expected.pop(name, None)
-                else:
-                    expected[name] = value
+            apply_effect(expected, effect if after_matches else before)
         assert seen == expected, f"seed {seed}: contents differ from the model"
+    await crash_and_check(store, device, meta, seed, check)
+    return statistics
+
+
+async def crash_and_check(store, device, meta, seed, check):
+    """Crash the device under `store`, remount its surviving image, hand `check` what it holds
+    ({name: bytes}, KEY + name for key table entries), and require fsck --deep clean."""
+    device.crash()
+    await store.abandon()
+    store = await Store.open(MemoryBlockDevice(image=device.image()), meta)
+    try:
+        seen = {}
+        for name in store.list_objects("c", limit=100)[0]:
+            seen[name] = await store.read_bytes("c", name)
+        seen.update((KEY + key.decode(), value) for key, value in store.keys_list("c",
+                                                                                   limit=100)[0])
+        check(seen)
         report = await fsck(store, deep=True)
         assert report.clean, (seed, report.problems)
     finally:
         await store.close()
-    return statistics
 
 
 async def overlapping_scenario(seed, meta, rounds, ops_max, width, latency_s):
@@ -183,16 +181,8 @@ async def overlapping_scenario(seed, meta, rounds, ops_max, width, latency_s):
                 apply_effect(acked, effect)
             last_round = []
     statistics = store.statistics()
-    device.crash()
-    await store.abandon()
 
-    store = await Store.open(MemoryBlockDevice(image=device.image()), meta)
-    try:
-        seen = {}
-        for name in store.list_objects("c", limit=100)[0]:
-            seen[name] = await store.read_bytes("c", name)
-        seen.update((KEY + key.decode(), value) for key, value in store.keys_list("c",
-                                                                                   limit=100)[0])
+    def check(seen):
         unknown = [index for index, (_, ok) in enumerate(last_round) if not ok]
         outcomes = []
         for chosen in itertools.product((False, True), repeat=len(unknown)):
@@ -205,10 +195,7 @@ async def overlapping_scenario(seed, meta, rounds, ops_max, width, latency_s):
         assert seen in outcomes, (f"seed {seed}: no subset of whole transactions, in start "
                                   f"order, gives {digest(seen)}; expected one of "
                                   f"{[digest(outcome) for outcome in outcomes]}")
-        report = await fsck(store, deep=True)
-        assert report.clean, (seed, report.problems)
-    finally:
-        await store.close()
+    await crash_and_check(store, device, meta, seed, check)
     return statistics
 
 
