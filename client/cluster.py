@@ -21,6 +21,7 @@ import dataclasses
 import secrets
 
 from cairn.client import striping
+from cairn.client.omap_batch import OmapBatcher
 from cairn.client.errors import (ObjectNotFound, PermissionDenied, PoolNotFound, PreconditionFailed,
                                  ProtocolError, Timeout)
 from cairn.common import auth, codes, messenger, pg as pgs, sessions, tls
@@ -66,6 +67,7 @@ class Cluster:
         self._connections = messenger.ConnectionPool(      # osd id -> Connection
             authenticate=self.tickets.authenticate, tls=monc.tls)
         self._acting_cache = {}
+        self.omap_batcher = OmapBatcher(self._omap_update_alone)
         # Reads of large ranges of erasure-coded objects fetch the data shards from their
         # holders (`_read`); these count them and their fallbacks through the primary.
         self.direct_reads = True
@@ -141,6 +143,9 @@ class Cluster:
 
     async def _connection(self, osd_id):
         return await self._connections.get(osd_id, self.map.osds[osd_id]["addr"])
+
+    async def _omap_update_alone(self, pool_name, name, header):
+        return (await self._op(pool_name, name, header)).header["version"]
 
     async def _op(self, pool_name, name, header, payload=b""):
         """Send one object op to its PG's primary, retrying across map changes; the reply.
@@ -405,8 +410,8 @@ class Pool:
                   "remove": list(remove), "clear": clear, "create": create, "if": conditions}
         if if_version is not None:
             header["if_version"] = if_version
-        reply = await self.cluster._op(self.name, name, header)
-        return reply.header["version"]
+        # Updates to one object sent while another is in flight go together (omap_batch.py).
+        return await self.cluster.omap_batcher.update(self.name, name, header)
 
     async def omap_get(self, name, keys):
         """{key: value} of those `keys` the object's omap holds."""

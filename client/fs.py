@@ -8,30 +8,50 @@
     await fs.rename_path("/ckpt/step-1", "/ckpt/step-2")
     print(await fs.listdir("/ckpt"))
 
-Layout. Every inode is an object of the metadata pool (replicated), named `i.<ino, 16 hex>`,
+Layout. A directory is an object of the metadata pool (replicated), named `i.<ino, 16 hex>`,
 whose omap (osd/omap.py) holds:
 
-    b"\\x00a"             its attributes: msgpack {t: "f"|"d"|"l", m: mode bits, u, g,
-                          s: size, mt, ct: ns, p: parent (directories), l: symlink target}
-    b"\\x00s"             a file's size and mtime as its last flush set them: msgpack
-                          [size, mtime ns] (a blind write: closing a file costs one update)
+    b"\\x00a"             its attributes: msgpack {t: "d", m: mode bits, u, g, mt, ct: ns,
+                          p: parent}
     b"\\x00D"             marks a directory (a create's condition: the parent is one)
     b"\\x00d"             a directory being removed: no entry may be added to it any more
-    b"\\x01" + name       a directory entry: msgpack [ino, kind] (+ a rename intent, below)
+    b"\\x01" + name       an entry: msgpack [ino, kind] (+ a rename intent, below); a primary
+                          entry is [ino, kind, None, attributes]: the inode lives in it
+    b"\\x02" + slot       the record of an inode born here (slot: 4 bytes): the name of its
+                          primary entry here, or its attributes once no entry holds them
+
+Files and symlinks are embedded, as CephFS's primary dentries: one made in directory D is
+numbered EMBED_BIT | D << 32 | slot, and its attributes {t: "f"|"l", m, u, g, s: size, mt,
+ct, l: symlink target} live in its entry. A create is one conditional update of D (the entry
+and the record, only if the name and the slot are free), a lookup one read that returns the
+attributes with the number, an unlink one update, and a listing carries every embedded
+inode's attributes (readdirplus for free). By number, an inode is found through its record
+in D (the number says which D), which names the entry holding it. A rename within D moves
+the entry and renames the record in one update; a rename to another directory moves the
+attributes into the record (in D, for good), and the entries naming it carry the number
+only. D may then be removed: its object stays, unnamed, while records remain in it.
+
+Directories, and files made before this layout (or in a directory made before it, numbered at
+or above DIR_INO_LIMIT), are inodes of their own: objects `i.<ino>` holding b"\\x00a" and,
+for a file, b"\\x00s": its size and mtime as its last flush set them, [size, mtime ns] (a
+blind write). Namespaces made before this layout mount as they are; new files in their old
+directories are made the old way, in new directories (and the root) embedded.
 
 A file's bytes live in the data pool (any kind, erasure-coded too) as stripe objects
 `f.<ino>.<index, hex>` of STRIPE_BYTES each, written whole: a write at an offset rewrites the
 stripes it touches, a stripe that does not exist reads as zeros, and the size in the attributes
 (set at close and fsync, after every stripe of the write is durable) says where the file ends.
-The root is inode 1 (as FUSE numbers it); inode numbers are random 63-bit integers, claimed by
-creating their object only if it does not exist.
+The root is inode 1 (as FUSE numbers it); new directories get random numbers below
+DIR_INO_LIMIT, claimed by creating their object only if it does not exist.
 
 Atomicity. An op on one directory is one conditional omap update: a create inserts its entry
 only if the name is absent and the directory is not being removed; a rename within a directory
 removes the old name and sets the new one in one update (replacing a file there atomically);
 rmdir first marks the directory removed only if it has no entry, so nothing can be created in
-it afterwards, then unlinks it. Creates make the inode before the entry, unlinks remove the
-entry before the inode: a crash leaves at most an orphaned inode, which `fsck` finds.
+it afterwards, then unlinks it. An embedded inode comes and goes with its entry; an inode of
+its own is made before its entry and removed after it: a crash leaves at most an orphaned
+inode (or a removed file's stripes), which `fsck` finds. Updates to one directory sent while
+another is in flight go to the OSD together (client/omap_batch.py).
 
 A rename across directories touches two objects, maybe in two PGs, so it goes in steps that
 each leave a state every reader knows how to finish (an intent in the entries themselves):
@@ -52,6 +72,7 @@ a file is never visible in both directories, nor in neither.
 """
 
 import asyncio
+import collections
 import errno
 import os
 import secrets
@@ -61,12 +82,29 @@ import msgpack
 
 from cairn.client import errors
 from cairn.client.fs_file import FileHandle, OpenInode, _truncate_stripes
-from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_KEY, ENTRY_PREFIX,
-                                    INTENT_SETTLE_S, LIST_PAGE, ROOT_INO, SIZE_KEY, STRIPE_BYTES,
-                                    STRIPES_BY_INDEX_MAX, SYMLINK_BYTES_MAX, _check_name,
-                                    _display, _pack_entry, _unpack_entry, check_file_size,
-                                    check_prefix, decode_attr, fs_error, inode_object,
-                                    split_path, stripe_object, stripe_prefix)
+from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_INO_LIMIT, DIR_KEY, EMBED_BIT,
+                                    ENTRY_PREFIX, INTENT_SETTLE_S, LIST_PAGE, RECORD_PREFIX,
+                                    ROOT_INO, SIZE_KEY, STRIPE_BYTES, STRIPES_BY_INDEX_MAX,
+                                    SYMLINK_BYTES_MAX, _check_name, _display, _pack_entry,
+                                    _unpack_entry, check_file_size, check_prefix, decode_attr,
+                                    embedded_home, embedded_ino, entry_attr, fs_error,
+                                    inode_object, is_embedded, split_path, stripe_object,
+                                    stripe_prefix)
+
+# Inodes whose last-read attributes (and where they were) this process remembers: the next
+# change of one is tried as a compare-and-swap against them before anything is read.
+HINTS_MAX = 4096
+
+
+class _Where:
+    """Where an inode's attributes were read from, for a compare-and-swap: its own object
+    (`key` ATTR_KEY, at `version`), a primary entry, or its home directory's record (`key`,
+    with the value `raw` read)."""
+
+    __slots__ = ("obj", "key", "raw", "version")
+
+    def __init__(self, obj, key, raw=None, version=None):
+        self.obj, self.key, self.raw, self.version = obj, key, raw, version
 
 
 class Filesystem:
@@ -83,6 +121,8 @@ class Filesystem:
         self.meta = cluster.pool(metadata_pool)
         self.prefix = check_prefix(prefix)
         self._open = {}                 # ino -> OpenInode (files open in this process)
+        self._hints = collections.OrderedDict()     # ino -> (Attr, _Where), last read
+        self._recent = collections.OrderedDict()    # (dir, raw name) -> its entry, last read
 
     def inode_object(self, ino):
         return inode_object(ino, self.prefix)
@@ -120,25 +160,69 @@ class Filesystem:
 
     async def getattr(self, ino):
         """The inode's Attr (the open file's own size while this process writes it)."""
-        try:
-            found = await self.meta.omap_get(self.inode_object(ino), [ATTR_KEY, SIZE_KEY])
-        except errors.ObjectNotFound:
-            found = {}
-        attr = decode_attr(found)
-        if attr is None:
-            raise fs_error(errno.ENOENT, f"inode {ino:x}")
+        attr, _ = await self._locate(ino)
+        return self._with_open_size(ino, attr)
+
+    def _with_open_size(self, ino, attr):
         handle = self._open.get(ino)
         if handle is not None:
             attr["s"] = handle.size
         return attr
 
-    async def _new_inode(self, attr):
-        """Claim a fresh inode number and write its attributes; the number."""
+    async def _locate(self, ino):
+        """(Attr, _Where) of inode `ino` as stored now (ENOENT)."""
+        if not is_embedded(ino):
+            name = self.inode_object(ino)
+            try:
+                values, version = await self.meta.omap_read(name, [ATTR_KEY, SIZE_KEY])
+            except errors.ObjectNotFound:
+                values, version = {}, 0
+            attr = decode_attr(values)
+            if attr is None:
+                raise fs_error(errno.ENOENT, f"inode {ino:x}")
+            return self._hint(ino, attr, _Where(name, ATTR_KEY, version=version))
+        home, record_key = embedded_home(ino)
+        obj = self.inode_object(home)
+        for _ in range(8):
+            hinted = self._hints.get(ino)
+            keys = [record_key]
+            if hinted is not None and hinted[1].key.startswith(ENTRY_PREFIX):
+                keys.append(hinted[1].key)          # its entry, if it was not renamed
+            try:
+                found = await self.meta.omap_get(obj, keys)
+            except errors.ObjectNotFound:
+                found = {}
+            record = found.get(record_key)
+            if record is None:
+                raise fs_error(errno.ENOENT, f"inode {ino:x}")
+            value = msgpack.unpackb(record)
+            if isinstance(value, dict):             # the inode lives in the record
+                return self._hint(ino, Attr(value), _Where(obj, record_key, record))
+            key = ENTRY_PREFIX + value              # ... or in its primary entry
+            raw = found.get(key)
+            if raw is None:
+                raw = (await self._omap_get_quiet(home, [key])).get(key)
+            attr = entry_attr(raw) if raw is not None else None
+            if attr is not None and _unpack_entry(raw)[0] == ino:
+                return self._hint(ino, attr, _Where(obj, key, raw))
+            # renamed within its directory between the two reads: read again
+        raise fs_error(errno.EAGAIN, f"inode {ino:x} kept moving")
+
+    def _hint(self, ino, attr, where):
+        self._hints[ino] = (attr, where)
+        self._hints.move_to_end(ino)
+        if len(self._hints) > HINTS_MAX:
+            self._hints.popitem(last=False)
+        return attr, where
+
+    async def _new_inode(self, attr, below=DIR_INO_LIMIT):
+        """Claim a fresh inode number (below `below`) for an inode of its own and write its
+        attributes; the number."""
         entries = {ATTR_KEY: msgpack.packb(attr)}
         if attr["t"] == "d":
             entries[DIR_KEY] = b""
         while True:
-            ino = secrets.randbits(63)
+            ino = secrets.randbelow(below)
             if ino <= ROOT_INO:
                 continue
             try:
@@ -153,35 +237,63 @@ class Filesystem:
                 # that number is taken: draw another
 
     async def _set_attr(self, ino, change):
-        """Apply change(attr) to the inode's attributes, retrying if another client changed
-        them meanwhile (compare-and-swap on the object's version)."""
-        name = self.inode_object(ino)
-        while True:
-            try:
-                reply = await self.meta.omap_read(name, [ATTR_KEY, SIZE_KEY])
-            except errors.ObjectNotFound:
-                raise fs_error(errno.ENOENT, f"inode {ino:x}") from None
-            values, version = reply
-            attr = decode_attr(values)
-            if attr is None:
-                raise fs_error(errno.ENOENT, f"inode {ino:x}")
+        """Apply change(attr) to the inode's attributes: a compare-and-swap against what was
+        last read (this process's hint, else a fresh read), again on a read if another
+        client changed them meanwhile."""
+        hinted = self._hints.pop(ino, None)
+        for _ in range(100):
+            if hinted is not None:
+                attr, where = Attr(hinted[0]), hinted[1]
+                hinted = None
+            else:
+                attr, where = await self._locate(ino)
+                attr = Attr(attr)
             change(attr)
             try:
-                # The size moves into the attributes (one record again).
-                await self.meta.omap_update(name, {ATTR_KEY: msgpack.packb(dict(attr))},
-                                            remove=[SIZE_KEY], if_version=version)
+                self._hint(ino, attr, await self._store_attr(ino, where, attr))
                 return attr
             except errors.PreconditionFailed:
                 continue
+            except errors.ObjectNotFound:
+                raise fs_error(errno.ENOENT, f"inode {ino:x}") from None
+        raise fs_error(errno.EAGAIN, f"inode {ino:x}: its attributes kept changing")
+
+    async def _store_attr(self, ino, where, attr):
+        """Write `attr` where it was read, only if unchanged since; the new _Where."""
+        if where.key == ATTR_KEY:
+            # The size moves into the attributes (one record again).
+            version = await self.meta.omap_update(where.obj,
+                                                  {ATTR_KEY: msgpack.packb(dict(attr))},
+                                                  remove=[SIZE_KEY], if_version=where.version)
+            return _Where(where.obj, ATTR_KEY, version=version)
+        if where.key.startswith(ENTRY_PREFIX):
+            new = _pack_entry(ino, attr.kind, attr=attr)
+        else:
+            new = msgpack.packb(dict(attr))
+        await self.meta.omap_update(where.obj, {where.key: new}, equals={where.key: where.raw})
+        return _Where(where.obj, where.key, new)
 
     async def _drop_inode(self, ino, attr):
-        """Delete an inode no entry names any more: its object and, for a file, its data."""
-        if attr is not None and attr.get("t") == "f":
-            await self._delete_stripes(ino, 0, -(-attr.get("s", 0) // STRIPE_BYTES))
+        """Delete an inode no entry names any more: its object (or record) and its data."""
+        await self._drop_data(ino, attr)
         try:
-            await self.meta.delete(self.inode_object(ino), plain=True)
+            if is_embedded(ino):
+                home, record_key = embedded_home(ino)
+                await self.meta.omap_update(self.inode_object(home), remove=[record_key])
+            else:
+                await self.meta.delete(self.inode_object(ino), plain=True)
         except errors.ObjectNotFound:
             pass
+
+    async def _drop_data(self, ino, attr):
+        """Delete a removed file's stripes (up to its size here if it is open here)."""
+        self._hints.pop(ino, None)
+        if attr is not None and attr.get("t") == "f":
+            size = attr.get("s", 0)
+            handle = self._open.get(ino)
+            if handle is not None:
+                size = max(size, handle.size)
+            await self._delete_stripes(ino, 0, -(-size // STRIPE_BYTES))
 
     async def _delete_stripes(self, ino, first, end):
         """Delete the file's stripes with index in [first, end): one by one when they are few,
@@ -216,7 +328,22 @@ class Filesystem:
 
     async def lookup(self, parent, name):
         """(ino, kind) of `name` in directory `parent`; ENOENT, ENOTDIR."""
-        key = ENTRY_PREFIX + _check_name(name)
+        ino, kind, _, _ = await self._lookup_entry(parent, name)
+        return ino, kind
+
+    async def lookup_attr(self, parent, name):
+        """(ino, Attr) of `name` in directory `parent`: one read when the inode is embedded
+        in its entry."""
+        ino, _, _, attr = await self._lookup_entry(parent, name)
+        if attr is None:
+            return ino, await self.getattr(ino)
+        return ino, self._with_open_size(ino, attr)
+
+    async def _lookup_entry(self, parent, name):
+        """(ino, kind, entry, Attr or None) of `name` in `parent`; the Attr when the entry is
+        primary (the inode embedded in it)."""
+        raw_name = _check_name(name)
+        key = ENTRY_PREFIX + raw_name
         for _ in range(50):
             try:
                 found = await self.meta.omap_get(self.inode_object(parent), [key, ATTR_KEY])
@@ -228,9 +355,19 @@ class Filesystem:
                 raise fs_error(errno.ENOENT, _display(name))
             ino, kind, intent = _unpack_entry(raw)
             if intent is None:
-                return ino, kind
+                attr = entry_attr(raw)
+                if attr is not None:
+                    self._hint(ino, attr, _Where(self.inode_object(parent), key, raw))
+                self._remember(parent, raw_name, raw)
+                return ino, kind, raw, attr
             await self._resolve(parent, key, raw)
         raise fs_error(errno.EAGAIN, f"{_display(name)}: a rename of it did not settle")
+
+    def _remember(self, parent, raw_name, raw):
+        self._recent[parent, raw_name] = raw
+        self._recent.move_to_end((parent, raw_name))
+        if len(self._recent) > HINTS_MAX:
+            self._recent.popitem(last=False)
 
     async def _check_dir(self, ino, raw_attr):
         if raw_attr is None:
@@ -241,6 +378,12 @@ class Filesystem:
     async def readdir(self, ino, start_after=None, limit=LIST_PAGE):
         """([(name, ino, kind)], more) of directory `ino`, in name order after `start_after`
         (a name). Entries caught mid-rename are finished first."""
+        entries, more = await self.readdir_plus(ino, start_after, limit)
+        return [entry[:3] for entry in entries], more
+
+    async def readdir_plus(self, ino, start_after=None, limit=LIST_PAGE):
+        """As readdir, each entry with its Attr when the inode is embedded in it (else None:
+        ask getattr)."""
         attr = await self.getattr(ino)
         if not attr.is_dir:
             raise fs_error(errno.ENOTDIR, f"inode {ino:x}")
@@ -250,8 +393,14 @@ class Filesystem:
                                                       prefix=ENTRY_PREFIX, limit=limit)
             marked = [(key, raw) for key, raw in entries if _unpack_entry(raw)[2] is not None]
             if not marked:
-                return [(key[1:].decode(errors="surrogateescape"), *_unpack_entry(raw)[:2])
-                        for key, raw in entries], more
+                out = []
+                for key, raw in entries:
+                    child, kind, _ = _unpack_entry(raw)
+                    attr = entry_attr(raw)
+                    if attr is not None:
+                        attr = self._with_open_size(child, attr)
+                    out.append((key[1:].decode(errors="surrogateescape"), child, kind, attr))
+                return out, more
             for key, raw in marked:
                 await self._resolve(ino, key, raw)
         raise fs_error(errno.EAGAIN, f"directory {ino:x}: renames in it did not settle")
@@ -276,16 +425,50 @@ class Filesystem:
                 from None
 
     async def _make(self, parent, name, attr):
-        """(ino, Attr) of a new inode named `name` in `parent`: the inode first, then the
-        entry (only if the parent is a directory, not being removed, without that name)."""
+        """(ino, Attr) of a new inode named `name` in `parent` (only if the parent is a
+        directory, not being removed, without that name). A file, symlink or special file
+        in a directory numbered below DIR_INO_LIMIT is embedded in its entry: one update.
+        Otherwise the inode's own object first, then the entry."""
         raw = _check_name(name)
-        ino = await self._new_inode(attr)
+        if attr["t"] != "d" and parent < DIR_INO_LIMIT:
+            return await self._make_embedded(parent, raw, Attr(attr))
+        ino = await self._new_inode(attr, DIR_INO_LIMIT if attr["t"] == "d" else EMBED_BIT)
         try:
             await self._insert(parent, raw, ino, attr["t"])
         except BaseException:
             await self._drop_inode(ino, None)
             raise
         return ino, Attr(attr)
+
+    async def _make_embedded(self, parent, raw_name, attr):
+        """The entry with the inode in it, and the inode's record in the same directory
+        (naming the entry), in one conditional update; a record slot already taken is drawn
+        again."""
+        key, obj = ENTRY_PREFIX + raw_name, self.inode_object(parent)
+        for _ in range(100):
+            ino = embedded_ino(parent, secrets.randbits(32))
+            record_key = embedded_home(ino)[1]
+            entry = _pack_entry(ino, attr.kind, attr=attr)
+            try:
+                await self.meta.omap_update(obj, {key: entry, record_key: msgpack.packb(raw_name)},
+                                            absent=[key, record_key, DEAD_KEY],
+                                            present=[DIR_KEY])
+            except errors.ObjectNotFound:
+                raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
+            except errors.PreconditionFailed as exc:
+                found = await self.meta.omap_get(obj, [key, record_key, DEAD_KEY, ATTR_KEY])
+                if not (exc.maybe_applied and found.get(key) == entry):
+                    await self._check_dir(parent, found.get(ATTR_KEY))
+                    if key in found:
+                        raise fs_error(errno.EEXIST, _display(raw_name)) from None
+                    if DEAD_KEY in found:
+                        raise fs_error(errno.ENOENT, f"directory inode {parent:x} is being "
+                                       "removed") from None
+                    continue                    # the slot is taken: draw another
+            self._hint(ino, attr, _Where(obj, key, entry))
+            self._remember(parent, raw_name, entry)
+            return ino, attr
+        raise fs_error(errno.EAGAIN, f"{_display(raw_name)}: no free inode slot found")
 
     async def lookup_parent_ok(self, parent):
         attr = await self.getattr(parent)
@@ -332,13 +515,40 @@ class Filesystem:
     async def unlink(self, parent, name):
         """Remove a file or symlink (EISDIR for a directory). Its data goes once the entry is
         gone (a file unlinked while open is not kept alive: its readers get errors after)."""
-        raw = _check_name(name)
-        ino, kind = await self.lookup(parent, name)
-        if kind == "d":
-            raise fs_error(errno.EISDIR, _display(raw))
-        await self._remove_entry(parent, raw, _pack_entry(ino, kind))
-        attr = await self._attr_or_none(ino)
-        await self._drop_inode(ino, attr)
+        raw_name = _check_name(name)
+        key = ENTRY_PREFIX + raw_name
+        entry = self._recent.pop((parent, raw_name), None)     # read by the lookup before
+        if entry is not None and entry_attr(entry) is None:
+            entry = None                        # only a primary one is removed on its word
+        for _ in range(50):
+            if entry is None:
+                entry = (await self._lookup_entry(parent, name))[2]
+            ino, kind, intent = _unpack_entry(entry)
+            if intent is not None:
+                entry = None                    # caught mid-rename: look it up (finishes it)
+                continue
+            if kind == "d":
+                raise fs_error(errno.EISDIR, _display(raw_name))
+            attr = entry_attr(entry)
+            if attr is None:                    # the inode lives elsewhere
+                await self._remove_entry(parent, raw_name, entry)
+                await self._drop_inode(ino, await self._attr_or_none(ino))
+                return
+            # Primary: the entry and the inode's record go in one update, then the data.
+            try:
+                await self.meta.omap_update(self.inode_object(parent),
+                                            remove=[key, embedded_home(ino)[1]],
+                                            equals={key: entry})
+            except errors.ObjectNotFound:
+                raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
+            except errors.PreconditionFailed as exc:
+                if not (exc.maybe_applied and
+                        key not in await self._omap_get_quiet(parent, [key])):
+                    entry = None                # changed since it was read: read it again
+                    continue
+            await self._drop_data(ino, attr)
+            return
+        raise fs_error(errno.EAGAIN, f"{_display(raw_name)} kept changing")
 
     async def _attr_or_none(self, ino):
         try:
@@ -372,7 +582,20 @@ class Filesystem:
         except OSError:
             await self.meta.omap_update(self.inode_object(ino), remove=[DEAD_KEY])
             raise
-        await self._drop_inode(ino, None)
+        await self._drop_directory(ino)
+
+    async def _drop_directory(self, ino):
+        """Delete a removed directory's object, unless inodes born in it that now live
+        elsewhere keep their records there (then it stays, unnamed, until fsck finds it
+        holds none)."""
+        self._hints.pop(ino, None)
+        records, _ = await self.meta.omap_list(self.inode_object(ino), None,
+                                               prefix=RECORD_PREFIX, limit=1)
+        if not records:
+            try:
+                await self.meta.delete(self.inode_object(ino), plain=True)
+            except errors.ObjectNotFound:
+                pass
 
     async def _mark_dead(self, ino, raw_name):
         try:
@@ -387,12 +610,12 @@ class Filesystem:
         """Move an entry, replacing a file (or an empty directory) at the target atomically,
         as POSIX rename does; `replace=False` refuses an existing target (EEXIST)."""
         src_raw, dst_raw = _check_name(src_name), _check_name(dst_name)
-        ino, kind = await self.lookup(src_parent, src_name)
+        ino, kind, source, _ = await self._lookup_entry(src_parent, src_name)
         if src_parent == dst_parent and src_raw == dst_raw:
             return
-        target = None
+        target = replaced = None
         try:
-            target = await self.lookup(dst_parent, dst_name)
+            *target, replaced, _ = await self._lookup_entry(dst_parent, dst_name)
         except FileNotFoundError:
             await self.lookup_parent_ok(dst_parent)
         if target is not None:
@@ -408,19 +631,26 @@ class Filesystem:
             await self._check_not_inside(ino, dst_parent)
         if target is not None and target[1] == "d":
             await self._mark_dead(target[0], dst_raw)
-        replaced = _pack_entry(*target) if target is not None else None
         try:
             if src_parent == dst_parent:
-                await self._rename_within(src_parent, src_raw, dst_raw, ino, kind, replaced)
+                await self._rename_within(src_parent, src_raw, dst_raw, source, replaced)
             else:
-                await self._rename_across(src_parent, src_raw, dst_parent, dst_raw, ino, kind,
+                await self._rename_across(src_parent, src_raw, dst_parent, dst_raw, source,
                                           replaced)
         except BaseException:
             if target is not None and target[1] == "d":
                 await self.meta.omap_update(self.inode_object(target[0]), remove=[DEAD_KEY])
             raise
-        if target is not None:
-            await self._drop_inode(target[0], await self._attr_or_none(target[0]))
+        if target is None:
+            return
+        if target[1] == "d":
+            await self._drop_directory(target[0])
+            return
+        old = entry_attr(replaced)
+        if old is not None and src_parent == dst_parent:
+            await self._drop_data(target[0], old)   # its record went with the rename
+        else:
+            await self._drop_inode(target[0], old or await self._attr_or_none(target[0]))
 
     async def _check_not_inside(self, ino, directory):
         """EINVAL if `directory` is `ino` or below it (a directory moved into itself)."""
@@ -433,17 +663,23 @@ class Filesystem:
             directory = (await self.getattr(directory)).get("p", ROOT_INO)
             seen += 1
 
-    async def _rename_within(self, parent, src_raw, dst_raw, ino, kind, replaced):
+    async def _rename_within(self, parent, src_raw, dst_raw, packed, replaced):
+        """One update: the entry moves (an embedded inode with it, its record renamed), a
+        replaced embedded inode's record goes."""
         src_key, dst_key = ENTRY_PREFIX + src_raw, ENTRY_PREFIX + dst_raw
-        packed = _pack_entry(ino, kind)
         conditions = {"equals": {src_key: packed}}
+        changes, remove = {dst_key: packed}, [src_key]
         if replaced is None:
             conditions["absent"] = [dst_key]
         else:
             conditions["equals"][dst_key] = replaced
+            if entry_attr(replaced) is not None:
+                remove.append(embedded_home(_unpack_entry(replaced)[0])[1])
+        if entry_attr(packed) is not None:
+            changes[embedded_home(_unpack_entry(packed)[0])[1]] = msgpack.packb(dst_raw)
         try:
-            await self.meta.omap_update(self.inode_object(parent), {dst_key: packed},
-                                        remove=[src_key], **conditions)
+            await self.meta.omap_update(self.inode_object(parent), changes, remove=remove,
+                                        **conditions)
         except errors.PreconditionFailed as exc:
             found = await self.meta.omap_get(self.inode_object(parent), [src_key, dst_key])
             if exc.maybe_applied and src_key not in found and found.get(dst_key) == packed:
@@ -451,16 +687,22 @@ class Filesystem:
             raise fs_error(errno.EAGAIN, f"{_display(src_raw)} or {_display(dst_raw)} changed "
                            "meanwhile; retry") from None
 
-    async def _rename_across(self, src_parent, src_raw, dst_parent, dst_raw, ino, kind,
+    async def _rename_across(self, src_parent, src_raw, dst_parent, dst_raw, source,
                              replaced):
         src_key, dst_key = ENTRY_PREFIX + src_raw, ENTRY_PREFIX + dst_raw
+        ino, kind, _ = _unpack_entry(source)
         plain = _pack_entry(ino, kind)
         to_mark = _pack_entry(ino, kind, ["to", dst_parent, dst_raw, time.time()])
         from_mark = _pack_entry(ino, kind, ["from", src_parent, src_raw, replaced])
         src_obj, dst_obj = self.inode_object(src_parent), self.inode_object(dst_parent)
-        # 1. Mark the source.
+        # 1. Mark the source. An inode embedded in it moves into its record (in the same
+        # directory, its home), where it stays wherever the entry goes.
+        moved = {src_key: to_mark}
+        attr = entry_attr(source)
+        if attr is not None:
+            moved[embedded_home(ino)[1]] = msgpack.packb(dict(attr))
         try:
-            await self.meta.omap_update(src_obj, {src_key: to_mark}, equals={src_key: plain})
+            await self.meta.omap_update(src_obj, moved, equals={src_key: source})
         except errors.PreconditionFailed as exc:
             found = await self.meta.omap_get(src_obj, [src_key])
             if not (exc.maybe_applied and found.get(src_key) == to_mark):
@@ -689,12 +931,32 @@ class Filesystem:
 
     async def scandir(self, path="/"):
         """[(name, ino, kind)] of a directory."""
+        return [entry[:3] for entry in await self._scan(path)]
+
+    async def scandir_attrs(self, path="/"):
+        """[(name, ino, Attr)] of a directory (entries removed meanwhile left out)."""
+        entries = await self._scan(path)
+
+        async def one(ino, attr):
+            try:
+                return attr if attr is not None else await self.getattr(ino)
+            except FileNotFoundError:
+                return None
+        out = []
+        for start in range(0, len(entries), 64):
+            batch = entries[start:start + 64]
+            attrs = await asyncio.gather(*(one(ino, attr) for _, ino, _, attr in batch))
+            out.extend((name, ino, attr) for (name, ino, _, _), attr in zip(batch, attrs)
+                       if attr is not None)
+        return out
+
+    async def _scan(self, path):
         ino, kind = await self.resolve(path)
         if kind != "d":
             raise fs_error(errno.ENOTDIR, path)
         out, after = [], None
         while True:
-            entries, more = await self.readdir(ino, after)
+            entries, more = await self.readdir_plus(ino, after)
             out.extend(entries)
             if not more:
                 return out

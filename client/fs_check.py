@@ -11,8 +11,10 @@ reports, as {"kind", "path", "ino", "object"}:
 - parent: a directory whose parent pointer is not the directory that names it (repair: set);
 - removing: a directory marked for removal that is still named (an rmdir interrupted; repair:
   finished if it is empty, the mark dropped otherwise);
-- orphan_inode: an inode no entry names (a create or unlink interrupted; repair: deleted with
-  its data);
+- record: a file embedded in its entry whose record in the directory is missing or names
+  another entry (repair: the record set);
+- orphan_inode: an inode no entry names (a create or unlink interrupted, or an embedded
+  inode's record left by one; repair: deleted with its data);
 - orphan_data: a stripe object of no file, or past its file's end (repair: deleted).
 
 Orphans younger than `grace_s` are left alone (not reported): a client may be creating them
@@ -23,8 +25,11 @@ import dataclasses
 import time
 
 from cairn.client import errors
-from cairn.client.fs_format import (ATTR_KEY, DEAD_KEY, ENTRY_PREFIX, ROOT_INO, SIZE_KEY,
-                                    STRIPE_BYTES, _pack_entry, decode_attr)
+import msgpack
+
+from cairn.client.fs_format import (ATTR_KEY, DEAD_KEY, ENTRY_PREFIX, RECORD_PREFIX, ROOT_INO,
+                                    SIZE_KEY, STRIPE_BYTES, _pack_entry, decode_attr,
+                                    embedded_home, is_embedded, record_ino)
 
 GRACE_S_DEFAULT = 60.0
 
@@ -52,6 +57,7 @@ async def check(fs, repair=False, grace_s=GRACE_S_DEFAULT, progress=None):
     seen = {ROOT_INO: "/"}              # ino -> path of the entry naming it
     files = {}                          # ino -> size
     queue = [(ROOT_INO, "/")]
+    records = []                        # (directory, key, value) of records not yet accounted
     while queue:
         directory, path = queue.pop()
         report.directories += 1
@@ -61,18 +67,69 @@ async def check(fs, repair=False, grace_s=GRACE_S_DEFAULT, progress=None):
         if dead is not None and directory != ROOT_INO:
             await _interrupted_rmdir(fs, report, directory, path, repair)
             continue
+        held = dict([pair async for pair in fs.meta.omap_items(fs.inode_object(directory),
+                                                                prefix=RECORD_PREFIX)])
         after = None
         while True:
-            entries, more = await fs.readdir(directory, after)
-            for name, ino, kind in entries:
+            entries, more = await fs.readdir_plus(directory, after)
+            for name, ino, kind, attr in entries:
                 child = path.rstrip("/") + "/" + name
+                if attr is not None:
+                    await _check_primary(fs, report, directory, name, ino, attr, child, seen,
+                                         files, held, repair)
+                    continue
                 await _check_entry(fs, report, directory, name, ino, kind, child, seen, files,
                                    queue, repair)
             if not more:
                 break
             after = entries[-1][0]
+        records.extend((directory, key, value) for key, value in held.items())
+    await _check_records(fs, report, records, seen, grace_s, repair)
     await _check_orphans(fs, report, seen, files, grace_s, repair)
     return report
+
+
+async def _check_primary(fs, report, directory, name, ino, attr, path, seen, files, held,
+                         repair):
+    """An entry with its inode in it: its record, in the same directory, names it."""
+    raw_name = name.encode(errors="surrogateescape")
+    home, key = embedded_home(ino) if is_embedded(ino) else (None, None)
+    if home != directory:
+        _error(report, "record", path, ino, fs.inode_object(directory))
+        return                              # not made by cairn: reported, left alone
+    if held.pop(key, None) != msgpack.packb(raw_name):
+        _error(report, "record", path, ino, fs.inode_object(directory))
+        if repair:
+            entry_key = ENTRY_PREFIX + raw_name
+            await _conditional(fs.meta.omap_update(
+                fs.inode_object(directory), {key: msgpack.packb(raw_name)},
+                equals={entry_key: _pack_entry(ino, attr.kind, attr=attr)}), report)
+    seen[ino] = path
+    if attr.kind == "f":
+        report.files += 1
+        report.bytes += attr.size
+        files[ino] = attr.size
+    else:
+        report.symlinks += 1
+
+
+async def _check_records(fs, report, records, seen, grace_s, repair):
+    """Records no entry accounted for: an inode living in its home's record that no entry
+    names, or a record naming an entry that no longer holds its inode."""
+    old_enough = time.time_ns() - int(grace_s * 1e9)
+    for directory, key, value in records:
+        ino = record_ino(directory, key)
+        if ino in seen:
+            continue                        # named by a remote entry (a rename moved it)
+        attr = msgpack.unpackb(value)
+        if isinstance(attr, dict) and attr.get("ct", 0) > old_enough:
+            continue                        # maybe being renamed right now
+        _error(report, "orphan_inode", None, ino, fs.inode_object(directory))
+        if repair:
+            if isinstance(attr, dict) and attr.get("t") == "f":
+                await fs._drop_data(ino, attr)
+            await _conditional(fs.meta.omap_update(fs.inode_object(directory), remove=[key],
+                                                   equals={key: value}), report)
 
 
 def _error(report, kind, path, ino=None, object_name=None):
@@ -152,8 +209,14 @@ async def _check_orphans(fs, report, seen, files, grace_s, repair):
             continue
         try:
             attr = decode_attr(await fs.meta.omap_get(name, [ATTR_KEY, SIZE_KEY])) or {}
+            held = [pair async for pair in fs.meta.omap_items(name, prefix=RECORD_PREFIX)]
         except errors.ObjectNotFound:
             continue                            # removed meanwhile
+        if held:
+            # A removed directory's object kept for the records of inodes born in it.
+            await _check_records(fs, report, [(ino, key, value) for key, value in held], seen,
+                                 grace_s, repair)
+            continue
         if attr.get("ct", 0) > old_enough:
             continue                            # maybe being created right now
         _error(report, "orphan_inode", None, ino, name)

@@ -21,7 +21,7 @@ import msgpack
 from cairn.client import errors
 from cairn.client.fs_format import (ATTR_KEY, DIRTY_STRIPES_MAX, FLUSH_INTERVAL_S, READ_AHEAD,
                                     SIZE_KEY, STRIPE_BYTES, WRITE_BEHIND, _as_oserror,
-                                    check_file_size, fs_error)
+                                    check_file_size, fs_error, is_embedded)
 
 
 async def _truncate_stripes(fs, ino, old_size, new_size):
@@ -206,6 +206,26 @@ class OpenInode:
             self.size = size
             self.changed = True
 
+    async def _commit_size(self):
+        """Record the size and mtime: in the attributes of an embedded inode (a
+        compare-and-swap against what this process last read, which for a file it just made
+        needs no read), as a blind write of its own record for an inode of its own."""
+        size, now = self.size, time.time_ns()
+        if is_embedded(self.ino):
+            def sized(attr):
+                attr["s"], attr["mt"] = size, now
+            try:
+                await self.fs._set_attr(self.ino, sized)
+            except FileNotFoundError:
+                raise fs_error(errno.ENOENT, f"file {self.ino:x} was removed") from None
+            return
+        try:
+            await self.fs.meta.omap_update(self.fs.inode_object(self.ino),
+                                           {SIZE_KEY: msgpack.packb([size, now])},
+                                           present=[ATTR_KEY])
+        except (errors.PreconditionFailed, errors.ObjectNotFound):
+            raise fs_error(errno.ENOENT, f"file {self.ino:x} was removed") from None
+
     async def _drain(self):
         while self.writing:
             await asyncio.gather(*list(self.writing))
@@ -223,13 +243,7 @@ class OpenInode:
                 failure, self.failure = self.failure, None
                 raise failure
             if self.changed:
-                try:
-                    await self.fs.meta.omap_update(
-                        self.fs.inode_object(self.ino), {SIZE_KEY: msgpack.packb([self.size,
-                                                                          time.time_ns()])},
-                        present=[ATTR_KEY])
-                except (errors.PreconditionFailed, errors.ObjectNotFound):
-                    raise fs_error(errno.ENOENT, f"file {self.ino:x} was removed") from None
+                await self._commit_size()
                 self.changed = False
             self.flushed_at = time.monotonic()
 

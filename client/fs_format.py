@@ -21,6 +21,14 @@ SIZE_KEY = b"\x00s"
 DIR_KEY = b"\x00D"
 DEAD_KEY = b"\x00d"
 ENTRY_PREFIX = b"\x01"
+# An embedded inode's record in its home directory: RECORD_PREFIX + its slot (4 bytes).
+RECORD_PREFIX = b"\x02"
+# Inode numbers. A file, symlink or special file made in a directory whose number is below
+# DIR_INO_LIMIT lives in that directory's object (embedded): its number is EMBED_BIT | home
+# directory << 32 | slot. Directories (and inodes made before this layout) are objects of
+# their own, numbered below EMBED_BIT (new directories below DIR_INO_LIMIT).
+EMBED_BIT = 1 << 63
+DIR_INO_LIMIT = 1 << 31
 NAME_BYTES_MAX = 255
 SYMLINK_BYTES_MAX = 4096
 # A rename intent younger than this may still be in progress: readers wait for it.
@@ -46,6 +54,24 @@ STRIPES_BY_INDEX_MAX = 256
 
 def inode_object(ino, prefix=""):
     return f"{prefix}i.{ino:016x}"
+
+
+def is_embedded(ino):
+    return ino >= EMBED_BIT
+
+
+def embedded_ino(home, slot):
+    return EMBED_BIT | home << 32 | slot
+
+
+def embedded_home(ino):
+    """(home directory, record key) of an embedded inode."""
+    return (ino >> 32) & (DIR_INO_LIMIT - 1), RECORD_PREFIX + (ino & 0xFFFFFFFF).to_bytes(4, "big")
+
+
+def record_ino(home, key):
+    """The inode number of record `key` of directory `home`."""
+    return embedded_ino(home, int.from_bytes(key[len(RECORD_PREFIX):], "big"))
 
 
 def stripe_object(ino, index, prefix=""):
@@ -135,13 +161,23 @@ def decode_attr(found):
     return attr
 
 
-def _pack_entry(ino, kind, intent=None):
+def _pack_entry(ino, kind, intent=None, attr=None):
+    """An entry: [ino, kind], a rename's intent third; a primary entry (the inode embedded
+    in it) carries its attributes fourth, and never an intent."""
+    if attr is not None:
+        return msgpack.packb([ino, kind, None, dict(attr)])
     return msgpack.packb([ino, kind] + ([intent] if intent is not None else []))
 
 
 def _unpack_entry(raw):
     fields = msgpack.unpackb(raw)
     return fields[0], fields[1], (fields[2] if len(fields) > 2 else None)
+
+
+def entry_attr(raw):
+    """The Attr a primary entry carries (None: the inode lives elsewhere)."""
+    fields = msgpack.unpackb(raw)
+    return Attr(fields[3]) if len(fields) > 3 and fields[3] is not None else None
 
 
 def _as_oserror(exc):

@@ -123,16 +123,8 @@ class CairnFileSystem(AbstractFileSystem):
         if not attr.is_dir:
             entries = [self._info_of(full, attr)]
         else:
-            async def listing():
-                out = []
-                for name, ino, _ in await namespace.scandir(inner):
-                    try:
-                        out.append((name, await namespace.getattr(ino)))
-                    except FileNotFoundError:
-                        pass
-                return out
             entries = [self._info_of(f"{full}/{name}", child)
-                       for name, child in self._call(listing())]
+                       for name, _, child in self._call(namespace.scandir_attrs(inner))]
         return entries if detail else [entry["name"] for entry in entries]
 
     def mkdir(self, path, create_parents=True, **kwargs):

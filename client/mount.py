@@ -117,8 +117,8 @@ def build_operations(pyfuse3):
                 if name == b"..":
                     parent = (await self.fs.getattr(self._ino(parent_inode))).get("p", ROOT_INO)
                     return await self._entry(parent)
-                ino, _ = await self.fs.lookup(self._ino(parent_inode), name)
-                return await self._entry(ino)
+                ino, attr = await self.fs.lookup_attr(self._ino(parent_inode), name)
+                return self._attributes(ino, attr)
 
         async def getattr(self, inode, ctx=None):
             with _errno():
@@ -162,7 +162,7 @@ def build_operations(pyfuse3):
                 while True:
                     while index >= len(entries) and state[2]:
                         after = entries[-1][0] if entries else None
-                        page, state[2] = await self.fs.readdir(ino, after)
+                        page, state[2] = await self.fs.readdir_plus(ino, after)
                         entries.extend(await self._with_attributes(page))
                     if index >= len(entries):
                         return
@@ -174,16 +174,19 @@ def build_operations(pyfuse3):
 
         async def _with_attributes(self, page):
             """[(name, EntryAttributes)] of a readdir page: the kernel keeps the attributes
-            it is given (readdirplus), so they are the real ones, fetched in parallel."""
+            it is given (readdirplus), so they are the real ones: those of inodes embedded in
+            their entries came with the page, the others are fetched in parallel."""
             limit = asyncio.Semaphore(READDIR_CONCURRENCY)
 
-            async def one(name, ino):
+            async def one(name, ino, attr):
+                if attr is not None:
+                    return name, self._attributes(ino, attr)
                 async with limit:
                     try:
                         return name, await self._entry(ino)
                     except FileNotFoundError:
                         return None                     # removed meanwhile
-            found = await asyncio.gather(*(one(name, ino) for name, ino, _ in page))
+            found = await asyncio.gather(*(one(name, ino, attr) for name, ino, _, attr in page))
             return [item for item in found if item is not None]
 
         async def releasedir(self, fh):

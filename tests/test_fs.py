@@ -5,6 +5,7 @@ directories finished by readers, fsck, and random op sequences checked against a
 import errno
 import os
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -206,10 +207,14 @@ def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cl
 
         async def crash_after(step, name):
             """Steps 1..step of a rename across directories, as a client killed then."""
-            ino, kind = await fs.lookup(src, name)
+            ino, kind, _, attr = await fs._lookup_entry(src, name)
+            assert attr is not None             # a file made here is embedded in its entry
             key, dkey = fsmod.ENTRY_PREFIX + name.encode(), fsmod.ENTRY_PREFIX + name.encode()
             to_mark = fsmod._pack_entry(ino, kind, ["to", dst, name.encode(), 0.0])
-            await fs.meta.omap_update(fs.inode_object(src), {key: to_mark})
+            # Step 1 moves the inode into its record as it marks the entry.
+            record = fsmod.embedded_home(ino)[1]
+            await fs.meta.omap_update(fs.inode_object(src), {key: to_mark,
+                                                             record: msgpack.packb(dict(attr))})
             if step >= 2:
                 from_mark = fsmod._pack_entry(ino, kind, ["from", src, name.encode(), None])
                 await fs.meta.omap_update(fs.inode_object(dst), {dkey: from_mark})

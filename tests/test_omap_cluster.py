@@ -90,6 +90,34 @@ def test_conditional_updates_pages_races_and_bad_input(local_cluster):
             assert len(winners) == 1
             assert await pool.omap_get("race", [b"name"]) == {b"name": b"%d" % winners[0]}
 
+            # Updates to one object sent while one is in flight go together
+            # (client/omap_batch.py), and each still meets its own conditions: sixty inserts
+            # at once, the last of a key that exists; then a set and a compare-and-swap on
+            # the value it sets, at once (kept in order, never in one group).
+            await pool.omap_update("group", {b"taken": b"x"}, create=True)
+            batcher = client.omap_batcher
+            grouped, failed = batcher.updates_grouped, batcher.groups_failed
+
+            async def insert_once(key):
+                try:
+                    await pool.omap_update("group", {key: b"v"}, absent=[key])
+                    return True
+                except errors.PreconditionFailed:
+                    return False
+            keys = [b"k%02d" % i for i in range(60)] + [b"taken"]
+            assert await asyncio.gather(*(insert_once(key) for key in keys)) == \
+                [True] * 60 + [False]
+            assert batcher.updates_grouped > grouped and batcher.groups_failed > failed
+            assert dict((await pool.omap_list("group"))[0]) == \
+                {b"taken": b"x", **{key: b"v" for key in keys[:60]}}
+            for round_ in range(3):
+                value = b"%d" % round_
+                await asyncio.gather(
+                    pool.omap_update("group", {b"order": value}),
+                    pool.omap_update("group", {b"order": value + b"!"},
+                                     equals={b"order": value}))
+                assert await pool.omap_get("group", [b"order"]) == {b"order": value + b"!"}
+
             with pytest.raises(errors.Unsupported):
                 await client.pool("ec").omap_update("x", {b"k": b"v"}, create=True)
 
