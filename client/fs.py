@@ -76,6 +76,7 @@ import collections
 import errno
 import os
 import secrets
+import stat as stat_module
 import time
 
 import msgpack
@@ -84,12 +85,12 @@ from cairn.client import errors
 from cairn.client.fs_file import FileHandle, OpenInode, _truncate_stripes
 from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_INO_LIMIT, DIR_KEY, EMBED_BIT,
                                     ENTRY_PREFIX, INTENT_SETTLE_S, LIST_PAGE, RECORD_PREFIX,
-                                    ROOT_INO, SIZE_KEY, STRIPE_BYTES, STRIPES_BY_INDEX_MAX,
-                                    SYMLINK_BYTES_MAX, _check_name, _display, _pack_entry,
-                                    _unpack_entry, check_file_size, check_prefix, decode_attr,
-                                    embedded_home, embedded_ino, entry_attr, fs_error,
-                                    inode_object, is_embedded, split_path, stripe_object,
-                                    stripe_prefix)
+                                    ROOT_INO, SIZE_KEY, SPECIAL_KINDS, STRIPE_BYTES,
+                                    STRIPES_BY_INDEX_MAX, SYMLINK_BYTES_MAX, _check_name,
+                                    _display, _pack_entry, _unpack_entry, check_file_size,
+                                    check_prefix, decode_attr, embedded_home, embedded_ino,
+                                    entry_attr, fs_error, inode_object, is_embedded, split_path,
+                                    stripe_object, stripe_prefix)
 
 # Inodes whose last-read attributes (and where they were) this process remembers: the next
 # change of one is tried as a compare-and-swap against them before anything is read.
@@ -280,6 +281,7 @@ class Filesystem:
             if is_embedded(ino):
                 home, record_key = embedded_home(ino)
                 await self.meta.omap_update(self.inode_object(home), remove=[record_key])
+                await self._drop_husk(home)
             else:
                 await self.meta.delete(self.inode_object(ino), plain=True)
         except errors.ObjectNotFound:
@@ -479,7 +481,8 @@ class Filesystem:
     def _new_attr(self, kind, mode, uid, gid, **extra):
         now = time.time_ns()
         attr = {"t": kind, "m": mode & 0o7777, "u": os.getuid() if uid is None else uid,
-                "g": os.getgid() if gid is None else gid, "s": 0, "mt": now, "ct": now}
+                "g": os.getgid() if gid is None else gid, "s": 0, "mt": now, "ct": now,
+                "at": now}
         attr.update(extra)
         return attr
 
@@ -505,6 +508,83 @@ class Filesystem:
             raise fs_error(errno.ENAMETOOLONG if raw else errno.ENOENT, "symlink target")
         return (await self._make(parent, name, self._new_attr(
             "l", 0o777, uid, gid, l=raw.decode(errors="surrogateescape"), s=len(raw))))[0]
+
+    async def mknod(self, parent, name, mode, rdev=0, uid=None, gid=None):
+        """(ino, Attr) of a new fifo, socket or device node (`mode` carries its S_IF* type;
+        a regular file's type makes an empty file)."""
+        kind = SPECIAL_KINDS.get(stat_module.S_IFMT(mode))
+        if kind is None:
+            if stat_module.S_IFMT(mode) not in (0, stat_module.S_IFREG):
+                raise fs_error(errno.EINVAL, f"mknod of type {stat_module.S_IFMT(mode):o}")
+            return await self.create_attr(parent, name, mode, uid, gid)
+        return await self._make(parent, name, self._new_attr(kind, mode, uid, gid, r=rdev))
+
+    async def link(self, ino, parent, name):
+        """Another name for inode `ino` (not a directory: EPERM) in `parent`; its Attr.
+
+        The link is counted first (an embedded inode's attributes moving from its entry into
+        its record, as the entries naming it can no longer hold them), then the entry is
+        added: a crash in between leaves the count one too high, which fsck mends."""
+        raw = _check_name(name)
+        if (await self.getattr(ino)).is_dir:
+            raise fs_error(errno.EPERM, f"a hard link to directory inode {ino:x}")
+        attr = await self._count_link(ino, +1)
+        try:
+            await self._insert(parent, raw, ino, attr.kind)
+        except BaseException:
+            await self._count_link(ino, -1)
+            raise
+        return self._with_open_size(ino, attr)
+
+    async def _count_link(self, ino, delta):
+        """The inode's link count moved by `delta` (and its ctime); its new Attr."""
+        for _ in range(100):
+            attr, where = await self._locate(ino)
+            new = Attr(attr)
+            new["n"], new["ct"] = attr.nlink + delta, time.time_ns()
+            try:
+                if where.key.startswith(ENTRY_PREFIX):
+                    record_key = embedded_home(ino)[1]
+                    await self.meta.omap_update(where.obj, {
+                        where.key: _pack_entry(ino, new.kind),
+                        record_key: msgpack.packb(dict(new))}, equals={where.key: where.raw})
+                    self._hints.pop(ino, None)
+                else:
+                    self._hint(ino, new, await self._store_attr(ino, where, new))
+                return new
+            except errors.PreconditionFailed:
+                continue
+        raise fs_error(errno.EAGAIN, f"inode {ino:x}: its attributes kept changing")
+
+    async def _unlink_inode(self, ino):
+        """One name of inode `ino` is gone: its count moves down, or at the last one the
+        inode goes (its record only if unchanged, so a link made meanwhile keeps it)."""
+        for _ in range(100):
+            try:
+                attr, where = await self._locate(ino)
+            except FileNotFoundError:
+                return
+            if attr.nlink > 1:
+                new = Attr(attr)
+                new["n"], new["ct"] = attr.nlink - 1, time.time_ns()
+                try:
+                    self._hint(ino, new, await self._store_attr(ino, where, new))
+                    return
+                except errors.PreconditionFailed:
+                    continue
+            await self._drop_data(ino, attr)
+            try:
+                if is_embedded(ino):
+                    await self.meta.omap_update(where.obj, remove=[where.key],
+                                                equals={where.key: where.raw})
+                    await self._drop_husk(embedded_home(ino)[0])
+                else:
+                    await self.meta.delete(self.inode_object(ino), plain=True)
+            except errors.ObjectNotFound:
+                pass
+            except errors.PreconditionFailed:
+                continue
+            return
 
     async def readlink(self, ino):
         attr = await self.getattr(ino)
@@ -532,7 +612,7 @@ class Filesystem:
             attr = entry_attr(entry)
             if attr is None:                    # the inode lives elsewhere
                 await self._remove_entry(parent, raw_name, entry)
-                await self._drop_inode(ino, await self._attr_or_none(ino))
+                await self._unlink_inode(ino)
                 return
             # Primary: the entry and the inode's record go in one update, then the data.
             try:
@@ -597,6 +677,12 @@ class Filesystem:
             except errors.ObjectNotFound:
                 pass
 
+    async def _drop_husk(self, home):
+        """After a record left directory `home`: if that directory was removed and this was
+        its last record, its object goes too (nothing can add a record to it any more)."""
+        if DEAD_KEY in await self._omap_get_quiet(home, [DEAD_KEY]):
+            await self._drop_directory(home)
+
     async def _mark_dead(self, ino, raw_name):
         try:
             await self.meta.omap_update(self.inode_object(ino), {DEAD_KEY: b"1"},
@@ -649,8 +735,10 @@ class Filesystem:
         old = entry_attr(replaced)
         if old is not None and src_parent == dst_parent:
             await self._drop_data(target[0], old)   # its record went with the rename
+        elif old is not None:
+            await self._drop_inode(target[0], old)
         else:
-            await self._drop_inode(target[0], old or await self._attr_or_none(target[0]))
+            await self._unlink_inode(target[0])
 
     async def _check_not_inside(self, ino, directory):
         """EINVAL if `directory` is `ino` or below it (a directory moved into itself)."""
@@ -832,8 +920,10 @@ class Filesystem:
 
     # -- attributes ----------------------------------------------------------------------------------
 
-    async def setattr(self, ino, mode=None, uid=None, gid=None, size=None, mtime_ns=None):
-        """Change attributes; `size` truncates or extends a file (zeros)."""
+    async def setattr(self, ino, mode=None, uid=None, gid=None, size=None, mtime_ns=None,
+                      atime_ns=None):
+        """Change attributes; `size` truncates or extends a file (zeros). The access time
+        is kept apart from mtime and changes only here (reads leave it, as noatime)."""
         if size is not None:
             handle = self._open.get(ino)
             if handle is not None:
@@ -857,6 +947,8 @@ class Filesystem:
                 attr["s"] = size
             if mtime_ns is not None or size is not None:
                 attr["mt"] = mtime_ns if mtime_ns is not None else time.time_ns()
+            if atime_ns is not None:
+                attr["at"] = atime_ns
             attr["ct"] = time.time_ns()
         return await self._set_attr(ino, change)
 

@@ -6,8 +6,10 @@ reports, as {"kind", "path", "ino", "object"}:
 
 - dangling: an entry whose inode object is gone (repair: the entry is removed);
 - kind: an entry whose kind differs from its inode's (repair: the entry is corrected);
-- twice: an inode named by a second entry (hard links are not made by cairn; repair: the later
-  entry in the walk is removed);
+- twice: a directory named by a second entry (repair: the later entry in the walk is
+  removed);
+- nlink: a file whose link count differs from the entries naming it (a link or unlink
+  interrupted between its two steps; repair: the count set);
 - parent: a directory whose parent pointer is not the directory that names it (repair: set);
 - removing: a directory marked for removal that is still named (an rmdir interrupted; repair:
   finished if it is empty, the mark dropped otherwise);
@@ -39,6 +41,7 @@ class FsckReport:
     directories: int = 0
     files: int = 0
     symlinks: int = 0
+    special: int = 0                    # fifos, sockets, device nodes
     bytes: int = 0
     errors: list = dataclasses.field(default_factory=list)
     repaired: int = 0
@@ -55,6 +58,7 @@ async def check(fs, repair=False, grace_s=GRACE_S_DEFAULT, progress=None):
     """Check (and with `repair` mend) the namespace of Filesystem `fs`; an FsckReport."""
     report = FsckReport()
     seen = {ROOT_INO: "/"}              # ino -> path of the entry naming it
+    links = {}                          # ino -> [entries naming it, its link count]
     files = {}                          # ino -> size
     queue = [(ROOT_INO, "/")]
     records = []                        # (directory, key, value) of records not yet accounted
@@ -79,14 +83,30 @@ async def check(fs, repair=False, grace_s=GRACE_S_DEFAULT, progress=None):
                                          files, held, repair)
                     continue
                 await _check_entry(fs, report, directory, name, ino, kind, child, seen, files,
-                                   queue, repair)
+                                   queue, repair, links)
             if not more:
                 break
             after = entries[-1][0]
         records.extend((directory, key, value) for key, value in held.items())
+    await _check_links(fs, report, links, seen, repair)
     await _check_records(fs, report, records, seen, grace_s, repair)
     await _check_orphans(fs, report, seen, files, grace_s, repair)
     return report
+
+
+async def _check_links(fs, report, links, seen, repair):
+    for ino, (named, counted) in links.items():
+        if named == counted:
+            continue
+        _error(report, "nlink", seen.get(ino), ino, None)
+        if repair:
+            def fix(attr):
+                attr["n"] = named
+            try:
+                await fs._set_attr(ino, fix)
+                report.repaired += 1
+            except FileNotFoundError:
+                pass
 
 
 async def _check_primary(fs, report, directory, name, ino, attr, path, seen, files, held,
@@ -105,12 +125,18 @@ async def _check_primary(fs, report, directory, name, ino, attr, path, seen, fil
                 fs.inode_object(directory), {key: msgpack.packb(raw_name)},
                 equals={entry_key: _pack_entry(ino, attr.kind, attr=attr)}), report)
     seen[ino] = path
+    _count(report, files, ino, attr)
+
+
+def _count(report, files, ino, attr):
     if attr.kind == "f":
         report.files += 1
         report.bytes += attr.size
         files[ino] = attr.size
-    else:
+    elif attr.kind == "l":
         report.symlinks += 1
+    else:
+        report.special += 1
 
 
 async def _check_records(fs, report, records, seen, grace_s, repair):
@@ -138,7 +164,7 @@ def _error(report, kind, path, ino=None, object_name=None):
 
 
 async def _check_entry(fs, report, directory, name, ino, kind, path, seen, files, queue,
-                       repair):
+                       repair, links):
     key = ENTRY_PREFIX + name.encode(errors="surrogateescape")
     packed = _pack_entry(ino, kind)
     try:
@@ -149,6 +175,9 @@ async def _check_entry(fs, report, directory, name, ino, kind, path, seen, files
             await _conditional(fs.meta.omap_update(fs.inode_object(directory), remove=[key],
                                                    equals={key: packed}), report)
         return
+    if ino in seen and attr.kind != "d" and ino in links:
+        links[ino][0] += 1                  # a hard link
+        return
     if ino in seen:
         _error(report, "twice", path, ino, fs.inode_object(ino))
         if repair:
@@ -156,6 +185,8 @@ async def _check_entry(fs, report, directory, name, ino, kind, path, seen, files
                                                    equals={key: packed}), report)
         return
     seen[ino] = path
+    if attr.kind != "d":
+        links[ino] = [1, attr.nlink]
     if attr.kind != kind:
         _error(report, "kind", path, ino, fs.inode_object(ino))
         if repair:
@@ -171,12 +202,8 @@ async def _check_entry(fs, report, directory, name, ino, kind, path, seen, files
                 await fs._set_attr(ino, fix)
                 report.repaired += 1
         queue.append((ino, path))
-    elif attr.kind == "f":
-        report.files += 1
-        report.bytes += attr.size
-        files[ino] = attr.size
     else:
-        report.symlinks += 1
+        _count(report, files, ino, attr)
 
 
 async def _interrupted_rmdir(fs, report, directory, path, repair):

@@ -52,7 +52,8 @@ def main(args):
         print(json.dumps(report.to_dict()))
     else:
         print(f"{report.directories} directories, {report.files} files ({report.bytes} bytes), "
-              f"{report.symlinks} symlinks: {len(report.errors)} problems, "
+              f"{report.symlinks} symlinks, {report.special} special files: "
+              f"{len(report.errors)} problems, "
               f"{report.repaired} repaired")
         for error in report.errors:
             print(f"  {error['kind']}: {error['path'] or error['object']}")

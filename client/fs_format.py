@@ -143,10 +143,27 @@ class Attr(dict):
     def is_dir(self):
         return self["t"] == "d"
 
+    @property
+    def nlink(self):
+        """Names the inode has (a directory: 1, as btrfs says "not counted")."""
+        return 1 if self["t"] == "d" else self.get("n", 1)
+
+    @property
+    def atime_ns(self):
+        return self.get("at", self.get("mt", 0))
+
     def st_mode(self):
-        kind = {"f": stat_module.S_IFREG, "d": stat_module.S_IFDIR,
-                "l": stat_module.S_IFLNK}[self["t"]]
-        return kind | (self.get("m", 0) & 0o7777)
+        return KIND_TYPES[self["t"]] | (self.get("m", 0) & 0o7777)
+
+
+# Inode kinds and their S_IF* types: f file, d directory, l symlink, and the special files
+# (no data; the kernel serves their opens): p fifo, s socket, c and b device nodes (attr "r":
+# the device number).
+KIND_TYPES = {"f": stat_module.S_IFREG, "d": stat_module.S_IFDIR, "l": stat_module.S_IFLNK,
+              "p": stat_module.S_IFIFO, "s": stat_module.S_IFSOCK, "c": stat_module.S_IFCHR,
+              "b": stat_module.S_IFBLK}
+SPECIAL_KINDS = {stat_module.S_IFIFO: "p", stat_module.S_IFSOCK: "s",
+                 stat_module.S_IFCHR: "c", stat_module.S_IFBLK: "b"}
 
 
 def decode_attr(found):

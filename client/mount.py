@@ -80,13 +80,14 @@ def build_operations(pyfuse3):
             entry = pyfuse3.EntryAttributes()
             entry.st_ino = self._kernel_ino(ino)
             entry.st_mode = attr.st_mode()
-            entry.st_nlink = 1
+            entry.st_nlink = attr.nlink
             entry.st_uid = attr.get("u", 0)
             entry.st_gid = attr.get("g", 0)
             entry.st_size = attr.size if attr.kind != "d" else 0
             entry.st_mtime_ns = attr.get("mt", 0)
             entry.st_ctime_ns = attr.get("ct", 0)
-            entry.st_atime_ns = attr.get("mt", 0)
+            entry.st_atime_ns = attr.atime_ns
+            entry.st_rdev = attr.get("r", 0)
             entry.st_blksize = 4 << 20
             entry.st_blocks = -(-entry.st_size // 512)
             entry.attr_timeout = entry.entry_timeout = ATTR_TIMEOUT_S
@@ -138,6 +139,8 @@ def build_operations(pyfuse3):
                     changes["size"] = attr.st_size
                 if fields.update_mtime:
                     changes["mtime_ns"] = attr.st_mtime_ns
+                if fields.update_atime:
+                    changes["atime_ns"] = attr.st_atime_ns
                 if changes:
                     self._writable()
                     await self.fs.setattr(ino, **changes)
@@ -227,7 +230,18 @@ def build_operations(pyfuse3):
                                      replace=not flags & pyfuse3.RENAME_NOREPLACE)
 
         async def link(self, inode, new_parent_inode, new_name, ctx):
-            raise pyfuse3.FUSEError(errno.EPERM)        # hard links are not supported
+            self._writable()
+            with _errno():
+                ino = self._ino(inode)
+                attr = await self.fs.link(ino, self._ino(new_parent_inode), new_name)
+                return self._attributes(ino, attr)
+
+        async def mknod(self, parent_inode, name, mode, rdev, ctx):
+            self._writable()
+            with _errno():
+                ino, attr = await self.fs.mknod(self._ino(parent_inode), name,
+                                                mode & ~ctx.umask, rdev, ctx.uid, ctx.gid)
+                return self._attributes(ino, attr)
 
         # -- files --------------------------------------------------------------------------
 

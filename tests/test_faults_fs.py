@@ -1,7 +1,8 @@
-"""The file namespace under real faults: a client SIGKILLed again and again in a loop of creates
-and renames (within and across directories), and an OSD SIGKILLed under a mount during a large
-sequential write. Afterwards fsck is clean (after repairing what the kills left: orphans only)
-and every file closed before a kill reads back byte-identical, exactly once."""
+"""The file namespace under real faults: a client SIGKILLed again and again in a loop of creates,
+renames (within and across directories), hard links and unlinks, and an OSD SIGKILLed under a
+mount during a large sequential write. Afterwards fsck is clean (after repairing what the kills
+left: orphans and link counts one too high only), every file closed before a kill reads back
+byte-identical under exactly the names it had, and its link count is right."""
 
 import errno
 import hashlib
@@ -55,6 +56,18 @@ WORKER = textwrap.dedent("""
                 journal.write(f"renaming {number} {target}\\n")
                 await fs.rename_path(path, target)
                 journal.write(f"renamed {number} {target}\\n")
+                if rng.random() < 0.5:
+                    link = f"/{rng.choice('abc')}/h{number}"
+                    journal.write(f"linking {number} {link}\\n")
+                    ino, _ = await fs.resolve(target)
+                    parent, name = await fs._parent_of(link)
+                    await fs.link(ino, parent, name)
+                    journal.write(f"linked {number} {link}\\n")
+                    if rng.random() < 0.5:
+                        gone = rng.choice([target, link])
+                        journal.write(f"unlinking {number} {gone}\\n")
+                        await fs.unlink_path(gone)
+                        journal.write(f"unlinked {number} {gone}\\n")
                 number += 1
 
     asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
@@ -65,7 +78,8 @@ def content(number):
     return (b"%d:" % number) * (1 + number % 5000)
 
 
-def test_a_client_killed_in_creates_and_renames_loses_nothing_closed(local_cluster, tmp_path):
+def test_a_client_killed_in_creates_renames_and_links_loses_nothing_closed(local_cluster,
+                                                                         tmp_path):
     cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST)
     cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
     cluster.cairn("pool", "create", "data", "--erasure", "2+1", "--pg-num", "8")
@@ -86,19 +100,35 @@ def test_a_client_killed_in_creates_and_renames_loses_nothing_closed(local_clust
             worker.stderr.close()
         kills += 1
 
-    where = {}                              # number -> {possible paths}
+    # number -> [names it must have, names it may have, a rename (source, target) in flight]
+    where = {}
     for line in journal.read_text().splitlines():
         parts = line.split()
         if len(parts) != 3:
             continue                        # a line cut by the kill
         kind, number, path = parts[0], int(parts[1]), parts[2]
         if kind == "closed":
-            where[number] = {path}
-        elif kind == "renaming" and number in where:
-            where[number] = where[number] | {path}
-        elif kind == "renamed" and number in where:
-            where[number] = {path}
+            where[number] = [{path}, {path}, None]
+            continue
+        if number not in where:
+            continue
+        must, may, _ = state = where[number]
+        if kind == "renaming":
+            state[2] = (next(iter(must)), path)
+            state[0], state[1] = set(), may | {path}
+        elif kind == "renamed":
+            where[number] = [{path}, {path}, None]
+        elif kind == "linking":
+            may.add(path)
+        elif kind == "linked":
+            must.add(path)
+        elif kind == "unlinking":
+            must.discard(path)
+        elif kind == "unlinked":
+            may.discard(path)
     assert len(where) > 20, f"only {len(where)} files were closed in {kills} runs"
+    linked = sum(1 for line in journal.read_text().splitlines() if line.startswith("linked "))
+    assert linked > 5, f"only {linked} links were made"
 
     with connect(cluster.dir) as client:
         fs = client.call(Filesystem.open(client._cluster, "data", metadata_pool="meta"))
@@ -109,24 +139,34 @@ def test_a_client_killed_in_creates_and_renames_loses_nothing_closed(local_clust
                 for name in await fs.listdir("/" + directory):
                     found.setdefault(int(name[1:]), []).append(f"/{directory}/{name}")
         client.call(walk())
-        for number, paths in where.items():
-            assert len(found.get(number, [])) == 1, (number, found.get(number), paths)
-            assert found[number][0] in paths, (number, found[number], paths)
+        for number, (must, may, renaming) in where.items():
+            names = set(found.get(number, []))
+            assert must <= names <= may, (number, names, must, may)
+            if renaming is not None:                            # never visible twice
+                assert len(names & set(renaming)) == 1, (number, names, renaming)
+            if not names:
+                assert not must, (number, must)
 
         async def read(path):
             async with await fs.open_path(path, "rb") as f:
                 return await f.read()
+
+        def links(path):
+            return client.call(fs.stat(path)).nlink
         for number, paths in found.items():
-            assert len(paths) == 1, (number, paths)            # never visible twice
+            assert len({client.call(fs.resolve(path))[0] for path in paths}) == 1, paths
+            assert links(paths[0]) >= len(paths), paths         # never counted too low
             data = client.call(read(paths[0]))
             if number in where:
                 assert data == content(number), paths[0]
         report = client.call(check(fs, repair=True, grace_s=0))
         leftovers = {error["kind"] for error in report.errors}
-        assert leftovers <= {"orphan_inode", "orphan_data"}, report.errors
+        assert leftovers <= {"orphan_inode", "orphan_data", "nlink"}, report.errors
         assert report.repaired == len(report.errors)
         again = client.call(check(fs, grace_s=0))
         assert again.clean, again.errors
+        for number, paths in found.items():
+            assert links(paths[0]) == len(paths), paths
         print(f"{kills} kills, {len(where)} files closed, {len(found)} present; fsck repaired "
               f"{report.repaired} ({sorted(leftovers)})")
 

@@ -4,13 +4,14 @@ directories finished by readers, fsck, and random op sequences checked against a
 
 import errno
 import os
+import stat
 
 import msgpack
 import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from cairn.client import fs_format as fsmod
+from cairn.client import errors, fs_format as fsmod
 from cairn.client.fs import Filesystem
 from cairn.client.fs_format import STRIPE_BYTES
 from cairn.client.fs_check import check
@@ -259,6 +260,126 @@ def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cl
         report = run(check(fs, grace_s=0))
         assert report.clean, report.errors
         assert run(fs.listdir("/dst")) == ["three", "two"]
+
+
+def test_hard_links_special_files_atime_and_a_namespace_made_before_embedding(local_cluster):
+    cluster = make_cluster(local_cluster)
+    with connect(cluster.dir) as client:
+        fs = client.call(Filesystem.open(client._cluster, "data", metadata_pool="meta"))
+        run = client.call
+
+        async def write(path, data):
+            async with await fs.open_path(path, "wb") as f:
+                await f.write(data)
+
+        async def read(path):
+            async with await fs.open_path(path, "rb") as f:
+                return await f.read()
+
+        def stripes(ino):
+            return run(fs.data.list(prefix=fsmod.stripe_prefix(ino)))[0]
+
+        def clean():
+            report = run(check(fs, grace_s=0))
+            assert report.clean, report.errors
+            return report
+
+        run(fs.makedirs("/a"))
+        run(fs.makedirs("/b"))
+        data = os.urandom(STRIPE_BYTES + 100)
+        run(write("/a/one", data))
+        ino, _ = run(fs.resolve("/a/one"))
+        assert fsmod.is_embedded(ino) and run(fs.stat("/a/one")).nlink == 1
+        a_dir, _ = run(fs.resolve("/a"))
+        b_dir, _ = run(fs.resolve("/b"))
+        # Two more names, one in another directory: one inode, counted three times.
+        assert run(fs.link(ino, b_dir, "two")).nlink == 2
+        assert run(fs.link(ino, a_dir, "three")).nlink == 3
+        assert run(fs.resolve("/b/two"))[0] == ino
+        expect(errno.EEXIST, lambda: run(fs.link(ino, b_dir, "two")))
+        expect(errno.EPERM, lambda: run(fs.link(b_dir, a_dir, "dir-link")))
+        assert run(fs.stat("/a/one")).nlink == 3            # the failed link is not counted
+        assert clean().files == 1
+        run(fs.unlink_path("/a/one"))
+        assert run(read("/b/two")) == data and run(fs.stat("/a/three")).nlink == 2
+        run(fs.rename_path("/a/three", "/b/two"))           # two names of one inode: no-op
+        assert sorted(run(fs.listdir("/b"))) == ["two"] and run(fs.exists("/a/three"))
+        run(fs.unlink_path("/b/two"))
+        assert run(read("/a/three")) == data and run(fs.stat("/a/three")).nlink == 1
+        assert len(stripes(ino)) == 2
+        clean()
+        run(fs.unlink_path("/a/three"))                     # the last name: the data goes
+        assert stripes(ino) == []
+        expect(errno.ENOENT, lambda: run(fs.getattr(ino)))
+
+        # A link counted but never named (a client killed between the two steps): fsck
+        # finds the count one too high and sets it.
+        run(write("/a/crash", b"x"))
+        crash, _ = run(fs.resolve("/a/crash"))
+        run(fs._count_link(crash, +1))
+        report = run(check(fs, grace_s=0))
+        assert [e["kind"] for e in report.errors] == ["nlink"], report.errors
+        assert run(check(fs, repair=True, grace_s=0)).repaired == 1
+        assert run(fs.stat("/a/crash")).nlink == 1
+        clean()
+
+        # Fifos, sockets and device nodes are inodes of their own kinds, with no data.
+        for name, mode, rdev in (("fifo", stat.S_IFIFO | 0o600, 0),
+                                 ("sock", stat.S_IFSOCK | 0o600, 0),
+                                 ("chr", stat.S_IFCHR | 0o600, os.makedev(1, 3)),
+                                 ("blk", stat.S_IFBLK | 0o600, os.makedev(7, 0))):
+            run(fs.mknod(a_dir, name, mode, rdev))
+            attr = run(fs.stat(f"/a/{name}"))
+            assert attr.st_mode() == mode and attr.get("r", 0) == rdev, (name, attr)
+        expect(errno.EINVAL, lambda: run(fs.mknod(a_dir, "dir", stat.S_IFDIR | 0o755)))
+        assert clean().special == 4
+        for name in ("fifo", "sock", "chr", "blk"):
+            run(fs.unlink_path(f"/a/{name}"))
+
+        # Access time apart from mtime; reads leave it.
+        attr = run(fs.setattr(crash, atime_ns=1_900_000_000 * 10**9,
+                              mtime_ns=1_950_000_000 * 10**9))
+        run(read("/a/crash"))
+        attr = run(fs.stat("/a/crash"))
+        assert (attr.atime_ns, attr["mt"]) == (1_900_000_000 * 10**9, 1_950_000_000 * 10**9)
+
+        # A directory made before embedding (a number of its own above DIR_INO_LIMIT): files
+        # made in it are inodes of their own, and everything still works on them.
+        async def old_directory():
+            attr = fs._new_attr("d", 0o755, None, None, p=fsmod.ROOT_INO)
+            while True:
+                ino = await fs._new_inode(attr, fsmod.EMBED_BIT)
+                if ino >= fsmod.DIR_INO_LIMIT:
+                    break
+                await fs.meta.delete(fs.inode_object(ino))
+            await fs._insert(fsmod.ROOT_INO, b"old", ino, "d")
+        run(old_directory())
+        run(write("/old/file", data))
+        old, _ = run(fs.resolve("/old/file"))
+        assert not fsmod.is_embedded(old) and run(read("/old/file")) == data
+        assert run(fs.link(old, b_dir, "old-link")).nlink == 2
+        run(fs.rename_path("/old/file", "/a/moved"))
+        run(write("/a/moved", b"rewritten"))
+        assert run(read("/b/old-link")) == b"rewritten"
+        clean()
+        run(fs.unlink_path("/a/moved"))
+        run(fs.unlink_path("/b/old-link"))
+        assert stripes(old) == []
+        # Files renamed out of a directory keep their records in it; removing it keeps its
+        # object for them (fsck says nothing), and the last unlink takes the record and then
+        # the object.
+        run(fs.makedirs("/home"))
+        run(write("/home/emigrant", b"e"))
+        emigrant, _ = run(fs.resolve("/home/emigrant"))
+        home, _ = run(fs.resolve("/home"))
+        run(fs.rename_path("/home/emigrant", "/b/emigrant"))
+        run(fs.rmdir_path("/home"))
+        assert run(read("/b/emigrant")) == b"e"
+        clean()
+        run(fs.unlink_path("/b/emigrant"))
+        with pytest.raises(errors.ObjectNotFound):
+            run(fs.meta.omap_list(fs.inode_object(home)))
+        clean()
 
 
 class NamespaceModel(RuleBasedStateMachine):

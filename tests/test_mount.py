@@ -8,6 +8,7 @@ import os
 import pickle
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -108,8 +109,29 @@ def test_posix_through_the_mount_two_mounts_read_only_and_fsspec(mounts):
     expect(errno.EISDIR, os.unlink, f"{m}/ckpt")
     expect(errno.EEXIST, os.open, f"{m}/ckpt/step-1/model.pt", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     expect(errno.EINVAL, os.rename, f"{m}/ckpt", f"{m}/ckpt/step-1/inside")
-    expect(errno.EPERM, os.link, f"{m}/ckpt/step-1/model.pt", f"{m}/hard")
+    expect(errno.EPERM, os.link, f"{m}/ckpt", f"{m}/hard")            # a directory
     expect(errno.ENOENT, open, f"{m}/nope/x", "wb")
+
+    # Hard links, special files, atime apart from mtime, through the kernel.
+    with open(f"{m}/linked", "wb") as f:
+        f.write(b"linked")
+    os.link(f"{m}/linked", f"{m}/ckpt/hard")
+    assert os.stat(f"{other}/linked").st_nlink == 2
+    assert os.stat(f"{m}/linked").st_ino == os.stat(f"{m}/ckpt/hard").st_ino
+    os.unlink(f"{m}/linked")
+    assert open(f"{other}/ckpt/hard", "rb").read() == b"linked"
+    assert os.stat(f"{m}/ckpt/hard").st_nlink == 1
+    os.mkfifo(f"{m}/fifo")
+    assert stat.S_ISFIFO(os.lstat(f"{other}/fifo").st_mode)
+    os.mknod(f"{m}/sock", stat.S_IFSOCK | 0o600)
+    assert stat.S_ISSOCK(os.lstat(f"{m}/sock").st_mode)
+    os.utime(f"{m}/ckpt/hard", (1_900_000_000, 1_950_000_000))
+    open(f"{m}/ckpt/hard", "rb").read()
+    attrs = os.stat(f"{other}/ckpt/hard")
+    assert (int(attrs.st_atime), int(attrs.st_mtime)) == (1_900_000_000, 1_950_000_000)
+    os.unlink(f"{m}/fifo")
+    os.unlink(f"{m}/sock")
+    os.unlink(f"{m}/ckpt/hard")
 
     # Renames: over a file (atomic replace), a non-empty directory, across directories.
     with open(f"{m}/ckpt/a", "w") as f:
