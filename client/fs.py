@@ -74,6 +74,7 @@ a file is never visible in both directories, nor in neither.
 import asyncio
 import collections
 import errno
+import logging
 import os
 import secrets
 import stat as stat_module
@@ -92,6 +93,11 @@ from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_INO_LIMIT, DIR
                                     entry_attr, fs_error, inode_object, is_embedded, split_path,
                                     stripe_object, stripe_prefix)
 
+log = logging.getLogger("cairn.fs")
+
+# Removed files whose stripes are being deleted in the background at once (a mount's unlinks
+# return once the entry is gone); past it an unlink deletes its stripes before it returns.
+PURGES_MAX = 1024
 # Inodes whose last-read attributes (and where they were) this process remembers: the next
 # change of one is tried as a compare-and-swap against them before anything is read.
 HINTS_MAX = 4096
@@ -124,6 +130,11 @@ class Filesystem:
         self._open = {}                 # ino -> OpenInode (files open in this process)
         self._hints = collections.OrderedDict()     # ino -> (Attr, _Where), last read
         self._recent = collections.OrderedDict()    # (dir, raw name) -> its entry, last read
+        # Delete a removed file's stripes after the unlink returns (the mount sets this: the
+        # kernel holds the directory's lock for the whole unlink). A crash leaves them to
+        # fsck's orphan_data; drain_purges() waits for them.
+        self.purge_in_background = False
+        self._purges = set()
 
     def inode_object(self, ino):
         return inode_object(ino, self.prefix)
@@ -295,7 +306,24 @@ class Filesystem:
             handle = self._open.get(ino)
             if handle is not None:
                 size = max(size, handle.size)
-            await self._delete_stripes(ino, 0, -(-size // STRIPE_BYTES))
+            end = -(-size // STRIPE_BYTES)
+            if end and self.purge_in_background and len(self._purges) < PURGES_MAX:
+                task = asyncio.ensure_future(self._purge(ino, end))
+                self._purges.add(task)
+                task.add_done_callback(self._purges.discard)
+                return
+            await self._delete_stripes(ino, 0, end)
+
+    async def _purge(self, ino, end):
+        try:
+            await self._delete_stripes(ino, 0, end)
+        except Exception as exc:                # left for fsck (orphan_data)
+            log.warning("the stripes of removed file %x were not all deleted: %s", ino, exc)
+
+    async def drain_purges(self):
+        """Wait until every stripe deletion started in the background has finished."""
+        while self._purges:
+            await asyncio.gather(*list(self._purges), return_exceptions=True)
 
     async def _delete_stripes(self, ino, first, end):
         """Delete the file's stripes with index in [first, end): one by one when they are few,

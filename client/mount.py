@@ -446,6 +446,7 @@ def _serve(args, mountpoint):
         try:
             fs = await Filesystem.open(cluster, pool, metadata_pool=args.metadata_pool,
                                        prefix=args.prefix)
+            fs.purge_in_background = True
             root = ROOT_INO
             if split_path(path):
                 root, kind = await fs.resolve(path)
@@ -476,6 +477,10 @@ def _serve(args, mountpoint):
                     serving.cancel()
                     await asyncio.wait([serving])
             pyfuse3.close(unmount=True)
+            # Removed files' stripes still being deleted get the same grace (then fsck's).
+            if fs._purges:
+                await asyncio.wait([asyncio.ensure_future(fs.drain_purges())],
+                                   timeout=STOP_GRACE_S)
         finally:
             await cluster.close()
     try:
