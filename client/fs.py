@@ -83,6 +83,7 @@ import time
 import msgpack
 
 from cairn.client import errors
+from cairn.client.fs_cache import PAGE_ENTRIES, key_before
 from cairn.client.fs_file import FileHandle, OpenInode, _truncate_stripes
 from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_INO_LIMIT, DIR_KEY, EMBED_BIT,
                                     ENTRY_PREFIX, INTENT_SETTLE_S, LIST_PAGE, RECORD_PREFIX,
@@ -134,6 +135,9 @@ class Filesystem:
         # kernel holds the directory's lock for the whole unlink). A crash leaves them to
         # fsck's orphan_data; drain_purges() waits for them.
         self.purge_in_background = False
+        # A mount's EntryCache (client/fs_cache.py): lookups answered from pages of entries
+        # read within the kernel's own attribute timeout. None: every lookup reads.
+        self.entry_cache = None
         self._purges = set()
 
     def inode_object(self, ino):
@@ -282,7 +286,15 @@ class Filesystem:
             new = _pack_entry(ino, attr.kind, attr=attr)
         else:
             new = msgpack.packb(dict(attr))
-        await self.meta.omap_update(where.obj, {where.key: new}, equals={where.key: where.raw})
+        try:
+            await self.meta.omap_update(where.obj, {where.key: new},
+                                        equals={where.key: where.raw})
+        except errors.PreconditionFailed:
+            if where.key.startswith(ENTRY_PREFIX):
+                self._forget_dir(embedded_home(ino)[0])
+            raise
+        if where.key.startswith(ENTRY_PREFIX):
+            self._note(embedded_home(ino)[0], where.key, new)
         return _Where(where.obj, where.key, new)
 
     async def _drop_inode(self, ino, attr):
@@ -369,11 +381,19 @@ class Filesystem:
             return ino, await self.getattr(ino)
         return ino, self._with_open_size(ino, attr)
 
-    async def _lookup_entry(self, parent, name):
+    async def _lookup_entry(self, parent, name, fresh=False):
         """(ino, kind, entry, Attr or None) of `name` in `parent`; the Attr when the entry is
-        primary (the inode embedded in it)."""
+        primary (the inode embedded in it). `fresh`: not from the entry cache (for a change
+        whose conditions would fail on a stale entry and that does not read again)."""
         raw_name = _check_name(name)
         key = ENTRY_PREFIX + raw_name
+        if self.entry_cache is not None and not fresh:
+            # Only entries found: the kernel keeps those for 1 s too, but it is never told
+            # that a name is absent, so a file another client has just made is seen at once
+            # (close-to-open), and so are the cache's absent answers not used.
+            raw = await self._cached_entry(parent, key)
+            if raw and _unpack_entry(raw)[2] is None:
+                return self._found(parent, raw_name, key, raw)
         for _ in range(50):
             try:
                 found = await self.meta.omap_get(self.inode_object(parent), [key, ATTR_KEY])
@@ -383,15 +403,48 @@ class Filesystem:
             raw = found.get(key)
             if raw is None:
                 raise fs_error(errno.ENOENT, _display(name))
-            ino, kind, intent = _unpack_entry(raw)
-            if intent is None:
-                attr = entry_attr(raw)
-                if attr is not None:
-                    self._hint(ino, attr, _Where(self.inode_object(parent), key, raw))
-                self._remember(parent, raw_name, raw)
-                return ino, kind, raw, attr
+            if _unpack_entry(raw)[2] is None:
+                return self._found(parent, raw_name, key, raw)
             await self._resolve(parent, key, raw)
         raise fs_error(errno.EAGAIN, f"{_display(name)}: a rename of it did not settle")
+
+    def _found(self, parent, raw_name, key, raw):
+        ino, kind, _ = _unpack_entry(raw)
+        attr = entry_attr(raw)
+        if attr is not None:
+            self._hint(ino, attr, _Where(self.inode_object(parent), key, raw))
+        self._remember(parent, raw_name, raw)
+        return ino, kind, raw, attr
+
+    async def _cached_entry(self, parent, key):
+        """The entry `key` of directory `parent` as the entry cache has it: its value, False
+        (absent), or None (not known: read it). A miss reads a page of entries from `key` on."""
+        cache = self.entry_cache
+        if is_embedded(parent):
+            raise fs_error(errno.ENOTDIR, f"inode {parent:x}")
+        hit, raw = cache.find(parent, key)
+        if not hit:
+            after = key_before(key)
+            try:
+                entries, more = await self.meta.omap_list(self.inode_object(parent), after,
+                                                          prefix=ENTRY_PREFIX,
+                                                          limit=PAGE_ENTRIES)
+            except errors.ObjectNotFound:
+                raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
+            cache.put(parent, after, entries, more)
+            hit, raw = cache.find(parent, key)
+            if not hit:
+                return None
+        return False if raw is None else raw
+
+    def _note(self, directory, key, entry):
+        if self.entry_cache is not None:
+            self.entry_cache.note(directory, key, entry)
+
+    def _forget_dir(self, *directories):
+        if self.entry_cache is not None:
+            for directory in directories:
+                self.entry_cache.forget(directory)
 
     def _remember(self, parent, raw_name, raw):
         self._recent[parent, raw_name] = raw
@@ -423,6 +476,8 @@ class Filesystem:
                                                       prefix=ENTRY_PREFIX, limit=limit)
             marked = [(key, raw) for key, raw in entries if _unpack_entry(raw)[2] is not None]
             if not marked:
+                if self.entry_cache is not None:
+                    self.entry_cache.put(ino, after or ENTRY_PREFIX, entries, more)
                 out = []
                 for key, raw in entries:
                     child, kind, _ = _unpack_entry(raw)
@@ -442,9 +497,11 @@ class Filesystem:
         try:
             await self.meta.omap_update(self.inode_object(parent), {key: packed},
                                         absent=[key, DEAD_KEY], present=[DIR_KEY])
+            self._note(parent, key, packed)
         except errors.ObjectNotFound:
             raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
         except errors.PreconditionFailed as exc:
+            self._forget_dir(parent)
             found = await self.meta.omap_get(self.inode_object(parent), [key, DEAD_KEY, ATTR_KEY])
             if exc.maybe_applied and found.get(key) == packed:
                 return                              # our first attempt did it
@@ -486,6 +543,7 @@ class Filesystem:
             except errors.ObjectNotFound:
                 raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
             except errors.PreconditionFailed as exc:
+                self._forget_dir(parent)
                 found = await self.meta.omap_get(obj, [key, record_key, DEAD_KEY, ATTR_KEY])
                 if not (exc.maybe_applied and found.get(key) == entry):
                     await self._check_dir(parent, found.get(ATTR_KEY))
@@ -497,6 +555,7 @@ class Filesystem:
                     continue                    # the slot is taken: draw another
             self._hint(ino, attr, _Where(obj, key, entry))
             self._remember(parent, raw_name, entry)
+            self._note(parent, key, entry)
             return ino, attr
         raise fs_error(errno.EAGAIN, f"{_display(raw_name)}: no free inode slot found")
 
@@ -577,10 +636,13 @@ class Filesystem:
                         where.key: _pack_entry(ino, new.kind),
                         record_key: msgpack.packb(dict(new))}, equals={where.key: where.raw})
                     self._hints.pop(ino, None)
+                    self._forget_dir(embedded_home(ino)[0])
                 else:
                     self._hint(ino, new, await self._store_attr(ino, where, new))
                 return new
             except errors.PreconditionFailed:
+                if is_embedded(ino):
+                    self._forget_dir(embedded_home(ino)[0])
                 continue
         raise fs_error(errno.EAGAIN, f"inode {ino:x}: its attributes kept changing")
 
@@ -650,10 +712,12 @@ class Filesystem:
             except errors.ObjectNotFound:
                 raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
             except errors.PreconditionFailed as exc:
+                self._forget_dir(parent)
                 if not (exc.maybe_applied and
                         key not in await self._omap_get_quiet(parent, [key])):
                     entry = None                # changed since it was read: read it again
                     continue
+            self._note(parent, key, None)
             await self._drop_data(ino, attr)
             return
         raise fs_error(errno.EAGAIN, f"{_display(raw_name)} kept changing")
@@ -669,7 +733,9 @@ class Filesystem:
         try:
             await self.meta.omap_update(self.inode_object(parent), remove=[key],
                                         equals={key: packed})
+            self._note(parent, key, None)
         except errors.PreconditionFailed as exc:
+            self._forget_dir(parent)
             found = await self.meta.omap_get(self.inode_object(parent), [key])
             if exc.maybe_applied and key not in found:
                 return
@@ -679,7 +745,7 @@ class Filesystem:
     async def rmdir(self, parent, name):
         """Remove an empty directory (ENOTEMPTY, ENOTDIR)."""
         raw = _check_name(name)
-        ino, kind = await self.lookup(parent, name)
+        ino, kind, _, _ = await self._lookup_entry(parent, name, fresh=True)
         if kind != "d":
             raise fs_error(errno.ENOTDIR, _display(raw))
         if ino == ROOT_INO:
@@ -724,12 +790,12 @@ class Filesystem:
         """Move an entry, replacing a file (or an empty directory) at the target atomically,
         as POSIX rename does; `replace=False` refuses an existing target (EEXIST)."""
         src_raw, dst_raw = _check_name(src_name), _check_name(dst_name)
-        ino, kind, source, _ = await self._lookup_entry(src_parent, src_name)
+        ino, kind, source, _ = await self._lookup_entry(src_parent, src_name, fresh=True)
         if src_parent == dst_parent and src_raw == dst_raw:
             return
         target = replaced = None
         try:
-            *target, replaced, _ = await self._lookup_entry(dst_parent, dst_name)
+            *target, replaced, _ = await self._lookup_entry(dst_parent, dst_name, fresh=True)
         except FileNotFoundError:
             await self.lookup_parent_ok(dst_parent)
         if target is not None:
@@ -751,7 +817,9 @@ class Filesystem:
             else:
                 await self._rename_across(src_parent, src_raw, dst_parent, dst_raw, source,
                                           replaced)
+            self._forget_dir(src_parent, dst_parent)
         except BaseException:
+            self._forget_dir(src_parent, dst_parent)
             if target is not None and target[1] == "d":
                 await self.meta.omap_update(self.inode_object(target[0]), remove=[DEAD_KEY])
             raise
@@ -897,6 +965,7 @@ class Filesystem:
     async def _resolve(self, directory, key, raw):
         """Finish (or roll back) the rename whose intent marks entry `key` of `directory`."""
         ino, kind, intent = _unpack_entry(raw)
+        self._forget_dir(directory, intent[1])
         if intent[0] == "to":
             _, dst_parent, dst_raw, when = intent
             dst_key = ENTRY_PREFIX + bytes(dst_raw)

@@ -28,6 +28,7 @@ import time
 
 from cairn.client import errors
 from cairn.client.fs import Filesystem
+from cairn.client.fs_cache import EntryCache
 from cairn.client.fs_format import ROOT_INO, _as_oserror, prefix_argument, split_path
 
 log = logging.getLogger("cairn.mount")
@@ -260,9 +261,22 @@ def build_operations(pyfuse3):
         async def create(self, parent_inode, name, mode, flags, ctx):
             self._writable()
             with _errno():
-                ino, attr = await self.fs.create_attr(self._ino(parent_inode), name,
-                                                      mode & ~ctx.umask, ctx.uid, ctx.gid)
-                handle = await self.fs.open_file(ino, writable=True, attr=attr)
+                parent = self._ino(parent_inode)
+                try:
+                    ino, attr = await self.fs.create_attr(parent, name, mode & ~ctx.umask,
+                                                          ctx.uid, ctx.gid)
+                    handle = await self.fs.open_file(ino, writable=True, attr=attr)
+                except FileExistsError:
+                    if flags & os.O_EXCL:
+                        raise
+                    # Made by another client since our lookup said absent: open it, as
+                    # open(O_CREAT) without O_EXCL does.
+                    ino, attr = await self.fs.lookup_attr(parent, name)
+                    if attr.kind != "f":
+                        raise
+                    handle = await self.fs.open_file(ino, writable=True,
+                                                     truncate=bool(flags & os.O_TRUNC))
+                    attr = await self.fs.getattr(ino)
                 return pyfuse3.FileInfo(fh=self._handle(handle)), self._attributes(ino, attr)
 
         async def read(self, fh, off, size):
@@ -447,6 +461,7 @@ def _serve(args, mountpoint):
             fs = await Filesystem.open(cluster, pool, metadata_pool=args.metadata_pool,
                                        prefix=args.prefix)
             fs.purge_in_background = True
+            fs.entry_cache = EntryCache(ATTR_TIMEOUT_S)
             root = ROOT_INO
             if split_path(path):
                 root, kind = await fs.resolve(path)

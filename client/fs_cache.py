@@ -1,0 +1,118 @@
+"""A mount's cache of directory entries, valid for as long as the kernel keeps what it is told.
+
+The kernel keeps the entries and attributes a mount gives it for ATTR_TIMEOUT_S (1 s), so
+another client's change to a file shows on a mount within that time; that is the namespace's
+rule across clients. This cache applies the same rule one level down: a lookup that misses
+reads a short page of the directory's entries in name order (one op, the attributes of
+embedded inodes included) instead of one entry, and lookups that follow within `ttl_s` for
+names that page holds are answered from it with no op. A directory's files are usually
+looked up in name order (a listing, `ls -l`, `rm -r`, a benchmark, a dataloader walking it), so
+one op serves a page's worth of lookups.
+
+The cache also knows which names a page does not hold, but the namespace answers "absent"
+only from a fresh read (the kernel is never told a name is absent either), so a file another
+client has just closed is found at once: a close on one client and an open on another see
+each other (close-to-open).
+
+It stays correct for its own client: every change this client makes to an entry is applied to
+the pages holding it (`note`), or the directory's pages are dropped (`forget`). Conditional
+updates keep the store right whatever the cache says: an unlink of an entry that changed
+meanwhile forgets the directory and reads it again.
+"""
+
+import collections
+import time
+
+# Entries one page read for a lookup asks for: enough to serve a run of lookups in name
+# order, little enough that a lookup in random order over a huge directory pays little.
+PAGE_ENTRIES = 64
+# Entries kept in all (a listing's pages are kept too), least recently used pages dropped.
+ENTRIES_MAX = 65536
+
+
+class _Page:
+    __slots__ = ("after", "last", "entries", "at")
+
+    def __init__(self, after, last, entries, at):
+        self.after = after              # the page covers keys > after ...
+        self.last = last                # ... and <= last (None: to the directory's end)
+        self.entries = entries          # key -> entry, for the keys it covers
+        self.at = at
+
+    def covers(self, key):
+        return key > self.after and (self.last is None or key <= self.last)
+
+
+class EntryCache:
+    def __init__(self, ttl_s, clock=time.monotonic):
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._pages = collections.OrderedDict()     # (dir, after) -> _Page
+        self._dirs = {}                             # dir -> {after}
+        self._entries = 0
+        self.hits = self.misses = 0
+
+    def find(self, directory, key):
+        """(True, entry or None) if a fresh page covers `key`; else (False, None)."""
+        now = self.clock()
+        for after in list(self._dirs.get(directory, ())):
+            page = self._pages[directory, after]
+            if now - page.at > self.ttl_s:
+                self._drop(directory, after)
+                continue
+            if page.covers(key):
+                self._pages.move_to_end((directory, after))
+                self.hits += 1
+                return True, page.entries.get(key)
+        self.misses += 1
+        return False, None
+
+    def put(self, directory, after, entries, more):
+        """A page read at about now: `entries` [(key, entry)] after key `after`, in order;
+        `more`: the directory has keys past the last of them."""
+        last = entries[-1][0] if more and entries else None
+        if more and not entries:
+            return
+        for other in list(self._dirs.get(directory, ())):
+            page = self._pages[directory, other]
+            if not (last is not None and page.after >= last) and \
+                    not (page.last is not None and page.last <= after):
+                self._drop(directory, other)            # overlaps: the new one wins
+        self._drop(directory, after)
+        self._pages[directory, after] = _Page(after, last, dict(entries), self.clock())
+        self._dirs.setdefault(directory, set()).add(after)
+        self._entries += len(entries)
+        while self._entries > ENTRIES_MAX and self._pages:
+            self._drop(*next(iter(self._pages)))
+
+    def note(self, directory, key, entry):
+        """This client set `key` of `directory` to `entry` (None: removed it)."""
+        for after in self._dirs.get(directory, ()):
+            page = self._pages[directory, after]
+            if page.covers(key):
+                before = len(page.entries)
+                if entry is None:
+                    page.entries.pop(key, None)
+                else:
+                    page.entries[key] = entry
+                self._entries += len(page.entries) - before
+
+    def forget(self, directory):
+        for after in list(self._dirs.get(directory, ())):
+            self._drop(directory, after)
+
+    def _drop(self, directory, after):
+        page = self._pages.pop((directory, after), None)
+        if page is not None:
+            self._entries -= len(page.entries)
+        afters = self._dirs.get(directory)
+        if afters is not None:
+            afters.discard(after)
+            if not afters:
+                del self._dirs[directory]
+
+
+def key_before(key):
+    """A key just below `key` (a page read after it starts at `key`): the same with its last
+    byte one less (names hold no NUL byte, so it is at least 1)."""
+    return key[:-1] + bytes([key[-1] - 1])
