@@ -76,6 +76,10 @@ class OmapChange:
         return {"set": [list(pair) for pair in self.sets], "remove": list(self.removes),
                 "clear": self.clear}
 
+    @property
+    def keys_changed(self):
+        return frozenset(key for key, _ in self.sets) | frozenset(self.removes)
+
 
 # Bytes of omap entries one recovery message carries (pg_read's first page, pg_omap's pages):
 # under the update bound, so a page is also one store update on the target.

@@ -224,6 +224,7 @@ class OsdDaemon:
                     "damaged_shards": self.service.backends["erasure"].damaged_shards_total,
                     "direct_reads": self.service.direct_reads_total,
                     "fast_ops": self.service.fast_ops,
+                    "omap_reads_beside_writes": self.service.omap_reads_beside_writes,
                     "direct_plans": self.service.backends["erasure"].direct_plans_total,
                     "repairs": self.scrubber.repairs_total,
                     "store": store,

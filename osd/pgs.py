@@ -76,6 +76,9 @@ class Pg:
         self.active = asyncio.Event()
         self.task = None
         self.locks = KeyLocks()
+        # name -> (keys it changes, the object's version before it) of the omap update
+        # holding that object's lock now: reads of other keys need not wait for it.
+        self.omap_writing = {}
         # A PG's first background scrub comes one interval after the OSD saw it.
         self.last_scrub = self.last_deep_scrub = time.monotonic()
 

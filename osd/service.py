@@ -112,6 +112,7 @@ class ObjectService:
         self.client_bytes_out = 0       # payload bytes of their replies
         self.direct_reads_total = 0     # shard reads served to clients (`_shard_read`)
         self.fast_ops = {"get": 0, "put": 0, "rep_put": 0}  # answered from callbacks (`fast`)
+        self.omap_reads_beside_writes = 0   # omap_gets answered beside an update in flight
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -630,6 +631,8 @@ class ObjectService:
                 used = [prefix for prefix in request.prefixes_checked
                         if self.port.store.omap_list(pg.collection, name, prefix=prefix, limit=1)[0]]
             omap.check_conditions(request, name, prior, current, used)
+            if not request.update.clear:
+                pg.omap_writing[name] = (request.update.keys_changed, prior)
             self.local.load_log(pg)
             plan = pg.core.plan_write(acting, self.port.map.epoch, name, False, False,
                                       existed=record is not None)
@@ -640,11 +643,12 @@ class ObjectService:
             self.ops_total += 1
             return {"version": plan.version, "epoch": plan.epoch}, b""
         finally:
+            pg.omap_writing.pop(name, None)
             pg.locks.release(name)
 
-    async def _omap_read(self, header, read):
+    async def _omap_read(self, header, read, located=None):
         """`read(pg, name)` under the object's lock, once the primary's copy is current."""
-        pool, pg = await self.pg_of(header)
+        pool, pg = located or await self.pg_of(header)
         name = object_name(header)
         pg = await self.registry.wait_active(pg.key)
         interval = pg.core.interval
@@ -657,9 +661,23 @@ class ObjectService:
 
     async def _omap_get(self, header, payload):
         keys = omap.parse_keys(header)
-        return await self._omap_read(header, lambda pg, name: {"values": [
-            found.get(key) for found in [self.port.store.omap_get(pg.collection, name, keys)]
-            for key in keys]})
+
+        def values(pg, name):
+            found = self.port.store.omap_get(pg.collection, name, keys)
+            return {"values": [found.get(key) for key in keys]}
+        # An omap update of this object in flight that changes none of these keys: they hold
+        # the values they had before it, at the version before it, whether or not this copy
+        # has applied it yet; answer now instead of after its replication (a lookup in a
+        # directory whose files are being closed does not wait for their size records).
+        pool, pg = await self.pg_of(header)
+        name = object_name(header)
+        writing = pg.omap_writing.get(name)
+        if writing is not None and writing[0].isdisjoint(keys) and pg.active.is_set() and \
+                name not in pg.core.missing:
+            pg.core.check_serving(pg.core.interval)
+            self.omap_reads_beside_writes += 1
+            return {"version": writing[1], **values(pg, name)}, b""
+        return await self._omap_read(header, values, (pool, pg))
 
     async def _omap_list(self, header, payload):
         start_after, prefix, limit = omap.parse_listing(header)

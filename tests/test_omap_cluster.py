@@ -118,6 +118,17 @@ def test_conditional_updates_pages_races_and_bad_input(local_cluster):
                                      equals={b"order": value}))
                 assert await pool.omap_get("group", [b"order"]) == {b"order": value + b"!"}
 
+            # Reads of keys an update in flight does not change are answered beside it, with
+            # what they held (the OSD's omap_reads_beside_writes counts them, checked below);
+            # a read of a key being changed sees one whole value.
+            await pool.omap_update("beside", {b"a": b"0", b"b": b"still"}, create=True)
+            replies = await asyncio.gather(
+                *(pool.omap_update("beside", {b"a": b"%d" % i}) for i in range(1, 41)),
+                *(pool.omap_get("beside", [b"b"]) for _ in range(40)),
+                *(pool.omap_get("beside", [b"a"]) for _ in range(10)))
+            assert all(reply == {b"b": b"still"} for reply in replies[40:80])
+            assert all(0 <= int(reply[b"a"]) <= 40 for reply in replies[80:])
+
             with pytest.raises(errors.Unsupported):
                 await client.pool("ec").omap_update("x", {b"k": b"v"}, create=True)
 
@@ -145,6 +156,9 @@ def test_conditional_updates_pages_races_and_bad_input(local_cluster):
             await pool.omap_update("scrubbed", {b"k%d" % i: b"v" for i in range(50)},
                                    create=True)
     run(main())
+    beside = sum(status.get("omap_reads_beside_writes", 0)
+                 for status in osd_status(cluster).values() if status)
+    assert beside > 0
 
     # A replica whose table differs from the others' (changed under it, with the OSD stopped)
     # is found by a deep scrub and repaired from the copies that agree.
