@@ -85,7 +85,8 @@ import msgpack
 from cairn.client import errors
 from cairn.client.fs_cache import PAGE_ENTRIES, key_before
 from cairn.client.fs_file import FileHandle, OpenInode, _truncate_stripes
-from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_INO_LIMIT, DIR_KEY, EMBED_BIT,
+from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_INO_LIMIT, DIR_KEY,
+                                    DIR_TIMES_KEY, EMBED_BIT,
                                     ENTRY_PREFIX, INTENT_SETTLE_S, LIST_PAGE, RECORD_PREFIX,
                                     ROOT_INO, SIZE_KEY, SPECIAL_KINDS, STRIPE_BYTES,
                                     STRIPES_BY_INDEX_MAX, SYMLINK_BYTES_MAX, _check_name,
@@ -102,6 +103,13 @@ PURGES_MAX = 1024
 # Inodes whose last-read attributes (and where they were) this process remembers: the next
 # change of one is tried as a compare-and-swap against them before anything is read.
 HINTS_MAX = 4096
+
+
+def _touched():
+    """The update that sets a directory's mtime and ctime to now (with a change of its
+    entries, as POSIX says)."""
+    now = time.time_ns()
+    return {DIR_TIMES_KEY: msgpack.packb([now, now])}
 
 
 class _Where:
@@ -190,7 +198,8 @@ class Filesystem:
         if not is_embedded(ino):
             name = self.inode_object(ino)
             try:
-                values, version = await self.meta.omap_read(name, [ATTR_KEY, SIZE_KEY])
+                values, version = await self.meta.omap_read(name, [ATTR_KEY, SIZE_KEY,
+                                                                   DIR_TIMES_KEY])
             except errors.ObjectNotFound:
                 values, version = {}, 0
             attr = decode_attr(values)
@@ -277,10 +286,11 @@ class Filesystem:
     async def _store_attr(self, ino, where, attr):
         """Write `attr` where it was read, only if unchanged since; the new _Where."""
         if where.key == ATTR_KEY:
-            # The size moves into the attributes (one record again).
+            # The size and a directory's times move into the attributes (one record again).
             version = await self.meta.omap_update(where.obj,
                                                   {ATTR_KEY: msgpack.packb(dict(attr))},
-                                                  remove=[SIZE_KEY], if_version=where.version)
+                                                  remove=[SIZE_KEY, DIR_TIMES_KEY],
+                                                  if_version=where.version)
             return _Where(where.obj, ATTR_KEY, version=version)
         if where.key.startswith(ENTRY_PREFIX):
             new = _pack_entry(ino, attr.kind, attr=attr)
@@ -495,7 +505,7 @@ class Filesystem:
         key = ENTRY_PREFIX + raw_name
         packed = _pack_entry(ino, kind)
         try:
-            await self.meta.omap_update(self.inode_object(parent), {key: packed},
+            await self.meta.omap_update(self.inode_object(parent), {key: packed, **_touched()},
                                         absent=[key, DEAD_KEY], present=[DIR_KEY])
             self._note(parent, key, packed)
         except errors.ObjectNotFound:
@@ -537,7 +547,8 @@ class Filesystem:
             record_key = embedded_home(ino)[1]
             entry = _pack_entry(ino, attr.kind, attr=attr)
             try:
-                await self.meta.omap_update(obj, {key: entry, record_key: msgpack.packb(raw_name)},
+                await self.meta.omap_update(obj, {key: entry, record_key: msgpack.packb(raw_name),
+                                                  **_touched()},
                                             absent=[key, record_key, DEAD_KEY],
                                             present=[DIR_KEY])
             except errors.ObjectNotFound:
@@ -706,7 +717,7 @@ class Filesystem:
                 return
             # Primary: the entry and the inode's record go in one update, then the data.
             try:
-                await self.meta.omap_update(self.inode_object(parent),
+                await self.meta.omap_update(self.inode_object(parent), _touched(),
                                             remove=[key, embedded_home(ino)[1]],
                                             equals={key: entry})
             except errors.ObjectNotFound:
@@ -731,7 +742,7 @@ class Filesystem:
     async def _remove_entry(self, parent, raw_name, packed):
         key = ENTRY_PREFIX + raw_name
         try:
-            await self.meta.omap_update(self.inode_object(parent), remove=[key],
+            await self.meta.omap_update(self.inode_object(parent), _touched(), remove=[key],
                                         equals={key: packed})
             self._note(parent, key, None)
         except errors.PreconditionFailed as exc:
@@ -852,7 +863,7 @@ class Filesystem:
         replaced embedded inode's record goes."""
         src_key, dst_key = ENTRY_PREFIX + src_raw, ENTRY_PREFIX + dst_raw
         conditions = {"equals": {src_key: packed}}
-        changes, remove = {dst_key: packed}, [src_key]
+        changes, remove = {dst_key: packed, **_touched()}, [src_key]
         if replaced is None:
             conditions["absent"] = [dst_key]
         else:
@@ -899,7 +910,8 @@ class Filesystem:
         else:
             conditions["equals"] = {dst_key: replaced}
         try:
-            await self.meta.omap_update(dst_obj, {dst_key: from_mark}, **conditions)
+            await self.meta.omap_update(dst_obj, {dst_key: from_mark, **_touched()},
+                                        **conditions)
         except errors.PreconditionFailed as exc:
             found = await self.meta.omap_get(dst_obj, [dst_key, DEAD_KEY])
             if not (exc.maybe_applied and found.get(dst_key) == from_mark):
@@ -928,7 +940,8 @@ class Filesystem:
         again, the replaced entry restored."""
         src_obj, dst_obj = self.inode_object(src_parent), self.inode_object(dst_parent)
         try:
-            await self.meta.omap_update(src_obj, remove=[src_key], equals={src_key: to_mark})
+            await self.meta.omap_update(src_obj, _touched(), remove=[src_key],
+                                        equals={src_key: to_mark})
         except errors.PreconditionFailed:
             found = await self.meta.omap_get(src_obj, [src_key])
             if src_key in found:                # rolled back: undo step 2

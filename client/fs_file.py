@@ -213,7 +213,7 @@ class OpenInode:
         size, now = self.size, time.time_ns()
         if is_embedded(self.ino):
             def sized(attr):
-                attr["s"], attr["mt"] = size, now
+                attr["s"], attr["mt"], attr["ct"] = size, now, now     # a write's times
             try:
                 await self.fs._set_attr(self.ino, sized)
             except FileNotFoundError:

@@ -20,6 +20,9 @@ ATTR_KEY = b"\x00a"
 SIZE_KEY = b"\x00s"
 DIR_KEY = b"\x00D"
 DEAD_KEY = b"\x00d"
+# A directory's mtime and ctime as the last change of its entries set them: msgpack [mt, ct],
+# written blind in the same update as the change (no read, and grouped updates keep the last).
+DIR_TIMES_KEY = b"\x00t"
 ENTRY_PREFIX = b"\x01"
 # An embedded inode's record in its home directory: RECORD_PREFIX + its slot (4 bytes).
 RECORD_PREFIX = b"\x02"
@@ -167,7 +170,8 @@ SPECIAL_KINDS = {stat_module.S_IFIFO: "p", stat_module.S_IFSOCK: "s",
 
 
 def decode_attr(found):
-    """The Attr of an inode from its omap entries {ATTR_KEY, SIZE_KEY} (None: no inode)."""
+    """The Attr of an inode from its omap entries {ATTR_KEY, SIZE_KEY, DIR_TIMES_KEY} (None:
+    no inode)."""
     raw = found.get(ATTR_KEY)
     if raw is None:
         return None
@@ -175,6 +179,10 @@ def decode_attr(found):
     sized = found.get(SIZE_KEY)
     if sized is not None:
         attr["s"], attr["mt"] = msgpack.unpackb(sized)
+        attr["ct"] = max(attr.get("ct", 0), attr["mt"])        # a write changes both
+    times = found.get(DIR_TIMES_KEY)
+    if times is not None:
+        attr["mt"], attr["ct"] = msgpack.unpackb(times)
     return attr
 
 

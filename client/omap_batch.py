@@ -8,10 +8,13 @@ one to it is in flight wait here, and go together as one update when it returns:
 and removes together, their conditions together (every one must hold).
 
 Each caller still sees what its own update would have met alone: if the combined update's
-conditions fail, each update of the group is sent again alone, in order. An update that
-touches a key another of the group changes (or checks a key another changes) waits for the
-next group, and so does every update after it (order between updates to one key is kept);
-updates with `create`, `clear`, `if_version` or a prefix condition always go alone.
+conditions fail, each update of the group is sent again alone, in order. The group applies as
+the updates would one after another: conditions are checked before any of them applies (so an
+update checking a key an earlier one changes waits for the next group), a key set by several
+takes the last value (a directory's times, set by every create in it), and an update that
+removes a key another sets, or sets one another removes, waits for the next group too; every
+update after one that waits waits as well (order is kept). Updates with `create`, `clear`,
+`if_version` or a prefix condition always go alone.
 """
 
 import asyncio
@@ -27,12 +30,13 @@ GROUP_BYTES_MAX = OMAP_UPDATE_BYTES_MAX // 2
 
 
 class _Waiting:
-    __slots__ = ("header", "future", "changes", "checks", "size")
+    __slots__ = ("header", "future", "sets", "removes", "checks", "size")
 
     def __init__(self, header, future):
         self.header = header
         self.future = future
-        self.changes = {key for key, _ in header["set"]} | set(header["remove"])
+        self.sets = {key for key, _ in header["set"]}
+        self.removes = set(header["remove"])
         self.checks = {condition[1] for condition in header["if"]}
         self.size = sum(len(k) + len(v) for k, v in header["set"]) + \
             sum(map(len, header["remove"])) + \
@@ -79,22 +83,23 @@ class OmapBatcher:
             return
         group = [waiting.pop(0)]
         if groupable(group[0].header):
-            changes, checks = set(group[0].changes), set(group[0].checks)
-            keys, size = len(changes) + len(checks), group[0].size
+            first = group[0]
+            sets, removes = set(first.sets), set(first.removes)
+            keys, size = len(sets) + len(removes) + len(first.checks), first.size
             while waiting and len(group) < GROUP_UPDATES_MAX:
                 item = waiting[0]
                 if item.future.done():
                     waiting.pop(0)
                     continue
-                if not groupable(item.header) or item.changes & (changes | checks) or \
-                        item.checks & changes or \
-                        keys + len(item.changes) + len(item.checks) > GROUP_KEYS_MAX or \
-                        size + item.size > GROUP_BYTES_MAX:
+                if not groupable(item.header) or item.checks & (sets | removes) or \
+                        item.removes & sets or item.sets & removes or \
+                        keys + len(item.sets) + len(item.removes) + len(item.checks) > \
+                        GROUP_KEYS_MAX or size + item.size > GROUP_BYTES_MAX:
                     break
                 group.append(waiting.pop(0))
-                changes |= item.changes
-                checks |= item.checks
-                keys += len(item.changes) + len(item.checks)
+                sets |= item.sets
+                removes |= item.removes
+                keys += len(item.sets) + len(item.removes) + len(item.checks)
                 size += item.size
         task = asyncio.ensure_future(self._send_group(key, group))
         self._tasks.add(task)
@@ -106,9 +111,13 @@ class OmapBatcher:
             if len(group) == 1:
                 await self._settle(group[0], self._send(pool, name, group[0].header))
                 return
+            latest = {}                 # a key set by several: the last value, as in sequence
+            for item in group:
+                latest.update((key, value) for key, value in item.header["set"])
             header = {"op": "omap", "clear": False, "create": False,
-                      "set": [pair for item in group for pair in item.header["set"]],
-                      "remove": [k for item in group for k in item.header["remove"]],
+                      "set": [[key, value] for key, value in latest.items()],
+                      "remove": list(dict.fromkeys(k for item in group
+                                                   for k in item.header["remove"])),
                       "if": [condition for item in group for condition in item.header["if"]]}
             self.groups_sent += 1
             self.updates_grouped += len(group)

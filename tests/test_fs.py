@@ -292,6 +292,21 @@ def test_hard_links_special_files_atime_and_a_namespace_made_before_embedding(lo
         assert fsmod.is_embedded(ino) and run(fs.stat("/a/one")).nlink == 1
         a_dir, _ = run(fs.resolve("/a"))
         b_dir, _ = run(fs.resolve("/b"))
+        # A directory's mtime and ctime move with every change of its entries.
+        def moved(path, change):
+            before = run(fs.stat(path))
+            change()
+            after = run(fs.stat(path))
+            assert after["mt"] > before["mt"] and after["ct"] > before["ct"], (before, after)
+        moved("/b", lambda: run(fs.link(ino, b_dir, "scratch")))
+        moved("/b", lambda: run(fs.rename_path("/b/scratch", "/b/scratch2")))
+        moved("/a", lambda: run(fs.rename_path("/b/scratch2", "/a/scratch3")))
+        moved("/a", lambda: run(fs.unlink_path("/a/scratch3")))
+        moved("/a", lambda: run(fs.mkdir_path("/a/sub")))
+        moved("/a", lambda: run(fs.rmdir_path("/a/sub")))
+        moved("/", lambda: run(write("/top", b"")))
+        run(fs.setattr(a_dir, mtime_ns=10**18))           # a utime of the directory wins
+        assert run(fs.stat("/a"))["mt"] == 10**18
         # Two more names, one in another directory: one inode, counted three times.
         assert run(fs.link(ino, b_dir, "two")).nlink == 2
         assert run(fs.link(ino, a_dir, "three")).nlink == 3
@@ -299,7 +314,7 @@ def test_hard_links_special_files_atime_and_a_namespace_made_before_embedding(lo
         expect(errno.EEXIST, lambda: run(fs.link(ino, b_dir, "two")))
         expect(errno.EPERM, lambda: run(fs.link(b_dir, a_dir, "dir-link")))
         assert run(fs.stat("/a/one")).nlink == 3            # the failed link is not counted
-        assert clean().files == 1
+        assert clean().files == 2                            # one and /top
         run(fs.unlink_path("/a/one"))
         assert run(read("/b/two")) == data and run(fs.stat("/a/three")).nlink == 2
         run(fs.rename_path("/a/three", "/b/two"))           # two names of one inode: no-op
