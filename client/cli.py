@@ -5,7 +5,8 @@
 - `cairn put|get|ls|rm|stat POOL [NAME] [FILE]`: objects through the client library
   (client/objects_cli.py); `cairn bench cluster ...`: throughput like `rados bench`;
   `cairn bench mount ...`, `cairn bench checkpoint ...`: the mount, and checkpoint staging from
-  GPU memory, against the object path.
+  GPU memory, against the object path; `cairn bench files ...`: small files through a mount
+  or the library (client/bench_files.py).
 - `cairn mount POOL[/PATH] MOUNTPOINT`, `cairn umount MOUNTPOINT`: the file namespace with
   FUSE (client/mount.py); `cairn fsck POOL`: check and repair it (client/fs_check.py).
 - `cairn auth add|ls|get|get-key|caps|rm`: entities, keys and caps (client/admin.py);
@@ -20,8 +21,8 @@ import argparse
 import os
 import sys
 
-from cairn.client import (admin, audit_cli, bench_checkpoint, bench_cluster, bench_mount, fs_cli,
-                          mount, objects_cli, placement_tool)
+from cairn.client import (admin, audit_cli, bench_checkpoint, bench_cluster, bench_files,
+                          bench_mount, fs_cli, mount, objects_cli, placement_tool)
 
 
 def build_parser():
@@ -40,6 +41,7 @@ def build_parser():
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
     bench_cluster.add_parser(kinds)
     bench_mount.add_parser(kinds)
+    bench_files.add_parser(kinds)
     bench_checkpoint.add_parser(kinds)
     for kind in ("device", "store"):
         kinds.add_parser(kind, help=f"the {kind} benchmark of cairn-osd (see 'cairn-osd bench "
@@ -59,8 +61,8 @@ def main(argv=None):
 
 def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"] and argv[1:2] not in (["cluster"], ["mount"], ["checkpoint"], ["-h"],
-                                                    ["--help"]):
+    if argv[:1] == ["bench"] and argv[1:2] not in (["cluster"], ["mount"], ["checkpoint"],
+                                                    ["files"], ["-h"], ["--help"]):
         os.execv(sys.executable, [sys.executable, "-m", "cairn.osd.cli", "bench", *argv[1:]])
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -86,6 +88,8 @@ def _main(argv):
         return bench_checkpoint.main(args)
     if args.command == "bench" and args.kind == "mount":
         return bench_mount.main(args)
+    if args.command == "bench" and args.kind == "files":
+        return bench_files.main(args)
     if args.command == "bench":
         return bench_cluster.main(args)
     parser.error(f"unknown command {args.command}")

@@ -694,8 +694,9 @@ class Filesystem:
         return attr["l"]
 
     async def unlink(self, parent, name):
-        """Remove a file or symlink (EISDIR for a directory). Its data goes once the entry is
-        gone (a file unlinked while open is not kept alive: its readers get errors after)."""
+        """Remove a name (EISDIR for a directory); at the last name of a file its data goes
+        once the entry is gone (after the unlink returns with purge_in_background; a file
+        unlinked while open is not kept alive: its readers get errors after)."""
         raw_name = _check_name(name)
         key = ENTRY_PREFIX + raw_name
         entry = self._recent.pop((parent, raw_name), None)     # read by the lookup before
@@ -712,7 +713,11 @@ class Filesystem:
                 raise fs_error(errno.EISDIR, _display(raw_name))
             attr = entry_attr(entry)
             if attr is None:                    # the inode lives elsewhere
-                await self._remove_entry(parent, raw_name, entry)
+                try:
+                    await self._remove_entry(parent, raw_name, entry)
+                except BlockingIOError:         # changed since it was read: read it again
+                    entry = None
+                    continue
                 await self._unlink_inode(ino)
                 return
             # Primary: the entry and the inode's record go in one update, then the data.
@@ -774,8 +779,11 @@ class Filesystem:
         elsewhere keep their records there (then it stays, unnamed, until fsck finds it
         holds none)."""
         self._hints.pop(ino, None)
-        records, _ = await self.meta.omap_list(self.inode_object(ino), None,
-                                               prefix=RECORD_PREFIX, limit=1)
+        try:
+            records, _ = await self.meta.omap_list(self.inode_object(ino), None,
+                                                   prefix=RECORD_PREFIX, limit=1)
+        except errors.ObjectNotFound:
+            return                              # gone already (its last record took it)
         if not records:
             try:
                 await self.meta.delete(self.inode_object(ino), plain=True)

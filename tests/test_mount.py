@@ -58,12 +58,17 @@ class Mounts:
                 pass
 
 
-@pytest.fixture
-def mounts(local_cluster, tmp_path):
+def mountable_cluster(local_cluster, tmp_path):
+    """Mounts of a new 3-OSD cluster with pools `meta` and `data` (replicated 3)."""
     cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M", config=FAST)
     cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
     cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
-    made = Mounts(cluster, tmp_path)
+    return Mounts(cluster, tmp_path)
+
+
+@pytest.fixture
+def mounts(local_cluster, tmp_path):
+    made = mountable_cluster(local_cluster, tmp_path)
     try:
         yield made
     finally:
@@ -203,6 +208,25 @@ def test_posix_through_the_mount_two_mounts_read_only_and_fsspec(mounts):
     result = cairn(mounts.cluster, "fsck", "data", "--metadata-pool", "meta", "--grace", "0",
                    "--json")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_bench_files_through_the_mount_and_through_the_library(mounts):
+    m = mounts.mount("m")
+    for where in (["--mountpoint", m], ["--pool", "data", "--metadata-pool", "meta"]):
+        result = cairn(mounts.cluster, "bench", "files", *where, "--files", "120", "--size",
+                       "5000", "--threads", "8", "--dirs", "3", "--fsync", "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        assert report["via"] == ("mount" if where[0] == "--mountpoint" else "library")
+        for phase in ("create", "stat", "read", "ls", "unlink"):
+            figures = report["phases"][phase]
+            assert figures["ops"] == (3 if phase == "ls" else 120), (phase, figures)
+            assert figures["ops_per_s"] > 0 and figures["p99_ms"] >= figures["p50_ms"] > 0
+            assert figures["wrong"] == figures["errors"] == 0, (phase, figures)
+        assert "create" in result.stdout and "bench files:" in result.stderr   # progress
+    assert os.listdir(m) == []                          # everything it made is gone
+    result = cairn(mounts.cluster, "bench", "files", "--mountpoint", "/nonexistent-mount")
+    assert result.returncode == 2 and "not a mount point" in result.stderr
 
 
 def test_mount_ergonomics_and_cleanup_after_sigkill(mounts, tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_mount import FAST, Mounts
+from tests.test_mount import mountable_cluster
 
 pytestmark = [
     pytest.mark.cluster,
@@ -39,10 +39,7 @@ ALLOWED = {
                     f"{', '.join(str(p) for p in CANDIDATES if p)} (set CAIRN_PJDFSTEST)")
 @pytest.mark.skipif(shutil.which("prove") is None, reason="prove (perl) is not installed")
 def test_pjdfstest_passes_but_for_the_listed_tests(local_cluster, tmp_path):
-    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="1G", config=FAST)
-    cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
-    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
-    mounts = Mounts(cluster, tmp_path)
+    mounts = mountable_cluster(local_cluster, tmp_path)
     try:
         point = Path(mounts.mount("m"))
         (point / "pjd").mkdir()
