@@ -65,6 +65,16 @@ def summary(latencies, seconds, wrong=0, errors=0):
             "p50_ms": pick(0.50), "p99_ms": pick(0.99), "wrong": wrong, "errors": errors}
 
 
+def _plan(args, *ops):
+    """(phase, op, items, ops in flight) in order: ls one directory at a time, the others
+    one file each, --threads at once."""
+    for phase, op in zip(PHASES, ops):
+        if phase == "ls":
+            yield phase, op, range(args.dirs), 1
+        else:
+            yield phase, op, range(args.files), args.threads
+
+
 def _per_entry(phase, result, files):
     """ls counts entries listed per second (its p50/p99 are of one directory's listing)."""
     if phase == "ls" and result["seconds"]:
@@ -123,11 +133,7 @@ def _mount_phases(args, top, size):
         os.unlink(paths[i])
 
     results = {}
-    for phase, op, items, threads in (("create", create, range(args.files), args.threads),
-                                      ("stat", stat, range(args.files), args.threads),
-                                      ("read", read, range(args.files), args.threads),
-                                      ("ls", ls, range(args.dirs), 1),
-                                      ("unlink", unlink, range(args.files), args.threads)):
+    for phase, op, items, threads in _plan(args, create, stat, read, ls, unlink):
         if phase in ("stat", "read", "ls"):
             _drop_caches(top)
         results[phase] = _per_entry(phase, _threaded(op, items, threads), args.files)
@@ -195,11 +201,7 @@ async def _library_run(fs, args, top, size):
         await fs.unlink_path(paths[i])
 
     results = {}
-    for phase, op, items, inflight in (("create", create, range(args.files), args.threads),
-                                       ("stat", stat, range(args.files), args.threads),
-                                       ("read", read, range(args.files), args.threads),
-                                       ("ls", ls, range(args.dirs), 1),
-                                       ("unlink", unlink, range(args.files), args.threads)):
+    for phase, op, items, inflight in _plan(args, create, stat, read, ls, unlink):
         results[phase] = _per_entry(phase, await _in_flight(op, items, inflight), args.files)
         say(f"{phase}: {results[phase]['ops_per_s']} ops/s")
     return results

@@ -50,7 +50,6 @@ class EntryCache:
         self._pages = collections.OrderedDict()     # (dir, after) -> _Page
         self._dirs = {}                             # dir -> {after}
         self._entries = 0
-        self.hits = self.misses = 0
 
     def find(self, directory, key):
         """(True, entry or None) if a fresh page covers `key`; else (False, None)."""
@@ -62,9 +61,7 @@ class EntryCache:
                 continue
             if page.covers(key):
                 self._pages.move_to_end((directory, after))
-                self.hits += 1
                 return True, page.entries.get(key)
-        self.misses += 1
         return False, None
 
     def put(self, directory, after, entries, more):
