@@ -84,15 +84,16 @@ import msgpack
 
 from cairn.client import errors
 from cairn.client.fs_cache import PAGE_ENTRIES, key_before
-from cairn.client.fs_file import FileHandle, OpenInode, _truncate_stripes
+from cairn.client.fs_file import FileHandle, OpenInode
 from cairn.client.fs_format import (ATTR_KEY, Attr, DEAD_KEY, DIR_INO_LIMIT, DIR_KEY,
                                     DIR_TIMES_KEY, EMBED_BIT,
                                     ENTRY_PREFIX, INTENT_SETTLE_S, LIST_PAGE, RECORD_PREFIX,
                                     ROOT_INO, SIZE_KEY, SPECIAL_KINDS, STRIPE_BYTES,
                                     STRIPES_BY_INDEX_MAX, SYMLINK_BYTES_MAX, _check_name,
-                                    _display, _pack_entry, _unpack_entry, check_file_size,
+                                    _display, _pack_entry, _unpack_entry,
                                     check_prefix, decode_attr, embedded_home, embedded_ino,
-                                    entry_attr, fs_error, inode_object, is_embedded, split_path,
+                                    entry_attr, fs_error, inline_key, inode_object, is_embedded,
+                                    split_path,
                                     stripe_object, stripe_prefix)
 
 log = logging.getLogger("cairn.fs")
@@ -115,12 +116,13 @@ def _touched():
 class _Where:
     """Where an inode's attributes were read from, for a compare-and-swap: its own object
     (`key` ATTR_KEY, at `version`), a primary entry, or its home directory's record (`key`,
-    with the value `raw` read)."""
+    with the value `raw` read); `data`: a small file's bytes read with them, if asked."""
 
-    __slots__ = ("obj", "key", "raw", "version")
+    __slots__ = ("obj", "key", "raw", "version", "data")
 
-    def __init__(self, obj, key, raw=None, version=None):
+    def __init__(self, obj, key, raw=None, version=None, data=None):
         self.obj, self.key, self.raw, self.version = obj, key, raw, version
+        self.data = data
 
 
 class Filesystem:
@@ -193,8 +195,9 @@ class Filesystem:
             attr["s"] = handle.size
         return attr
 
-    async def _locate(self, ino):
-        """(Attr, _Where) of inode `ino` as stored now (ENOENT)."""
+    async def _locate(self, ino, data=False):
+        """(Attr, _Where) of inode `ino` as stored now (ENOENT); with `data`, a small file's
+        bytes come in the same read (`_Where.data`)."""
         if not is_embedded(ino):
             name = self.inode_object(ino)
             try:
@@ -210,7 +213,7 @@ class Filesystem:
         obj = self.inode_object(home)
         for _ in range(8):
             hinted = self._hints.get(ino)
-            keys = [record_key]
+            keys = [record_key, inline_key(ino)] if data else [record_key]
             if hinted is not None and hinted[1].key.startswith(ENTRY_PREFIX):
                 keys.append(hinted[1].key)          # its entry, if it was not renamed
             try:
@@ -221,15 +224,21 @@ class Filesystem:
             if record is None:
                 raise fs_error(errno.ENOENT, f"inode {ino:x}")
             value = msgpack.unpackb(record)
+            inline = found.get(inline_key(ino), b"") if data else None
             if isinstance(value, dict):             # the inode lives in the record
-                return self._hint(ino, Attr(value), _Where(obj, record_key, record))
+                return self._hint(ino, Attr(value), _Where(obj, record_key, record,
+                                                             data=inline))
             key = ENTRY_PREFIX + value              # ... or in its primary entry
             raw = found.get(key)
             if raw is None:
-                raw = (await self._omap_get_quiet(home, [key])).get(key)
+                extra = (await self._omap_get_quiet(home, [key, inline_key(ino)] if data
+                                                    else [key]))
+                raw = extra.get(key)
+                if data:
+                    inline = extra.get(inline_key(ino), b"")
             attr = entry_attr(raw) if raw is not None else None
             if attr is not None and _unpack_entry(raw)[0] == ino:
-                return self._hint(ino, attr, _Where(obj, key, raw))
+                return self._hint(ino, attr, _Where(obj, key, raw, data=inline))
             # renamed within its directory between the two reads: read again
         raise fs_error(errno.EAGAIN, f"inode {ino:x} kept moving")
 
@@ -261,10 +270,11 @@ class Filesystem:
                         return ino
                 # that number is taken: draw another
 
-    async def _set_attr(self, ino, change):
+    async def _set_attr(self, ino, change, data=None):
         """Apply change(attr) to the inode's attributes: a compare-and-swap against what was
         last read (this process's hint, else a fresh read), again on a read if another
-        client changed them meanwhile."""
+        client changed them meanwhile. `data`: a small file's bytes to store in the same
+        update (False: drop them)."""
         hinted = self._hints.pop(ino, None)
         for _ in range(100):
             if hinted is not None:
@@ -275,7 +285,7 @@ class Filesystem:
                 attr = Attr(attr)
             change(attr)
             try:
-                self._hint(ino, attr, await self._store_attr(ino, where, attr))
+                self._hint(ino, attr, await self._store_attr(ino, where, attr, data))
                 return attr
             except errors.PreconditionFailed:
                 continue
@@ -283,8 +293,9 @@ class Filesystem:
                 raise fs_error(errno.ENOENT, f"inode {ino:x}") from None
         raise fs_error(errno.EAGAIN, f"inode {ino:x}: its attributes kept changing")
 
-    async def _store_attr(self, ino, where, attr):
-        """Write `attr` where it was read, only if unchanged since; the new _Where."""
+    async def _store_attr(self, ino, where, attr, data=None):
+        """Write `attr` where it was read, only if unchanged since (and a small file's bytes,
+        `data`, beside it: False drops them); the new _Where."""
         if where.key == ATTR_KEY:
             # The size and a directory's times move into the attributes (one record again).
             version = await self.meta.omap_update(where.obj,
@@ -296,8 +307,13 @@ class Filesystem:
             new = _pack_entry(ino, attr.kind, attr=attr)
         else:
             new = msgpack.packb(dict(attr))
+        sets, removes = {where.key: new}, []
+        if data:
+            sets[inline_key(ino)] = data
+        elif data is not None:
+            removes.append(inline_key(ino))
         try:
-            await self.meta.omap_update(where.obj, {where.key: new},
+            await self.meta.omap_update(where.obj, sets, remove=removes,
                                         equals={where.key: where.raw})
         except errors.PreconditionFailed:
             if where.key.startswith(ENTRY_PREFIX):
@@ -313,7 +329,8 @@ class Filesystem:
         try:
             if is_embedded(ino):
                 home, record_key = embedded_home(ino)
-                await self.meta.omap_update(self.inode_object(home), remove=[record_key])
+                await self.meta.omap_update(self.inode_object(home),
+                                            remove=[record_key, inline_key(ino)])
                 await self._drop_husk(home)
             else:
                 await self.meta.delete(self.inode_object(ino), plain=True)
@@ -321,12 +338,13 @@ class Filesystem:
             pass
 
     async def _drop_data(self, ino, attr):
-        """Delete a removed file's stripes (up to its size here if it is open here)."""
+        """Delete a removed file's stripes (up to its size here if it is open here; none
+        for a file whose inode held its bytes)."""
         self._hints.pop(ino, None)
         if attr is not None and attr.get("t") == "f":
-            size = attr.get("s", 0)
+            size = 0 if attr.get("i") else attr.get("s", 0)
             handle = self._open.get(ino)
-            if handle is not None:
+            if handle is not None and handle.inline is None:
                 size = max(size, handle.size)
             end = -(-size // STRIPE_BYTES)
             if end and self.purge_in_background and len(self._purges) < PURGES_MAX:
@@ -528,6 +546,8 @@ class Filesystem:
         Otherwise the inode's own object first, then the entry."""
         raw = _check_name(name)
         if attr["t"] != "d" and parent < DIR_INO_LIMIT:
+            if attr["t"] == "f":
+                attr["i"] = 1               # its bytes beside its record while it is small
             return await self._make_embedded(parent, raw, Attr(attr))
         ino = await self._new_inode(attr, DIR_INO_LIMIT if attr["t"] == "d" else EMBED_BIT)
         try:
@@ -676,7 +696,7 @@ class Filesystem:
             await self._drop_data(ino, attr)
             try:
                 if is_embedded(ino):
-                    await self.meta.omap_update(where.obj, remove=[where.key],
+                    await self.meta.omap_update(where.obj, remove=[where.key, inline_key(ino)],
                                                 equals={where.key: where.raw})
                     await self._drop_husk(embedded_home(ino)[0])
                 else:
@@ -723,7 +743,8 @@ class Filesystem:
             # Primary: the entry and the inode's record go in one update, then the data.
             try:
                 await self.meta.omap_update(self.inode_object(parent), _touched(),
-                                            remove=[key, embedded_home(ino)[1]],
+                                            remove=[key, embedded_home(ino)[1],
+                                                    inline_key(ino)],
                                             equals={key: entry})
             except errors.ObjectNotFound:
                 raise fs_error(errno.ENOENT, f"directory inode {parent:x}") from None
@@ -877,7 +898,8 @@ class Filesystem:
         else:
             conditions["equals"][dst_key] = replaced
             if entry_attr(replaced) is not None:
-                remove.append(embedded_home(_unpack_entry(replaced)[0])[1])
+                gone = _unpack_entry(replaced)[0]
+                remove += [embedded_home(gone)[1], inline_key(gone)]
         if entry_attr(packed) is not None:
             changes[embedded_home(_unpack_entry(packed)[0])[1]] = msgpack.packb(dst_raw)
         try:
@@ -1043,16 +1065,18 @@ class Filesystem:
         """Change attributes; `size` truncates or extends a file (zeros). The access time
         is kept apart from mtime and changes only here (reads leave it, as noatime)."""
         if size is not None:
-            handle = self._open.get(ino)
-            if handle is not None:
-                await handle.truncate(size)         # checks the size itself
-            else:
-                check_file_size(size, f"a truncate of inode {ino:x}")
-                attr = await self.getattr(ino)
-                if attr.kind != "f":
-                    raise fs_error(errno.EISDIR if attr.is_dir else errno.EINVAL,
-                                   f"inode {ino:x}")
-                await _truncate_stripes(self, ino, attr.size, size)
+            # One path for every truncate: the open file's (opened for it if need be), made
+            # durable here; it checks the size, and moves a small file's bytes out or cuts them.
+            handle, opened = self._open.get(ino), None
+            if handle is None:
+                opened = await self.open_file(ino, writable=True)
+                handle = opened.inode
+            try:
+                await handle.truncate(size)
+                await handle.flush()
+            finally:
+                if opened is not None:
+                    await opened.close()
 
         def change(attr):
             if mode is not None:
@@ -1077,10 +1101,14 @@ class Filesystem:
         just made or read it."""
         handle = self._open.get(ino)
         if handle is None:
-            attr = attr if attr is not None else await self.getattr(ino)
+            data = b""
+            if attr is None or (attr.inline and attr.size):
+                attr, where = await self._locate(ino, data=True)    # a small file's bytes too
+                data = where.data
             if attr.kind != "f":
                 raise fs_error(errno.EISDIR if attr.is_dir else errno.EINVAL, f"inode {ino:x}")
-            handle = self._open[ino] = OpenInode(self, ino, attr.size)
+            handle = OpenInode(self, ino, attr.size, data if attr.inline else None)
+            self._open[ino] = handle
         handle.users += 1
         file = FileHandle(handle, writable)
         if truncate and writable:

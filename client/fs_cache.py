@@ -26,8 +26,9 @@ import time
 # Entries one page read for a lookup asks for: enough to serve a run of lookups in name
 # order, little enough that a lookup in random order over a huge directory pays little.
 PAGE_ENTRIES = 64
-# Entries kept in all (a listing's pages are kept too), least recently used pages dropped.
-ENTRIES_MAX = 65536
+# Bytes of entries kept in all (a listing's pages are kept too; a small file's entry holds
+# its bytes), least recently used pages dropped.
+CACHE_BYTES_MAX = 32 << 20
 
 
 class _Page:
@@ -49,7 +50,7 @@ class EntryCache:
         self.clock = clock
         self._pages = collections.OrderedDict()     # (dir, after) -> _Page
         self._dirs = {}                             # dir -> {after}
-        self._entries = 0
+        self._bytes = 0
 
     def find(self, directory, key):
         """(True, entry or None) if a fresh page covers `key`; else (False, None)."""
@@ -78,8 +79,8 @@ class EntryCache:
         self._drop(directory, after)
         self._pages[directory, after] = _Page(after, last, dict(entries), self.clock())
         self._dirs.setdefault(directory, set()).add(after)
-        self._entries += len(entries)
-        while self._entries > ENTRIES_MAX and self._pages:
+        self._bytes += _size(entries)
+        while self._bytes > CACHE_BYTES_MAX and self._pages:
             self._drop(*next(iter(self._pages)))
 
     def note(self, directory, key, entry):
@@ -87,12 +88,12 @@ class EntryCache:
         for after in self._dirs.get(directory, ()):
             page = self._pages[directory, after]
             if page.covers(key):
-                before = len(page.entries)
-                if entry is None:
-                    page.entries.pop(key, None)
-                else:
+                old = page.entries.pop(key, None)
+                if old is not None:
+                    self._bytes -= len(key) + len(old)
+                if entry is not None:
                     page.entries[key] = entry
-                self._entries += len(page.entries) - before
+                    self._bytes += len(key) + len(entry)
 
     def forget(self, directory):
         for after in list(self._dirs.get(directory, ())):
@@ -101,12 +102,16 @@ class EntryCache:
     def _drop(self, directory, after):
         page = self._pages.pop((directory, after), None)
         if page is not None:
-            self._entries -= len(page.entries)
+            self._bytes -= _size(page.entries.items())
         afters = self._dirs.get(directory)
         if afters is not None:
             afters.discard(after)
             if not afters:
                 del self._dirs[directory]
+
+
+def _size(entries):
+    return sum(len(key) + len(entry) for key, entry in entries)
 
 
 def key_before(key):

@@ -132,7 +132,7 @@ def _count(report, files, ino, attr):
     if attr.kind == "f":
         report.files += 1
         report.bytes += attr.size
-        files[ino] = attr.size
+        files[ino] = 0 if attr.inline else attr.size      # inline: no stripes
     elif attr.kind == "l":
         report.symlinks += 1
     else:

@@ -9,6 +9,13 @@ beyond a sequential read). A flush (close, fsync, or every FLUSH_INTERVAL_S) wri
 stripe, then the size in the inode's omap: the size never covers bytes not yet durable. A
 truncate deletes the stripes past the new end and cuts the last one, so bytes past the end
 never come back when the file grows again.
+
+A small file keeps its bytes beside its inode instead (`inline`: attribute "i", the bytes under
+inline_key in its home directory, at most INLINE_BYTES_MAX; for inodes embedded there): its
+flush writes bytes, size and mtime in one update, its open reads them with the attributes, and
+it has no stripes. A write or truncate past INLINE_BYTES_MAX moves it out: its bytes become
+dirty stripe 0, and the flush that writes that stripe drops "i" and the bytes with the new
+size (never before the stripe is durable).
 """
 
 import asyncio
@@ -19,8 +26,8 @@ import time
 import msgpack
 
 from cairn.client import errors
-from cairn.client.fs_format import (ATTR_KEY, DIRTY_STRIPES_MAX, FLUSH_INTERVAL_S, READ_AHEAD,
-                                    SIZE_KEY, STRIPE_BYTES, WRITE_BEHIND, _as_oserror,
+from cairn.client.fs_format import (ATTR_KEY, DIRTY_STRIPES_MAX, FLUSH_INTERVAL_S,
+                                    INLINE_BYTES_MAX, READ_AHEAD, SIZE_KEY, STRIPE_BYTES, WRITE_BEHIND, _as_oserror,
                                     check_file_size, fs_error, is_embedded)
 
 
@@ -46,10 +53,13 @@ class OpenInode:
     """A file open in this process: its size as written here, its dirty stripes, stripes being
     written back, and clean stripes read (or read ahead)."""
 
-    def __init__(self, fs, ino, size):
+    def __init__(self, fs, ino, size, inline=None):
         self.fs = fs
         self.ino = ino
         self.size = size
+        self.inline = inline            # bytes: the file's bytes are in its inode (as stored
+                                        # or as this process will store them: see dirty[0])
+        self.moved_out = False          # was inline; its inode still says so until a flush
         self.users = 0
         self.dirty = {}                 # stripe index -> bytearray (whole stripe, or shorter)
         self.pending = {}               # stripe index -> bytes being written back
@@ -69,6 +79,8 @@ class OpenInode:
             return self.dirty[index]
         if index in self.pending:
             return self.pending[index]
+        if self.inline is not None:
+            return self.inline if index == 0 else b""
         data = self.cache.get(index)
         if data is not None:
             self.cache.move_to_end(index)
@@ -142,6 +154,8 @@ class OpenInode:
             raise self.failure
         view = memoryview(data).cast("B")
         check_file_size(offset + len(view), f"a write to inode {self.ino:x}")
+        if self.inline is not None and offset + len(view) > INLINE_BYTES_MAX:
+            self._move_out()
         self.generation += 1
         position = 0
         while position < len(view):
@@ -175,6 +189,17 @@ class OpenInode:
             await self.flush()
         return len(view)
 
+    def _move_out(self):
+        """The file outgrows its inode: its bytes become stripe 0 (dirty)."""
+        if 0 not in self.dirty and self.inline:
+            self.dirty[0] = bytearray(self.inline)
+        self.inline = None
+        self.moved_out = True
+
+    def inline_changed(self):
+        """Whether the next flush changes the bytes the inode holds (or drops them)."""
+        return self.changed and (self.inline is not None or self.moved_out)
+
     def _write_back(self, index):
         data = bytes(self.dirty.pop(index))
         self.pending[index] = data              # reads see it until it is stored
@@ -196,6 +221,16 @@ class OpenInode:
         async with self.lock:
             await self._drain()
             self.generation += 1
+            if self.inline is not None and size > INLINE_BYTES_MAX:
+                self._move_out()
+            elif self.inline is not None:
+                stripe = self.dirty.get(0)
+                stripe = bytearray(self.inline) if stripe is None else stripe
+                del stripe[size:]
+                self.dirty[0] = stripe
+                self.size = size
+                self.changed = True
+                return
             for index in [i for i in self.dirty if i * STRIPE_BYTES >= size]:
                 del self.dirty[index]
             cut = size % STRIPE_BYTES
@@ -212,12 +247,26 @@ class OpenInode:
         needs no read), as a blind write of its own record for an inode of its own."""
         size, now = self.size, time.time_ns()
         if is_embedded(self.ino):
+            inline, moved_out = None, self.moved_out
+            if self.inline is not None:
+                # The bytes as now (writes made while this update is out start from them).
+                stripe = self.dirty.pop(0, None)
+                inline = self.inline = bytes(self.inline if stripe is None else stripe[:size])
+
             def sized(attr):
                 attr["s"], attr["mt"], attr["ct"] = size, now, now     # a write's times
+                if moved_out:
+                    attr.pop("i", None)
             try:
-                await self.fs._set_attr(self.ino, sized)
+                await self.fs._set_attr(self.ino, sized, False if moved_out else inline)
             except FileNotFoundError:
                 raise fs_error(errno.ENOENT, f"file {self.ino:x} was removed") from None
+            except BaseException:
+                if inline is not None and self.inline is not None and 0 not in self.dirty:
+                    self.dirty[0] = bytearray(inline)       # still to be written
+                raise
+            if moved_out:
+                self.moved_out = False
             return
         try:
             await self.fs.meta.omap_update(self.fs.inode_object(self.ino),
@@ -234,7 +283,7 @@ class OpenInode:
         """Write every dirty stripe, then the size and mtime: durable on the cluster when it
         returns."""
         async with self.lock:
-            for index in sorted(self.dirty):
+            for index in sorted(self.dirty) if self.inline is None else ():
                 self._write_back(index)
                 while len(self.writing) >= WRITE_BEHIND:
                     await asyncio.wait(self.writing, return_when=asyncio.FIRST_COMPLETED)
@@ -243,8 +292,12 @@ class OpenInode:
                 failure, self.failure = self.failure, None
                 raise failure
             if self.changed:
-                await self._commit_size()
-                self.changed = False
+                self.changed = False        # a write while the size is stored sets it again
+                try:
+                    await self._commit_size()
+                except BaseException:
+                    self.changed = True
+                    raise
             self.flushed_at = time.monotonic()
 
 

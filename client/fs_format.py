@@ -26,6 +26,9 @@ DIR_TIMES_KEY = b"\x00t"
 ENTRY_PREFIX = b"\x01"
 # An embedded inode's record in its home directory: RECORD_PREFIX + its slot (4 bytes).
 RECORD_PREFIX = b"\x02"
+# A small file's bytes (attribute "i" set): INLINE_PREFIX + its slot, beside its record, so
+# entries (listed and cached by every lookup) stay small.
+INLINE_PREFIX = b"\x03"
 # Inode numbers. A file, symlink or special file made in a directory whose number is below
 # DIR_INO_LIMIT lives in that directory's object (embedded): its number is EMBED_BIT | home
 # directory << 32 | slot. Directories (and inodes made before this layout) are objects of
@@ -45,6 +48,12 @@ DIRTY_STRIPES_MAX = 16
 # this much of a long write, and fsck's grace period never takes its stripes for orphans).
 FLUSH_INTERVAL_S = 20.0
 LIST_PAGE = 1000
+# A file of at most this many bytes keeps them in its home directory's object (attribute "i";
+# the bytes under inline_key) when its inode is embedded there: a 4 KiB file is written with
+# its size in one update, read with its attributes in one op, and removed with its entry. Past
+# it the bytes go to stripes (the flush that makes the file longer drops "i" and the key, after
+# stripe 0 is durable).
+INLINE_BYTES_MAX = 4096
 PREFIX_BYTES_MAX = 512
 # The largest file: writes and truncates past it fail with EFBIG (as CephFS's max_file_size).
 # 4 PiB, 2**30 stripes; a file costs what it holds, not its size (see STRIPES_BY_INDEX_MAX).
@@ -70,6 +79,12 @@ def embedded_ino(home, slot):
 def embedded_home(ino):
     """(home directory, record key) of an embedded inode."""
     return (ino >> 32) & (DIR_INO_LIMIT - 1), RECORD_PREFIX + (ino & 0xFFFFFFFF).to_bytes(4, "big")
+
+
+def inline_key(ino):
+    """The key of an embedded file's bytes in its home directory (shorter than its size:
+    zeros follow; absent: empty)."""
+    return INLINE_PREFIX + (ino & 0xFFFFFFFF).to_bytes(4, "big")
 
 
 def record_ino(home, key):
@@ -141,6 +156,11 @@ class Attr(dict):
     @property
     def size(self):
         return self.get("s", 0)
+
+    @property
+    def inline(self):
+        """Whether the file's bytes are in its home directory (inline_key), not in stripes."""
+        return bool(self.get("i"))
 
     @property
     def is_dir(self):

@@ -190,6 +190,103 @@ def test_a_sparse_file_costs_what_it_holds_and_efbig_lies_past_the_largest(local
         assert report.clean, report.errors
 
 
+def test_small_files_keep_their_bytes_in_their_inodes_and_move_out_when_they_grow(
+        local_cluster):
+    """A file of at most INLINE_BYTES_MAX bytes has no stripe: its bytes are beside its inode
+    in its directory, written with its size and read with its attributes (no data-pool op
+    either way), through
+    hard links and renames across directories; a write or truncate past the threshold moves
+    them to stripe 0, open or closed; random writes and truncates around the threshold, through
+    a handle and on the closed file, always read back as a bytearray model says; fsck clean."""
+    cluster = make_cluster(local_cluster)
+    limit = fsmod.INLINE_BYTES_MAX
+    with connect(cluster.dir) as client:
+        fs = client.call(Filesystem.open(client._cluster, "data", metadata_pool="meta"))
+        run = client.call
+
+        def stripes(path):
+            ino = run(fs.resolve(path))[0]
+            return sorted(int(name.rsplit(".", 1)[1], 16) for name in
+                          run(fs.data.list(prefix=fsmod.stripe_prefix(ino)))[0])
+
+        async def write(path, payload, mode="wb", offset=None):
+            async with await fs.open_path(path, mode) as f:
+                await f.write(payload, offset)
+
+        async def read(path):
+            async with await fs.open_path(path, "rb") as f:
+                return await f.read()
+
+        small = os.urandom(limit)
+        run(write("/small", small))
+        assert stripes("/small") == []
+        get_view = fs.data.get_view
+
+        async def no_data_op(*args, **kwargs):
+            raise AssertionError("a read of a small file went to the data pool")
+        fs.data.get_view = no_data_op
+        try:
+            assert run(read("/small")) == small
+        finally:
+            fs.data.get_view = get_view
+        assert run(fs.stat("/small")).size == limit
+        assert run(fs.stat("/small")).inline
+
+        # Hard link and a rename into another directory carry the bytes along.
+        run(fs.mkdir_path("/d"))
+        run(fs.link(run(fs.resolve("/small"))[0], run(fs.resolve("/d"))[0], "linked"))
+        run(fs.rename_path("/small", "/d/moved"))
+        assert run(read("/d/linked")) == small == run(read("/d/moved"))
+        assert stripes("/d/moved") == []
+
+        # One byte past the threshold through a handle: stripe 0, the inode's copy gone.
+        run(write("/d/moved", b"+", "r+b", offset=limit))
+        assert stripes("/d/moved") == [0] and not run(fs.stat("/d/moved")).inline
+        assert run(read("/d/linked")) == small + b"+"
+
+        # Closed-file truncates: cut in the inode; grown past the threshold: out to stripe 0.
+        run(write("/t", b"abcdef"))
+        ino = run(fs.resolve("/t"))[0]
+        run(fs.setattr(ino, size=3))
+        assert run(read("/t")) == b"abc" and stripes("/t") == []
+        run(fs.setattr(ino, size=10))
+        assert run(read("/t")) == b"abc" + bytes(7) and stripes("/t") == []
+        run(fs.setattr(ino, size=limit + 100))
+        assert run(read("/t")) == b"abc" + bytes(limit + 97) and stripes("/t") == [0]
+
+        # Random writes and truncates around the threshold against a model.
+        rng = __import__("random").Random(41)
+        model = bytearray()
+        run(write("/r", b""))
+        ino = run(fs.resolve("/r"))[0]
+        for step in range(60):
+            choice = rng.random()
+            if choice < 0.6:
+                offset = rng.choice([0, len(model), rng.randrange(0, limit + 200)])
+                payload = os.urandom(rng.choice([1, 10, 100, 1000, limit // 2]))
+                run(write("/r", payload, "r+b", offset=offset))
+                if len(model) < offset:
+                    model.extend(bytes(offset - len(model)))
+                model[offset:offset + len(payload)] = payload
+            elif choice < 0.8:
+                size = rng.randrange(0, limit + 300)
+                async def cut(size=size):
+                    async with await fs.open_path("/r", "r+b") as f:
+                        await f.truncate(size)
+                run(cut())
+                del model[size:]
+                model.extend(bytes(size - len(model)))
+            else:
+                size = rng.randrange(0, limit + 300)
+                run(fs.setattr(ino, size=size))
+                del model[size:]
+                model.extend(bytes(size - len(model)))
+            assert run(read("/r")) == bytes(model), f"step {step}"
+            assert run(fs.stat("/r")).size == len(model)
+        report = run(check(fs, grace_s=0))
+        assert report.clean, report.errors
+
+
 def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cluster):
     cluster = make_cluster(local_cluster)
     with connect(cluster.dir) as client:

@@ -53,10 +53,10 @@ def test_overlapping_pages_leave_the_newest_and_the_size_stays_bounded(monkeypat
     cache.put(1, b"\x01", [(b"\x01a", b"old")], more=False)
     cache.put(1, b"\x01", [(b"\x01b", b"new")], more=True)  # covers (\x01, b]
     assert cache.find(1, b"\x01a") == (True, None) and cache.find(1, b"\x01c") == (False, None)
-    monkeypatch.setattr(fs_cache, "ENTRIES_MAX", 10)
+    monkeypatch.setattr(fs_cache, "CACHE_BYTES_MAX", 30)     # 9 bytes a page below
     for directory in range(2, 20):
         cache.put(directory, b"\x01", [(b"\x01%d" % i, b"v") for i in range(3)], more=False)
-    assert cache._entries <= 10
+    assert cache._bytes <= 30
     assert cache.find(19, b"\x011") == (True, b"v")          # the newest stay
     assert cache.find(2, b"\x011") == (False, None)          # the oldest went
 

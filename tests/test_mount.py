@@ -348,11 +348,11 @@ def test_mounts_honour_caps_and_a_prefix_namespace_fences_a_team(mounts, tmp_pat
     assert os.listdir(team) == []                       # a tree of its own
     os.makedirs(f"{team}/ckpt/step-1")
     with open(f"{team}/ckpt/step-1/model.pt", "wb") as f:
-        f.write(b"team a's weights")
+        f.write(b"team a's weights" * 400)          # past INLINE_BYTES_MAX: a stripe
     os.rename(f"{team}/ckpt/step-1", f"{team}/ckpt/step-2")
     assert sorted(os.listdir(admin)) == ["dir", "kept"]  # not in the main namespace
     seen = mounts.mount("admin-team", "--prefix", "team-a/")
-    assert open(f"{seen}/ckpt/step-2/model.pt", "rb").read() == b"team a's weights"
+    assert open(f"{seen}/ckpt/step-2/model.pt", "rb").read() == b"team a's weights" * 400
     # Every object the team's mount made is named under its prefix.
     for pool, kind in (("data", "f."), ("meta", "i.")):
         _, listing = cluster.cairn("ls", pool)
@@ -362,7 +362,7 @@ def test_mounts_honour_caps_and_a_prefix_namespace_fences_a_team(mounts, tmp_pat
     team_fs = fsspec.filesystem("cairn", cluster=cluster.dir, metadata_pool="meta",
                                 prefix="team-a/", name="client.teama",
                                 keyring=keys["client.teama"], skip_instance_cache=True)
-    assert team_fs.cat("cairn://data/ckpt/step-2/model.pt") == b"team a's weights"
+    assert team_fs.cat("cairn://data/ckpt/step-2/model.pt") == b"team a's weights" * 400
     team_fs.pipe("cairn://data/ckpt/notes.txt", b"from fsspec")
     assert open(f"{team}/ckpt/notes.txt", "rb").read() == b"from fsspec"
     main_fs = fsspec.filesystem("cairn", cluster=cluster.dir, metadata_pool="meta",
