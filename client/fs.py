@@ -106,13 +106,6 @@ PURGES_MAX = 1024
 HINTS_MAX = 4096
 
 
-def _touched():
-    """The update that sets a directory's mtime and ctime to now (with a change of its
-    entries, as POSIX says)."""
-    now = time.time_ns()
-    return {DIR_TIMES_KEY: msgpack.packb([now, now])}
-
-
 class _Where:
     """Where an inode's attributes were read from, for a compare-and-swap: its own object
     (`key` ATTR_KEY, at `version`), a primary entry, or its home directory's record (`key`,
@@ -242,7 +235,27 @@ class Filesystem:
             # renamed within its directory between the two reads: read again
         raise fs_error(errno.EAGAIN, f"inode {ino:x} kept moving")
 
+    def _touched(self, *directories):
+        """The update that sets a directory's mtime and ctime to now (with a change of its
+        entries, as POSIX says); the mount's cache of the directories' attributes follows."""
+        now = time.time_ns()
+        if self.entry_cache is not None:
+            for directory in directories:
+                self.entry_cache.touch_dir(directory, now)
+        return {DIR_TIMES_KEY: msgpack.packb([now, now])}
+
+    def cached_dir_attr(self, ino):
+        """(Attr, seconds it stays fresh) of a directory whose attributes this process read
+        within the entry cache's time (None: read them): the mount answers the kernel's
+        requests for them from here (client/fs_cache.py)."""
+        if self.entry_cache is None or is_embedded(ino):
+            return None
+        held = self.entry_cache.dir_attr(ino)
+        return None if held is None else (Attr(held[0]), held[1])
+
     def _hint(self, ino, attr, where):
+        if self.entry_cache is not None and not is_embedded(ino) and attr.get("t") == "d":
+            self.entry_cache.put_dir_attr(ino, attr)
         self._hints[ino] = (attr, where)
         self._hints.move_to_end(ino)
         if len(self._hints) > HINTS_MAX:
@@ -523,7 +536,8 @@ class Filesystem:
         key = ENTRY_PREFIX + raw_name
         packed = _pack_entry(ino, kind)
         try:
-            await self.meta.omap_update(self.inode_object(parent), {key: packed, **_touched()},
+            await self.meta.omap_update(self.inode_object(parent),
+                                        {key: packed, **self._touched(parent)},
                                         absent=[key, DEAD_KEY], present=[DIR_KEY])
             self._note(parent, key, packed)
         except errors.ObjectNotFound:
@@ -568,7 +582,7 @@ class Filesystem:
             entry = _pack_entry(ino, attr.kind, attr=attr)
             try:
                 await self.meta.omap_update(obj, {key: entry, record_key: msgpack.packb(raw_name),
-                                                  **_touched()},
+                                                  **self._touched(parent)},
                                             absent=[key, record_key, DEAD_KEY],
                                             present=[DIR_KEY])
             except errors.ObjectNotFound:
@@ -742,7 +756,7 @@ class Filesystem:
                 return
             # Primary: the entry and the inode's record go in one update, then the data.
             try:
-                await self.meta.omap_update(self.inode_object(parent), _touched(),
+                await self.meta.omap_update(self.inode_object(parent), self._touched(parent),
                                             remove=[key, embedded_home(ino)[1],
                                                     inline_key(ino)],
                                             equals={key: entry})
@@ -768,8 +782,8 @@ class Filesystem:
     async def _remove_entry(self, parent, raw_name, packed):
         key = ENTRY_PREFIX + raw_name
         try:
-            await self.meta.omap_update(self.inode_object(parent), _touched(), remove=[key],
-                                        equals={key: packed})
+            await self.meta.omap_update(self.inode_object(parent), self._touched(parent),
+                                        remove=[key], equals={key: packed})
             self._note(parent, key, None)
         except errors.PreconditionFailed as exc:
             self._forget_dir(parent)
@@ -892,7 +906,7 @@ class Filesystem:
         replaced embedded inode's record goes."""
         src_key, dst_key = ENTRY_PREFIX + src_raw, ENTRY_PREFIX + dst_raw
         conditions = {"equals": {src_key: packed}}
-        changes, remove = {dst_key: packed, **_touched()}, [src_key]
+        changes, remove = {dst_key: packed, **self._touched(parent)}, [src_key]
         if replaced is None:
             conditions["absent"] = [dst_key]
         else:
@@ -940,7 +954,8 @@ class Filesystem:
         else:
             conditions["equals"] = {dst_key: replaced}
         try:
-            await self.meta.omap_update(dst_obj, {dst_key: from_mark, **_touched()},
+            await self.meta.omap_update(dst_obj,
+                                        {dst_key: from_mark, **self._touched(dst_parent)},
                                         **conditions)
         except errors.PreconditionFailed as exc:
             found = await self.meta.omap_get(dst_obj, [dst_key, DEAD_KEY])
@@ -970,7 +985,7 @@ class Filesystem:
         again, the replaced entry restored."""
         src_obj, dst_obj = self.inode_object(src_parent), self.inode_object(dst_parent)
         try:
-            await self.meta.omap_update(src_obj, _touched(), remove=[src_key],
+            await self.meta.omap_update(src_obj, self._touched(src_parent), remove=[src_key],
                                         equals={src_key: to_mark})
         except errors.PreconditionFailed:
             found = await self.meta.omap_get(src_obj, [src_key])

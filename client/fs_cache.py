@@ -14,6 +14,12 @@ only from a fresh read (the kernel is never told a name is absent either), so a 
 client has just closed is found at once: a close on one client and an open on another see
 each other (close-to-open).
 
+A directory's own attributes are kept the same way: read within `ttl_s`, with the times this
+client's own changes of its entries set since (`dir_attr`). The kernel drops a directory's
+attributes after every create or unlink in it and asks again before the next one (its
+permission check), inside the one-at-a-time section of that directory; answering from what
+this client read and did keeps a round trip out of that section, within the same rule.
+
 It stays correct for its own client: every change this client makes to an entry is applied to
 the pages holding it (`note`), or the directory's pages are dropped (`forget`). Conditional
 updates keep the store right whatever the cache says: an unlink of an entry that changed
@@ -29,6 +35,8 @@ PAGE_ENTRIES = 64
 # Bytes of entries kept in all (a listing's pages are kept too; a small file's entry holds
 # its bytes), least recently used pages dropped.
 CACHE_BYTES_MAX = 32 << 20
+# Directories whose own attributes are kept.
+DIR_ATTRS_MAX = 4096
 
 
 class _Page:
@@ -51,6 +59,30 @@ class EntryCache:
         self._pages = collections.OrderedDict()     # (dir, after) -> _Page
         self._dirs = {}                             # dir -> {after}
         self._bytes = 0
+        self._dir_attrs = {}                        # dir -> (attr dict, read at)
+
+    def dir_attr(self, directory):
+        """(attr dict, seconds left) while a read of the directory's attributes is fresh."""
+        held = self._dir_attrs.get(directory)
+        if held is None:
+            return None
+        left = self.ttl_s - (self.clock() - held[1])
+        if left <= 0:
+            del self._dir_attrs[directory]
+            return None
+        return dict(held[0]), left
+
+    def put_dir_attr(self, directory, attr):
+        """The directory's attributes as read (or written) at about now."""
+        if len(self._dir_attrs) >= DIR_ATTRS_MAX:
+            self._dir_attrs.clear()
+        self._dir_attrs[directory] = (dict(attr), self.clock())
+
+    def touch_dir(self, directory, times_ns):
+        """This client set the directory's mtime and ctime (with a change of its entries)."""
+        held = self._dir_attrs.get(directory)
+        if held is not None:
+            held[0]["mt"] = held[0]["ct"] = times_ns
 
     def find(self, directory, key):
         """(True, entry or None) if a fresh page covers `key`; else (False, None)."""

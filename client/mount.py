@@ -124,7 +124,15 @@ def build_operations(pyfuse3):
 
         async def getattr(self, inode, ctx=None):
             with _errno():
-                return await self._entry(self._ino(inode))
+                ino = self._ino(inode)
+                cached = self.fs.cached_dir_attr(ino)
+                if cached is not None:
+                    # A directory this mount read or changed within the kernel's own
+                    # attribute time, for no longer than is left of it (client/fs_cache.py).
+                    entry = self._attributes(ino, cached[0])
+                    entry.attr_timeout = cached[1]
+                    return entry
+                return await self._entry(ino)
 
         async def setattr(self, inode, attr, fields, fh, ctx):
             with _errno():
