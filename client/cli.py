@@ -21,8 +21,8 @@ import argparse
 import os
 import sys
 
-from cairn.client import (admin, audit_cli, bench_checkpoint, bench_cluster, bench_files,
-                          bench_mount, fs_cli, mount, objects_cli, placement_tool)
+from cairn.client import (admin, audit_cli, bench_checkpoint, bench_cluster, bench_dataloader,
+                          bench_files, bench_mount, fs_cli, mount, objects_cli, placement_tool)
 
 
 def build_parser():
@@ -37,11 +37,12 @@ def build_parser():
     fs_cli.add_parsers(commands, admin.common_options(top_level=False))
     audit_cli.add_parsers(commands, admin.common_options(top_level=False))
     bench = commands.add_parser("bench", help="benchmarks: 'cairn bench "
-                                "cluster|mount|checkpoint|device|store --help'")
+                                "cluster|mount|files|dataloader|checkpoint|device|store --help'")
     kinds = bench.add_subparsers(dest="kind", required=True, metavar="KIND")
     bench_cluster.add_parser(kinds)
     bench_mount.add_parser(kinds)
     bench_files.add_parser(kinds)
+    bench_dataloader.add_parser(kinds)
     bench_checkpoint.add_parser(kinds)
     for kind in ("device", "store"):
         kinds.add_parser(kind, help=f"the {kind} benchmark of cairn-osd (see 'cairn-osd bench "
@@ -62,7 +63,8 @@ def main(argv=None):
 def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"] and argv[1:2] not in (["cluster"], ["mount"], ["checkpoint"],
-                                                    ["files"], ["-h"], ["--help"]):
+                                                    ["files"], ["dataloader"], ["-h"],
+                                                    ["--help"]):
         os.execv(sys.executable, [sys.executable, "-m", "cairn.osd.cli", "bench", *argv[1:]])
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -90,6 +92,8 @@ def _main(argv):
         return bench_mount.main(args)
     if args.command == "bench" and args.kind == "files":
         return bench_files.main(args)
+    if args.command == "bench" and args.kind == "dataloader":
+        return bench_dataloader.main(args)
     if args.command == "bench":
         return bench_cluster.main(args)
     parser.error(f"unknown command {args.command}")

@@ -1140,24 +1140,27 @@ class Filesystem:
     async def resolve(self, path, follow=True, depth=0):
         """(ino, kind) of a path from the root; symlinks followed in directories and, with
         `follow`, at the end."""
-        ino, kind = ROOT_INO, "d"
+        return (await self._resolve_path(path, follow, depth))[:2]
+
+    async def _resolve_path(self, path, follow=True, depth=0):
+        """As resolve, with the last name's Attr when its entry held the inode (else None)."""
+        ino, kind, attr = ROOT_INO, "d", None
         names = split_path(path)
         for index, name in enumerate(names):
             if name == "..":
-                ino = (await self.getattr(ino)).get("p", ROOT_INO)
-                kind = "d"
+                ino, kind, attr = (await self.getattr(ino)).get("p", ROOT_INO), "d", None
                 continue
             if kind != "d":
                 raise fs_error(errno.ENOTDIR, path)
-            ino, kind = await self.lookup(ino, name)
+            ino, kind, _, attr = await self._lookup_entry(ino, name)
             if kind == "l" and (follow or index < len(names) - 1):
                 if depth > 40:
                     raise fs_error(errno.ELOOP, path)
                 target = await self.readlink(ino)
                 rest = "/".join(names[index + 1:])
                 base = "/".join(names[:index]) if not target.startswith("/") else ""
-                return await self.resolve(f"{base}/{target}/{rest}", follow, depth + 1)
-        return ino, kind
+                return await self._resolve_path(f"{base}/{target}/{rest}", follow, depth + 1)
+        return ino, kind, attr
 
     async def _parent_of(self, path):
         names = split_path(path)
@@ -1270,5 +1273,8 @@ class Filesystem:
             if "a" in mode:
                 handle.position = handle.inode.size
             return handle
-        ino, kind = await self.resolve(path)
-        return await self.open_file(ino, writable=writable)
+        ino, kind, attr = await self._resolve_path(path)
+        if self.entry_cache is not None or kind != "f":
+            attr = None                     # maybe a cached page: open reads it fresh
+        # else the lookup just read the attributes: the open needs no read of its own
+        return await self.open_file(ino, writable=writable, attr=attr)

@@ -229,6 +229,30 @@ def test_bench_files_through_the_mount_and_through_the_library(mounts):
     assert result.returncode == 2 and "not a mount point" in result.stderr
 
 
+def test_bench_dataloader_reads_through_the_mount_cairn_and_local_disk(mounts, tmp_path):
+    """A real torch DataLoader with worker processes over files written through the mount:
+    every sample read through the mount, through cairn:// and from local disk, checked."""
+    pytest.importorskip("torch", reason="PyTorch is not installed (cluster-scripts/setup.sh "
+                                        "installs its CPU build)")
+    m = mounts.mount("m")
+    local = tmp_path / "local"
+    local.mkdir()
+    result = cairn(mounts.cluster, "bench", "dataloader", "--mountpoint", m, "--pool", "data",
+                   "--metadata-pool", "meta", "--local", str(local), "--files", "150",
+                   "--size", "6000", "--workers", "2", "--batch", "16", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(report["sources"]) == {"local", "mount", "cairn"}
+    for source, figures in report["sources"].items():
+        assert figures["samples"] == 150 and figures["wrong"] == 0, (source, figures)
+        assert figures["samples_per_s"] > 0 and figures["mb_per_s"] > 0
+    assert report["mount_vs_local"] > 0 and report["cairn_vs_local"] > 0
+    assert "bench dataloader:" in result.stderr                         # progress
+    assert os.listdir(m) == [] and os.listdir(local) == []              # it cleans up
+    result = cairn(mounts.cluster, "bench", "dataloader", "--mountpoint", "/nonexistent")
+    assert result.returncode == 2 and "not a mount point" in result.stderr
+
+
 def test_mount_ergonomics_and_cleanup_after_sigkill(mounts, tmp_path):
     missing = cairn(mounts.cluster, "mount", "data", str(tmp_path / "absent"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
