@@ -352,7 +352,7 @@ class Filesystem:
 
     async def _drop_data(self, ino, attr):
         """Delete a removed file's stripes (up to its size here if it is open here; none
-        for a file whose inode held its bytes)."""
+        for a small file, whose bytes went with its record)."""
         self._hints.pop(ino, None)
         if attr is not None and attr.get("t") == "f":
             size = 0 if attr.get("i") else attr.get("s", 0)

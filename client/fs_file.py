@@ -27,8 +27,9 @@ import msgpack
 
 from cairn.client import errors
 from cairn.client.fs_format import (ATTR_KEY, DIRTY_STRIPES_MAX, FLUSH_INTERVAL_S,
-                                    INLINE_BYTES_MAX, READ_AHEAD, SIZE_KEY, STRIPE_BYTES, WRITE_BEHIND, _as_oserror,
-                                    check_file_size, fs_error, is_embedded)
+                                    INLINE_BYTES_MAX, READ_AHEAD, SIZE_KEY, STRIPE_BYTES,
+                                    WRITE_BEHIND, _as_oserror, check_file_size, fs_error,
+                                    is_embedded)
 
 
 async def _truncate_stripes(fs, ino, old_size, new_size):
@@ -57,9 +58,9 @@ class OpenInode:
         self.fs = fs
         self.ino = ino
         self.size = size
-        self.inline = inline            # bytes: the file's bytes are in its inode (as stored
-                                        # or as this process will store them: see dirty[0])
-        self.moved_out = False          # was inline; its inode still says so until a flush
+        self.inline = inline            # bytes: a small file's, kept beside its record (as
+                                        # stored, or as the next flush stores them: dirty[0])
+        self.moved_out = False          # was small; its attributes say so until a flush
         self.users = 0
         self.dirty = {}                 # stripe index -> bytearray (whole stripe, or shorter)
         self.pending = {}               # stripe index -> bytes being written back
