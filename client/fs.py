@@ -204,9 +204,13 @@ class Filesystem:
             return self._hint(ino, attr, _Where(name, ATTR_KEY, version=version))
         home, record_key = embedded_home(ino)
         obj = self.inode_object(home)
+        wanted = [inline_key(ino)] if data else []          # a small file's bytes, if asked
+
+        def small(found):
+            return found.get(inline_key(ino), b"") if data else None
         for _ in range(8):
             hinted = self._hints.get(ino)
-            keys = [record_key, inline_key(ino)] if data else [record_key]
+            keys = [record_key, *wanted]
             if hinted is not None and hinted[1].key.startswith(ENTRY_PREFIX):
                 keys.append(hinted[1].key)          # its entry, if it was not renamed
             try:
@@ -217,21 +221,17 @@ class Filesystem:
             if record is None:
                 raise fs_error(errno.ENOENT, f"inode {ino:x}")
             value = msgpack.unpackb(record)
-            inline = found.get(inline_key(ino), b"") if data else None
             if isinstance(value, dict):             # the inode lives in the record
                 return self._hint(ino, Attr(value), _Where(obj, record_key, record,
-                                                             data=inline))
+                                                             data=small(found)))
             key = ENTRY_PREFIX + value              # ... or in its primary entry
             raw = found.get(key)
             if raw is None:
-                extra = (await self._omap_get_quiet(home, [key, inline_key(ino)] if data
-                                                    else [key]))
-                raw = extra.get(key)
-                if data:
-                    inline = extra.get(inline_key(ino), b"")
+                found = await self._omap_get_quiet(home, [key, *wanted])
+                raw = found.get(key)
             attr = entry_attr(raw) if raw is not None else None
             if attr is not None and _unpack_entry(raw)[0] == ino:
-                return self._hint(ino, attr, _Where(obj, key, raw, data=inline))
+                return self._hint(ino, attr, _Where(obj, key, raw, data=small(found)))
             # renamed within its directory between the two reads: read again
         raise fs_error(errno.EAGAIN, f"inode {ino:x} kept moving")
 
@@ -1092,6 +1092,8 @@ class Filesystem:
             finally:
                 if opened is not None:
                     await opened.close()
+            if mode is uid is gid is mtime_ns is atime_ns is None:
+                return await self.getattr(ino)      # the flush stored the size and times
 
         def change(attr):
             if mode is not None:

@@ -32,8 +32,8 @@ import time
 # Entries one page read for a lookup asks for: enough to serve a run of lookups in name
 # order, little enough that a lookup in random order over a huge directory pays little.
 PAGE_ENTRIES = 64
-# Bytes of entries kept in all (a listing's pages are kept too; a small file's entry holds
-# its bytes), least recently used pages dropped.
+# Bytes of entries kept in all (a listing's pages are kept too), least recently used pages
+# dropped.
 CACHE_BYTES_MAX = 32 << 20
 # Directories whose own attributes are kept.
 DIR_ATTRS_MAX = 4096

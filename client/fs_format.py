@@ -76,15 +76,20 @@ def embedded_ino(home, slot):
     return EMBED_BIT | home << 32 | slot
 
 
+def _slot(ino):
+    """An embedded inode's slot in its home directory, as the 4 bytes its keys end with."""
+    return (ino & 0xFFFFFFFF).to_bytes(4, "big")
+
+
 def embedded_home(ino):
     """(home directory, record key) of an embedded inode."""
-    return (ino >> 32) & (DIR_INO_LIMIT - 1), RECORD_PREFIX + (ino & 0xFFFFFFFF).to_bytes(4, "big")
+    return (ino >> 32) & (DIR_INO_LIMIT - 1), RECORD_PREFIX + _slot(ino)
 
 
 def inline_key(ino):
     """The key of an embedded file's bytes in its home directory (shorter than its size:
     zeros follow; absent: empty)."""
-    return INLINE_PREFIX + (ino & 0xFFFFFFFF).to_bytes(4, "big")
+    return INLINE_PREFIX + _slot(ino)
 
 
 def record_ino(home, key):
