@@ -101,6 +101,8 @@ log = logging.getLogger("cairn.fs")
 # Removed files whose stripes are being deleted in the background at once (a mount's unlinks
 # return once the entry is gone); past it an unlink deletes its stripes before it returns.
 PURGES_MAX = 1024
+# Unlinks answered before their updates landed, at most (then an unlink waits for its own).
+UNLINKS_MAX = 1024
 # Inodes whose last-read attributes (and where they were) this process remembers: the next
 # change of one is tried as a compare-and-swap against them before anything is read.
 HINTS_MAX = 4096
@@ -142,6 +144,18 @@ class Filesystem:
         # read within the kernel's own attribute timeout. None: every lookup reads.
         self.entry_cache = None
         self._purges = set()
+        # Answer an unlink of a file's only name before its update lands (the mount sets
+        # this; the kernel holds the directory's lock for the whole unlink, so one directory's
+        # unlinks would each wait a replicated update). This process then sees the name as
+        # absent at once and waits for the update before anything makes the name again,
+        # lists or removes the directory, or fsyncs it (which reports an update that failed);
+        # other clients see the name until it lands (milliseconds); a crash of this process
+        # before then leaves the file, as a crash before a directory's fsync may.
+        self.unlink_in_background = False
+        self._unlinking = {}            # (dir, raw name) -> task of its update
+        self._unlink_errors = {}        # dir -> the first error since its last fsync
+        self._meta_written = False      # an update of the namespace has been accepted
+        self.unlinks_early = self.unlinks_early_failed = 0     # answered early; of them failed
 
     def inode_object(self, ino):
         return inode_object(ino, self.prefix)
@@ -422,11 +436,14 @@ class Filesystem:
             return ino, await self.getattr(ino)
         return ino, self._with_open_size(ino, attr)
 
-    async def _lookup_entry(self, parent, name, fresh=False):
+    async def _lookup_entry(self, parent, name, fresh=False, own=False):
         """(ino, kind, entry, Attr or None) of `name` in `parent`; the Attr when the entry is
         primary (the inode embedded in it). `fresh`: not from the entry cache (for a change
-        whose conditions would fail on a stale entry and that does not read again)."""
+        whose conditions would fail on a stale entry and that does not read again). A name
+        whose unlink was answered is absent (`own`: for that unlink itself)."""
         raw_name = _check_name(name)
+        if not own and (parent, raw_name) in self._unlinking:
+            raise fs_error(errno.ENOENT, _display(raw_name))
         key = ENTRY_PREFIX + raw_name
         if self.entry_cache is not None and not fresh:
             # Only entries found: the kernel keeps those for 1 s too, but it is never told
@@ -508,6 +525,7 @@ class Filesystem:
     async def readdir_plus(self, ino, start_after=None, limit=LIST_PAGE):
         """As readdir, each entry with its Attr when the inode is embedded in it (else None:
         ask getattr)."""
+        await self.settle_dir(ino)
         attr = await self.getattr(ino)
         if not attr.is_dir:
             raise fs_error(errno.ENOTDIR, f"inode {ino:x}")
@@ -535,6 +553,7 @@ class Filesystem:
         """Add entry raw_name -> ino to directory `parent` (EEXIST, ENOENT: removed)."""
         key = ENTRY_PREFIX + raw_name
         packed = _pack_entry(ino, kind)
+        await self._settle_name(parent, raw_name)
         try:
             await self.meta.omap_update(self.inode_object(parent),
                                         {key: packed, **self._touched(parent)},
@@ -559,6 +578,7 @@ class Filesystem:
         in a directory numbered below DIR_INO_LIMIT is embedded in its entry: one update.
         Otherwise the inode's own object first, then the entry."""
         raw = _check_name(name)
+        await self._settle_name(parent, raw)
         if attr["t"] != "d" and parent < DIR_INO_LIMIT:
             if attr["t"] == "f":
                 attr["i"] = 1               # its bytes beside its record while it is small
@@ -601,6 +621,7 @@ class Filesystem:
             self._hint(ino, attr, _Where(obj, key, entry))
             self._remember(parent, raw_name, entry)
             self._note(parent, key, entry)
+            self._meta_written = True
             return ino, attr
         raise fs_error(errno.EAGAIN, f"{_display(raw_name)}: no free inode slot found")
 
@@ -682,6 +703,7 @@ class Filesystem:
                         record_key: msgpack.packb(dict(new))}, equals={where.key: where.raw})
                     self._hints.pop(ino, None)
                     self._forget_dir(embedded_home(ino)[0])
+                    self._recent.pop((embedded_home(ino)[0], where.key[1:]), None)
                 else:
                     self._hint(ino, new, await self._store_attr(ino, where, new))
                 return new
@@ -730,16 +752,91 @@ class Filesystem:
     async def unlink(self, parent, name):
         """Remove a name (EISDIR for a directory); at the last name of a file its data goes
         once the entry is gone (after the unlink returns with purge_in_background; a file
-        unlinked while open is not kept alive: its readers get errors after)."""
+        unlinked while open is not kept alive: its readers get errors after).
+
+        With unlink_in_background (a mount) the last name of a file embedded in it is answered
+        at once and removed by a task; see the attribute's comment for the rule."""
         raw_name = _check_name(name)
-        key = ENTRY_PREFIX + raw_name
+        if (parent, raw_name) in self._unlinking:
+            raise fs_error(errno.ENOENT, _display(raw_name))
         entry = self._recent.pop((parent, raw_name), None)     # read by the lookup before
         if entry is not None and entry_attr(entry) is None:
             entry = None                        # only a primary one is removed on its word
+        if entry is None and self.unlink_in_background:
+            entry = (await self._lookup_entry(parent, raw_name))[2]
+        if entry is not None and self._answers_early(entry):
+            ino = _unpack_entry(entry)[0]
+            task = asyncio.ensure_future(self._unlink_later(parent, raw_name, entry, ino,
+                                                            self._touched(parent)))
+            self._unlinking[parent, raw_name] = task
+            self.unlinks_early += 1
+            self._note(parent, ENTRY_PREFIX + raw_name, None)
+            self._hints.pop(ino, None)
+            return
+        await self._unlink_entry(parent, raw_name, entry)
+
+    def _answers_early(self, entry):
+        """Whether an unlink of this entry may return before its update lands: a mount's,
+        of a file's only name held in the entry itself, once this process has had an update
+        of the namespace accepted (its key may change it), with room in the queue."""
+        if not (self.unlink_in_background and self._meta_written and
+                len(self._unlinking) < UNLINKS_MAX):
+            return False
+        _, kind, intent = _unpack_entry(entry)
+        attr = entry_attr(entry)
+        return intent is None and kind != "d" and attr is not None and attr.nlink <= 1
+
+    async def _unlink_later(self, parent, raw_name, entry, ino, touched):
+        """The update of an unlink already answered. Its outcome is the one it would have
+        had in place: the entry is gone (or was already, or the name now holds another
+        inode: ours is gone). An error is logged and kept for the directory's fsync."""
+        try:
+            await self._unlink_entry(parent, raw_name, entry, expect=ino, touched=touched)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            log.warning("the unlink of %s in directory %x did not land: %s",
+                        _display(raw_name), parent, exc)
+            self._forget_dir(parent)
+            self._unlink_errors.setdefault(parent, exc)
+            self.unlinks_early_failed += 1
+        finally:
+            self._unlinking.pop((parent, raw_name), None)
+
+    async def settle_dir(self, ino, report=False):
+        """Wait until every unlink answered early in directory `ino` has landed; `report`:
+        raise the first error one of them met since the last report (a directory's fsync)."""
+        while True:
+            waiting = [task for (directory, _), task in self._unlinking.items()
+                       if directory == ino]
+            if not waiting:
+                break
+            await asyncio.wait(waiting)
+        if report and ino in self._unlink_errors:
+            exc = self._unlink_errors.pop(ino)
+            raise fs_error(errno.EIO, f"an unlink in directory {ino:x} did not land: {exc}")
+
+    async def _settle_name(self, parent, raw_name):
+        """Wait for an unlink of this name answered early (before the name is made again)."""
+        task = self._unlinking.get((parent, raw_name))
+        if task is not None:
+            await asyncio.wait([task])
+
+    async def drain_unlinks(self):
+        """Wait until every unlink answered early has landed (a mount's stop)."""
+        while self._unlinking:
+            await asyncio.wait(list(self._unlinking.values()))
+
+    async def _unlink_entry(self, parent, raw_name, entry, expect=None, touched=None):
+        """The unlink itself (`entry`: as last read, or None). `expect`: the inode whose
+        name this is; if the name has come to hold another, ours is gone already."""
+        key = ENTRY_PREFIX + raw_name
         for _ in range(50):
             if entry is None:
-                entry = (await self._lookup_entry(parent, name))[2]
+                entry = (await self._lookup_entry(parent, raw_name, own=True))[2]
             ino, kind, intent = _unpack_entry(entry)
+            if expect is not None and ino != expect:
+                return
             if intent is not None:
                 entry = None                    # caught mid-rename: look it up (finishes it)
                 continue
@@ -756,7 +853,8 @@ class Filesystem:
                 return
             # Primary: the entry and the inode's record go in one update, then the data.
             try:
-                await self.meta.omap_update(self.inode_object(parent), self._touched(parent),
+                await self.meta.omap_update(self.inode_object(parent),
+                                            touched or self._touched(parent),
                                             remove=[key, embedded_home(ino)[1],
                                                     inline_key(ino)],
                                             equals={key: entry})
@@ -769,6 +867,7 @@ class Filesystem:
                     entry = None                # changed since it was read: read it again
                     continue
             self._note(parent, key, None)
+            self._meta_written = True
             await self._drop_data(ino, attr)
             return
         raise fs_error(errno.EAGAIN, f"{_display(raw_name)} kept changing")
@@ -801,6 +900,7 @@ class Filesystem:
             raise fs_error(errno.ENOTDIR, _display(raw))
         if ino == ROOT_INO:
             raise fs_error(errno.EBUSY, "the root")
+        await self.settle_dir(ino)
         await self._mark_dead(ino, raw)
         try:
             await self._remove_entry(parent, raw, _pack_entry(ino, kind))
@@ -845,6 +945,7 @@ class Filesystem:
         as POSIX rename does; `replace=False` refuses an existing target (EEXIST)."""
         src_raw, dst_raw = _check_name(src_name), _check_name(dst_name)
         ino, kind, source, _ = await self._lookup_entry(src_parent, src_name, fresh=True)
+        await self._settle_name(dst_parent, dst_raw)
         if src_parent == dst_parent and src_raw == dst_raw:
             return
         target = replaced = None

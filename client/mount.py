@@ -201,6 +201,12 @@ def build_operations(pyfuse3):
             found = await asyncio.gather(*(one(name, ino, attr) for name, ino, _, attr in page))
             return [item for item in found if item is not None]
 
+        async def fsyncdir(self, fh, datasync):
+            with _errno():
+                handle = self._dirs.get(fh)
+                if handle is not None:
+                    await self.fs.settle_dir(handle[0], report=True)
+
         async def releasedir(self, fh):
             self._dirs.pop(fh, None)
 
@@ -468,7 +474,7 @@ def _serve(args, mountpoint):
         try:
             fs = await Filesystem.open(cluster, pool, metadata_pool=args.metadata_pool,
                                        prefix=args.prefix)
-            fs.purge_in_background = True
+            fs.purge_in_background = fs.unlink_in_background = True
             fs.entry_cache = EntryCache(ATTR_TIMEOUT_S)
             root = ROOT_INO
             if split_path(path):
@@ -500,10 +506,12 @@ def _serve(args, mountpoint):
                     serving.cancel()
                     await asyncio.wait([serving])
             pyfuse3.close(unmount=True)
-            # Removed files' stripes still being deleted get the same grace (then fsck's).
-            if fs._purges:
-                await asyncio.wait([asyncio.ensure_future(fs.drain_purges())],
-                                   timeout=STOP_GRACE_S)
+            # Unlinks answered but not landed, then removed files' stripes still being
+            # deleted, get the same grace (then the files stay, or fsck finds the stripes).
+            for drain in (fs.drain_unlinks, fs.drain_purges):
+                await asyncio.wait([asyncio.ensure_future(drain())], timeout=STOP_GRACE_S)
+            log.info("stopped: %d unlinks answered before they landed, %d of them failed, %d "
+                     "not landed", fs.unlinks_early, fs.unlinks_early_failed, len(fs._unlinking))
         finally:
             await cluster.close()
     try:

@@ -287,6 +287,91 @@ def test_small_files_keep_their_bytes_in_their_inodes_and_move_out_when_they_gro
         assert report.clean, report.errors
 
 
+def test_unlinks_answered_early_land_in_order_and_report_what_failed(local_cluster):
+    """With unlink_in_background (as a mount runs) an unlink of a file's only name returns
+    before its update lands: the name is absent to this client at once, making it again, a
+    listing and rmdir wait for the update, another client sees it gone once the directory is
+    settled, the removed stripes go too; an unlink of a hard-linked file waits; an update
+    that fails is reported by the directory's settle (its fsync) and the file is back."""
+    cluster = make_cluster(local_cluster)
+    with connect(cluster.dir) as one, connect(cluster.dir) as two:
+        fs = one.call(Filesystem.open(one._cluster, "data", metadata_pool="meta"))
+        other = two.call(Filesystem.open(two._cluster, "data", metadata_pool="meta"))
+        fs.unlink_in_background = fs.purge_in_background = True
+        run = one.call
+
+        async def write(path, payload, mode="wb"):
+            async with await fs.open_path(path, mode) as f:
+                await f.write(payload)
+
+        async def read(filesystem, path):
+            async with await filesystem.open_path(path, "rb") as f:
+                return await f.read()
+
+        run(fs.mkdir_path("/d"))
+        d = run(fs.resolve("/d"))[0]
+        payloads = {f"f{i:02d}": os.urandom(100 if i % 2 else STRIPE_BYTES + 10)
+                    for i in range(20)}
+        for name, payload in payloads.items():
+            run(write(f"/d/{name}", payload))
+        big = [run(fs.resolve(f"/d/{name}"))[0] for name, payload in payloads.items()
+               if len(payload) > 100]
+
+        async def unlink_and_remake():
+            answered = []
+            for i, name in enumerate(payloads):
+                await fs.unlink_path(f"/d/{name}")
+                answered.append((d, name.encode()) in fs._unlinking)   # not landed yet
+                with pytest.raises(FileNotFoundError):
+                    await fs.stat(f"/d/{name}")
+                if i < 5:                       # made again at once: waits for the unlink
+                    await write(f"/d/{name}", b"again " + name.encode())
+            return answered
+        answered = run(unlink_and_remake())
+        assert all(answered), answered
+        assert sorted(run(fs.listdir("/d"))) == [f"f{i:02d}" for i in range(5)]
+        run(fs.settle_dir(d, report=True))
+        assert sorted(two.call(other.listdir("/d"))) == [f"f{i:02d}" for i in range(5)]
+        assert two.call(read(other, "/d/f03")) == b"again f03"
+        run(fs.drain_purges())
+        held = run(fs.data.list(prefix=""))[0]
+        assert not [name for name in held for ino in big
+                    if name.startswith(fsmod.stripe_prefix(ino))]
+
+        # A file with two names: its unlink counts the link down before it returns.
+        run(write("/d/linked", b"two names"))
+        run(fs.link(run(fs.resolve("/d/linked"))[0], d, "second"))
+        run(fs.unlink_path("/d/linked"))
+        assert not fs._unlinking and two.call(read(other, "/d/second")) == b"two names"
+
+        # rmdir waits for the unlinks in the directory before it checks that it is empty.
+        async def empty_and_remove():
+            for name in await fs.listdir("/d"):
+                await fs.unlink_path(f"/d/{name}")
+            await fs.rmdir_path("/d")
+        run(empty_and_remove())
+        expect(errno.ENOENT, lambda: two.call(other.stat("/d")))
+
+        # An update that fails after the answer: reported by the settle, the file back.
+        run(fs.mkdir_path("/e"))
+        run(write("/e/kept", b"kept"))
+        e = run(fs.resolve("/e"))[0]
+        update = fs.meta.omap_update
+
+        async def refused(*args, **kwargs):
+            raise errors.ClientError("refused by the test")
+        fs.meta.omap_update = refused
+        try:
+            run(fs.unlink_path("/e/kept"))
+            expect(errno.EIO, lambda: run(fs.settle_dir(e, report=True)))
+        finally:
+            fs.meta.omap_update = update
+        run(fs.settle_dir(e, report=True))      # reported once
+        assert run(read(fs, "/e/kept")) == b"kept"
+        report = run(check(fs, grace_s=0))
+        assert report.clean, report.errors
+
+
 def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cluster):
     cluster = make_cluster(local_cluster)
     with connect(cluster.dir) as client:
@@ -607,9 +692,12 @@ def test_random_namespace_ops_follow_a_model(local_cluster):
     with connect(cluster.dir) as client:
         NamespaceModel.fs = client.call(Filesystem.open(client._cluster, "data",
                                                         metadata_pool="meta"))
+        # As a mount runs it: unlinks answered before they land, under every other op.
+        NamespaceModel.fs.unlink_in_background = True
         NamespaceModel.run = staticmethod(client.call)
         run_state_machine_as_test(NamespaceModel, settings=settings(
             max_examples=12, stateful_step_count=15, deadline=None,
             suppress_health_check=list(HealthCheck)))
+        client.call(NamespaceModel.fs.drain_unlinks())
         report = client.call(check(NamespaceModel.fs, grace_s=0))
         assert report.clean, report.errors

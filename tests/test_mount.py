@@ -253,6 +253,70 @@ def test_bench_dataloader_reads_through_the_mount_cairn_and_local_disk(mounts, t
     assert result.returncode == 2 and "not a mount point" in result.stderr
 
 
+def test_unlinks_return_before_they_land_and_a_killed_mount_leaves_whole_files(mounts,
+                                                                                tmp_path):
+    """Through the kernel: `rm` of a file is answered before its update lands (the mount's
+    log counts them at its stop), yet the name is gone at once for this mount, can be made
+    again at once, a listing and the directory's fsync wait for the updates, and another mount
+    then sees exactly what is left. A mount SIGKILLed right after a run of unlinks leaves
+    each file whole or gone; fsck is clean after repairing removed files' stripes."""
+    m, other = mounts.mount("m"), mounts.mount("other")
+    os.makedirs(f"{m}/u")
+    payloads = {f"f{i:03d}": os.urandom(100 if i % 2 else 65536) for i in range(120)}
+    for name, payload in payloads.items():
+        with open(f"{m}/u/{name}", "wb") as f:
+            f.write(payload)
+    for i, name in enumerate(payloads):
+        os.unlink(f"{m}/u/{name}")
+        assert not os.path.exists(f"{m}/u/{name}")
+        if i % 10 == 0:
+            with open(f"{m}/u/{name}", "wb") as f:
+                f.write(b"again")
+            assert open(f"{m}/u/{name}", "rb").read() == b"again"
+    again = sorted(name for i, name in enumerate(payloads) if i % 10 == 0)
+    assert sorted(os.listdir(f"{m}/u")) == again
+    fd = os.open(f"{m}/u", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(f"{other}/u")) == again
+    assert open(f"{other}/u/{again[-1]}", "rb").read() == b"again"
+
+    # A kill right after a run of unlinks: no file half there.
+    os.makedirs(f"{m}/k")
+    for name, payload in payloads.items():
+        with open(f"{m}/k/{name}", "wb") as f:
+            f.write(payload)
+    for name in payloads:
+        os.unlink(f"{m}/k/{name}")
+    os.kill(mounts.pids[m], signal.SIGKILL)
+    for name in os.listdir(f"{other}/k"):
+        assert open(f"{other}/k/{name}", "rb").read() == payloads[name], name
+    repaired = cairn(mounts.cluster, "fsck", "data", "--metadata-pool", "meta", "--grace", "0",
+                     "--repair", "--json")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert {error["kind"] for error in json.loads(repaired.stdout)["errors"]} <= \
+        {"orphan_data"}, repaired.stdout
+    result = cairn(mounts.cluster, "fsck", "data", "--metadata-pool", "meta", "--grace", "0",
+                   "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    # The other mount's stop says how many of its unlinks were answered early.
+    for name in again:
+        os.unlink(f"{other}/u/{name}")
+    assert cairn(mounts.cluster, "umount", other).returncode == 0
+    pid = mounts.pids.pop(other)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.1)
+    log = open(tmp_path / "other.log").read()
+    early = re.search(r"stopped: (\d+) unlinks answered before they landed, (\d+) of them "
+                      r"failed, (\d+) not landed", log)
+    assert early and int(early.group(1)) >= len(again) - 1 and early.group(2) == "0" and \
+        early.group(3) == "0", log[-2000:]
+
+
 def test_mount_ergonomics_and_cleanup_after_sigkill(mounts, tmp_path):
     missing = cairn(mounts.cluster, "mount", "data", str(tmp_path / "absent"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
