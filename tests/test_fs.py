@@ -372,6 +372,71 @@ def test_unlinks_answered_early_land_in_order_and_report_what_failed(local_clust
         assert report.clean, report.errors
 
 
+def test_an_open_for_reading_gets_the_first_stripe_beside_the_attributes(local_cluster):
+    """The mount's open of a file it has just looked up (up to PREFETCH_BYTES_MAX) starts the
+    get of stripe 0 beside its read of the attributes, and the first read is served from it;
+    if the attributes changed since the lookup (another client's close), the prefetched bytes
+    are dropped and the read gets the new ones; small and large files are not prefetched."""
+    cluster = make_cluster(local_cluster)
+    with connect(cluster.dir) as one, connect(cluster.dir) as two:
+        fs = one.call(Filesystem.open(one._cluster, "data", metadata_pool="meta"))
+        other = two.call(Filesystem.open(two._cluster, "data", metadata_pool="meta"))
+        run = one.call
+
+        async def write(filesystem, path, payload):
+            async with await filesystem.open_path(path, "wb") as f:
+                await f.write(payload)
+
+        old, new = os.urandom(100_000), os.urandom(100_000)
+        run(write(fs, "/p", old))
+        root = fsmod.ROOT_INO
+        gets = []
+        get_view = fs.data.get_view
+
+        async def counted(name, *args, **kwargs):
+            gets.append(name)
+            return await get_view(name, *args, **kwargs)
+        fs.data.get_view = counted
+
+        async def open_and_read(name):
+            ino, _ = await fs.lookup_attr(root, name)
+            handle = await fs.open_file(ino)        # as the mount opens: attributes fresh
+            try:
+                started = len(gets)
+                return started, await handle.read()
+            finally:
+                await handle.close()
+        started, data = run(open_and_read("p"))
+        assert data == old and started == 1 and len(gets) == 1     # the get began in the open
+
+        # The attributes changed between the lookup and the open: the prefetched stripe (here
+        # made to return the bytes from before that close) is not used.
+        fs._forget_dir(root)
+        ino, _ = run(fs.lookup_attr(root, "p"))
+        two.call(write(other, "/p", new))
+
+        async def stale_then_changed():
+            async def stale(name, *args, **kwargs):
+                gets.append(name)
+                return old
+            fs.data.get_view = stale
+            handle = await fs.open_file(ino)
+            fs.data.get_view = counted
+            try:
+                return await handle.read()
+            finally:
+                await handle.close()
+        gets.clear()
+        assert run(stale_then_changed()) == new and len(gets) == 2
+
+        # A small file (its bytes come with its attributes) and one past the bound: no prefetch.
+        run(write(fs, "/small", b"tiny"))
+        run(write(fs, "/large", os.urandom(fsmod.STRIPE_BYTES + 5)))
+        gets.clear()
+        assert run(open_and_read("small"))[0] == 0
+        assert run(open_and_read("large"))[0] == 0
+
+
 def test_a_rename_caught_midway_is_finished_by_readers_and_fsck_repairs(local_cluster):
     cluster = make_cluster(local_cluster)
     with connect(cluster.dir) as client:
