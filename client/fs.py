@@ -101,9 +101,6 @@ log = logging.getLogger("cairn.fs")
 # Removed files whose stripes are being deleted in the background at once (a mount's unlinks
 # return once the entry is gone); past it an unlink deletes its stripes before it returns.
 PURGES_MAX = 1024
-# An open for reading of a file of at most this many bytes (in stripes) that was just looked
-# up gets its first stripe beside the open's read of its attributes (one round trip, not two).
-PREFETCH_BYTES_MAX = 1 << 20
 # Unlinks answered before their updates landed, at most (then an unlink waits for its own).
 UNLINKS_MAX = 1024
 # Inodes whose last-read attributes (and where they were) this process remembers: the next
@@ -1222,52 +1219,21 @@ class Filesystem:
         just made or read it."""
         handle = self._open.get(ino)
         if handle is None:
-            data, hinted, prefetch = b"", None, None
-            if attr is None and not writable:
-                hinted, prefetch = self._prefetch(ino)
-            try:
-                if attr is None or (attr.inline and attr.size):
-                    attr, where = await self._locate(ino, data=True)    # a small file's bytes
-                    data = where.data
-                if attr.kind != "f":
-                    raise fs_error(errno.EISDIR if attr.is_dir else errno.EINVAL,
-                                   f"inode {ino:x}")
-            except BaseException:
-                self._drop_prefetch(prefetch)
-                raise
+            data = b""
+            if attr is None or (attr.inline and attr.size):
+                attr, where = await self._locate(ino, data=True)    # a small file's bytes too
+                data = where.data
+            if attr.kind != "f":
+                raise fs_error(errno.EISDIR if attr.is_dir else errno.EINVAL, f"inode {ino:x}")
             handle = self._open.get(ino)        # opened meanwhile by another caller
             if handle is None:
                 handle = OpenInode(self, ino, attr.size, data if attr.inline else None)
                 self._open[ino] = handle
-                if prefetch is not None and not attr.inline and \
-                        (attr.size, attr.get("mt")) == (hinted.size, hinted.get("mt")):
-                    handle.adopt(0, prefetch)
-                    prefetch = None
-            self._drop_prefetch(prefetch)
         handle.users += 1
         file = FileHandle(handle, writable)
         if truncate and writable:
             await handle.truncate(0)
         return file
-
-    def _prefetch(self, ino):
-        """(hinted Attr, task getting stripe 0) for an open for reading of a file this process
-        has just looked up, of at most PREFETCH_BYTES_MAX in stripes: the get goes beside the
-        open's read of the attributes instead of after it. (None, None) otherwise. The open
-        keeps the bytes only if its fresh attributes are the hinted ones (no close since)."""
-        held = self._hints.get(ino)
-        if held is None:
-            return None, None
-        attr = held[0]
-        if attr.get("t") != "f" or attr.inline or not 0 < attr.size <= PREFETCH_BYTES_MAX:
-            return None, None
-        return attr, asyncio.ensure_future(self.data.get_view(self.stripe_object(ino, 0)))
-
-    @staticmethod
-    def _drop_prefetch(task):
-        if task is not None:
-            task.cancel()
-            task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     def _closed(self, handle):
         handle.users -= 1

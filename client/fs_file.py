@@ -94,22 +94,14 @@ class OpenInode:
         task = self.fetching.get(index) or self._fetch(index)
         return await asyncio.shield(task)
 
-    def _fetch(self, index, getting=None):
-        task = asyncio.ensure_future(self._get(index, self.generation, getting))
+    def _fetch(self, index):
+        task = asyncio.ensure_future(self._get(index, self.generation))
         self.fetching[index] = task
         return task
 
-    def adopt(self, index, getting):
-        """Take a get of stripe `index` already under way (an open's prefetch) as its fetch."""
-        if self._known(index) is None and index not in self.fetching:
-            self._fetch(index, getting)
-        else:
-            self.fs._drop_prefetch(getting)
-
-    async def _get(self, index, generation, getting=None):
+    async def _get(self, index, generation):
         try:
-            data = await (getting if getting is not None else
-                          self.fs.data.get_view(self.fs.stripe_object(self.ino, index)))
+            data = await self.fs.data.get_view(self.fs.stripe_object(self.ino, index))
         except errors.ObjectNotFound:
             data = b""
         finally:
