@@ -578,7 +578,6 @@ class Filesystem:
         in a directory numbered below DIR_INO_LIMIT is embedded in its entry: one update.
         Otherwise the inode's own object first, then the entry."""
         raw = _check_name(name)
-        await self._settle_name(parent, raw)
         if attr["t"] != "d" and parent < DIR_INO_LIMIT:
             if attr["t"] == "f":
                 attr["i"] = 1               # its bytes beside its record while it is small
@@ -596,6 +595,7 @@ class Filesystem:
         (naming the entry), in one conditional update; a record slot already taken is drawn
         again."""
         key, obj = ENTRY_PREFIX + raw_name, self.inode_object(parent)
+        await self._settle_name(parent, raw_name)
         for _ in range(100):
             ino = embedded_ino(parent, secrets.randbits(32))
             record_key = embedded_home(ino)[1]
