@@ -10,6 +10,7 @@ import gc
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,27 @@ def _keep_faulthandler():
     # pytest's own faulthandler plugin turns it off when the session ends; atexit handlers run
     # before the interpreter finalizes its modules and threads, where the fault was seen.
     faulthandler.enable(file=sys.__stderr__, all_threads=True)
+
+
+@pytest.fixture(autouse=True)
+def _drop_device_images(request):
+    """After each test, delete the device images (`*.img`) under its tmp_path, passed or failed.
+
+    A cluster test's sparse images fill as it writes (8 GB for the slow-disk test), and pytest
+    keeps the last three runs' directories: on 2026-11-28 leftovers of earlier runs filled the
+    disk and a CI run failed with 206 setup errors. The daemons' logs stay for reading; a
+    loop device still attached keeps its file until it is detached, so nothing in use breaks.
+    Runs after the test's own fixtures are torn down (an autouse fixture is set up first)."""
+    yield
+    root = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if root is None:
+        return
+    for path in Path(root).rglob("*.img"):
+        try:
+            if path.is_file() and not path.is_symlink():
+                path.unlink()
+        except OSError:
+            pass
 
 
 def _direct_io_works(directory):
