@@ -73,6 +73,7 @@ class OpenInode:
         self.changed = False            # size or data changed since the last flush
         self.flushed_at = time.monotonic()
         self.next_offset = 0            # where a sequential reader goes next
+        self.last_stripe = 0            # the last stripe the last read touched
 
     def _known(self, index):
         """The stripe's bytes if this process has them (dirty, being written, cached)."""
@@ -120,35 +121,58 @@ class OpenInode:
             if self._known(index) is None and index not in self.fetching:
                 self._fetch(index)
 
+    def _start_reads(self, offset, first, last):
+        """Start fetching stripes first..last, and read ahead when the reader moves forward:
+        from offset 0, where the last read ended, or within a stripe of where it was (a zip
+        reader such as torch.load's reads a record's header, seeks a little, then its bytes)."""
+        for index in range(first, last + 1):
+            if self._known(index) is None and index not in self.fetching:
+                self._fetch(index)
+        if offset == 0 or offset == self.next_offset or \
+                self.last_stripe - 1 <= first <= self.last_stripe + 1:
+            self._read_ahead(last)
+        self.last_stripe = last
+
     async def read(self, offset, size):
         """The bytes of [offset, offset + size) (fewer at the end): a buffer, maybe a view."""
         end = min(offset + size, self.size)
         if offset >= end:
             return b""
         first, last = offset // STRIPE_BYTES, (end - 1) // STRIPE_BYTES
-        for index in range(first, last + 1):
-            if self._known(index) is None and index not in self.fetching:
-                self._fetch(index)
-        if offset == self.next_offset or offset == 0:
-            self._read_ahead(last)
+        if first != last:
+            out = bytearray(end - offset)
+            await self.read_into(offset, out)
+            return out
+        self._start_reads(offset, first, last)
         self.next_offset = end
-        if first == last:                       # the common case: no join
-            data = await self._stripe(first)
-            lo = offset - first * STRIPE_BYTES
-            piece = memoryview(data)[lo:lo + end - offset]
-            if len(piece) == end - offset:
-                return piece                    # no copy: a view of the stripe
-            return bytes(piece) + bytes(end - offset - len(piece))
-        out = bytearray()
+        data = await self._stripe(first)        # the common case: a view, no copy
+        lo = offset - first * STRIPE_BYTES
+        piece = memoryview(data)[lo:lo + end - offset]
+        if len(piece) == end - offset:
+            return piece
+        return bytes(piece) + bytes(end - offset - len(piece))      # a short stripe: zeros
+
+    async def read_into(self, offset, buffer):
+        """Read [offset, offset + len(buffer)) into `buffer` (fewer at the end), one copy
+        from the stripes; the count of bytes read."""
+        view = memoryview(buffer).cast("B")
+        end = min(offset + len(view), self.size)
+        if offset >= end:
+            return 0
+        first, last = offset // STRIPE_BYTES, (end - 1) // STRIPE_BYTES
+        self._start_reads(offset, first, last)
+        self.next_offset = end
+        position = 0
         for index in range(first, last + 1):
             data = await self._stripe(index)
             lo = max(offset, index * STRIPE_BYTES) - index * STRIPE_BYTES
             hi = min(end, (index + 1) * STRIPE_BYTES) - index * STRIPE_BYTES
             piece = memoryview(data)[lo:hi]
-            out += piece
-            if len(piece) < hi - lo:
-                out += bytes(hi - lo - len(piece))        # a hole or a short stripe: zeros
-        return bytes(out)
+            view[position:position + len(piece)] = piece
+            if len(piece) < hi - lo:                # a hole or a short stripe: zeros
+                view[position + len(piece):position + hi - lo] = bytes(hi - lo - len(piece))
+            position += hi - lo
+        return position
 
     async def write(self, offset, data):
         if self.failure is not None:
@@ -202,7 +226,9 @@ class OpenInode:
         return self.changed and (self.inline is not None or self.moved_out)
 
     def _write_back(self, index):
-        data = bytes(self.dirty.pop(index))
+        # No copy: once popped from `dirty` the stripe's bytearray is never changed again (a
+        # later write to this stripe starts a new one from these bytes), so it goes out as is.
+        data = self.dirty.pop(index)
         self.pending[index] = data              # reads see it until it is stored
         task = asyncio.ensure_future(self._put(index, data))
         self.writing.add(task)
@@ -333,6 +359,14 @@ class FileHandle:
         if offset is None:
             self.position += len(data)
         return data
+
+    async def read_into(self, buffer, offset=None):
+        """As read(), into `buffer` (as many bytes as it holds, fewer at the end); the count."""
+        start = self.position if offset is None else offset
+        count = await self.inode.read_into(start, buffer)
+        if offset is None:
+            self.position += count
+        return count
 
     async def write(self, data, offset=None):
         if not self.writable:
