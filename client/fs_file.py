@@ -123,13 +123,14 @@ class OpenInode:
 
     def _start_reads(self, offset, first, last):
         """Start fetching stripes first..last, and read ahead when the reader moves forward:
-        from offset 0, where the last read ended, or within a stripe of where it was (a zip
-        reader such as torch.load's reads a record's header, seeks a little, then its bytes)."""
+        from offset 0, where the last read ended, or in the stripe the last read ended in or
+        the next (a zip reader such as torch.load's seeks about inside a record before it
+        reads its bytes). A random reader seldom lands there twice in a row."""
         for index in range(first, last + 1):
             if self._known(index) is None and index not in self.fetching:
                 self._fetch(index)
         if offset == 0 or offset == self.next_offset or \
-                self.last_stripe - 1 <= first <= self.last_stripe + 1:
+                self.last_stripe <= first <= self.last_stripe + 1:
             self._read_ahead(last)
         self.last_stripe = last
 
