@@ -8,7 +8,11 @@
    commands, timed whole), then `dd bs=4M conv=fsync` into the mount and `dd bs=4M` out of it
    (through the kernel's page cache), and the same with oflag=direct / iflag=direct (no page
    cache, as `fio --direct=1`); ratios mount / command. For reference, the library's own
-   put_stream / get_stream in this process (no file written, no process start).
+   put_stream / get_stream in this process (no file written, no process start). The same file
+   through fsspec (`cairn://`, 4 MiB writes, then a cold read by a new client). And the
+   object layer's rate in the same run, the denominator of the streams' targets: `cairn bench
+   cluster --op write --size 4M --concurrency 16` and `--op seq` (--bench-seconds each);
+   ratios mount and fsspec / bench.
 2. --files files of --file-size each created, written and closed through the mount by --writers
    threads, then read back; files/s, against `cairn bench cluster --op write --size
    FILE_SIZE --concurrency WRITERS` (puts/s) in the same run.
@@ -52,6 +56,8 @@ def add_parser(kinds):
     bench.add_argument("--entries", type=int, default=100_000,
                        help="entries of the directory listed (0: skip)")
     bench.add_argument("--scratch", default="/var/tmp", help="where the source file is made")
+    bench.add_argument("--bench-seconds", type=int, default=15,
+                       help="seconds of each `cairn bench cluster` run (default 15)")
 
 
 def say(message):
@@ -113,6 +119,11 @@ def main(args):
         lib_put_s, lib_get_s = run_loop(_object_path(args, source))
         say(f"cairn put {size / put_s / 1e6:.0f} MB/s, get {size / get_s / 1e6:.0f} MB/s "
             f"(library: {size / lib_put_s / 1e6:.0f}, {size / lib_get_s / 1e6:.0f})")
+        say(f"cairn bench cluster --op write and --op seq, 4M, 16 in flight, "
+            f"{args.bench_seconds} s each")
+        bench_write = _bench_cluster(args, "write", "4M", 16)
+        bench_seq = _bench_cluster(args, "seq", "4M", 16, "--cleanup")
+        fsspec_write_s, fsspec_read_s = _fsspec_stream(args, source)
         target = os.path.join(mount_dir, "large.bin")
         write_s = _dd(source, target, True)
         _drop_caches()
@@ -135,14 +146,24 @@ def main(args):
                       mount_read_direct_MBps=rate(read_direct_s),
                       write_ratio=round(put_s / write_s, 2), read_ratio=round(get_s / read_s, 2),
                       write_direct_ratio=round(put_s / write_direct_s, 2),
-                      read_direct_ratio=round(get_s / read_direct_s, 2))
+                      read_direct_ratio=round(get_s / read_direct_s, 2),
+                      fsspec_write_MBps=rate(fsspec_write_s),
+                      fsspec_read_MBps=rate(fsspec_read_s),
+                      bench_write_MBps=bench_write["MBps"], bench_seq_MBps=bench_seq["MBps"])
+        result.update(
+            mount_write_vs_bench_write=round(result["mount_write_MBps"] / bench_write["MBps"], 2),
+            mount_read_vs_bench_seq=round(result["mount_read_MBps"] / bench_seq["MBps"], 2),
+            fsspec_write_vs_bench_write=round(result["fsspec_write_MBps"] / bench_write["MBps"],
+                                              2),
+            fsspec_read_vs_bench_seq=round(result["fsspec_read_MBps"] / bench_seq["MBps"], 2))
+        say(f"against bench cluster ({bench_write['MBps']:.0f} MB/s write, "
+            f"{bench_seq['MBps']:.0f} seq): mount write {result['mount_write_vs_bench_write']}, "
+            f"read {result['mount_read_vs_bench_seq']}; fsspec write "
+            f"{result['fsspec_write_vs_bench_write']}, read {result['fsspec_read_vs_bench_seq']}")
         os.unlink(source)
         # 2. Small files through the mount, and puts of the same size.
         result.update(_small_files(args, mount_dir, file_size))
-        bench = json.loads(_cli(args, "bench", "cluster", "--pool", args.pool, "--op", "write",
-                                "--size", args.file_size, "--concurrency", str(args.writers),
-                                "--seconds", "15", "--json", "--cleanup").stdout
-                           .strip().splitlines()[-1])
+        bench = _bench_cluster(args, "write", args.file_size, args.writers, "--cleanup")
         result["bench_put_iops"] = bench["iops"]
         result["small_write_ratio"] = round(result["small_write_files_per_s"] / bench["iops"], 2)
         say(f"cairn bench cluster --op write --size {args.file_size}: {bench['iops']:.0f} "
@@ -158,6 +179,47 @@ def main(args):
     print(json.dumps(result) if args.json else
           "\n".join(f"{key}: {value}" for key, value in result.items()))
     return 0
+
+
+def _bench_cluster(args, op, size, concurrency, *extra):
+    """`cairn bench cluster`'s JSON for one op on the benchmark's pool."""
+    output = _cli(args, "bench", "cluster", "--pool", args.pool, "--op", op, "--size", size,
+                  "--concurrency", str(concurrency), "--seconds", str(args.bench_seconds),
+                  "--json", *extra).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def _fsspec_stream(args, source):
+    """(write seconds, read seconds) of the file through `cairn://`: 4 MiB writes, close
+    durable; then a cold read (a new client) in 4 MiB readinto calls."""
+    from cairn.client.fsspec_fs import CairnFileSystem
+    path = f"{args.pool}/{BENCH_DIR}/fsspec.bin"
+    options = dict(cluster=args.cluster, metadata_pool=args.metadata_pool,
+                   skip_instance_cache=True)
+    chunk = bytearray(4 << 20)
+    writer = CairnFileSystem(**options)
+    try:
+        with open(source, "rb", buffering=0) as handle:
+            began = time.monotonic()
+            with writer.open(path, "wb") as out:
+                while count := handle.readinto(chunk):
+                    out.write(memoryview(chunk)[:count])
+            write_s = time.monotonic() - began
+    finally:
+        writer.close()
+    reader = CairnFileSystem(**options)
+    try:
+        began = time.monotonic()
+        with reader.open(path, "rb") as handle:
+            while handle.readinto(chunk):
+                pass
+        read_s = time.monotonic() - began
+        reader.rm(path)
+    finally:
+        reader.close()
+    say(f"fsspec: write {os.path.getsize(source) / write_s / 1e6:.0f} MB/s, "
+        f"read {os.path.getsize(source) / read_s / 1e6:.0f} MB/s")
+    return write_s, read_s
 
 
 async def _remove(args):

@@ -333,4 +333,6 @@ class CairnFile(io.RawIOBase):
 
     @property
     def size(self):
-        return max(self.handle.size, self.tell())
+        if not self._gathered:
+            return self.handle.size
+        return max(self.handle.size, self.tell())   # the gathered writes extend it

@@ -100,8 +100,11 @@ def test_flush_hands_bytes_over_and_fsync_makes_them_durable(cairn_fs):
     fs = cairn_fs()
     path = "data/model/flushed.bin"
     with fs.open(path, "wb") as writer:
+        writer.seek(100)
+        assert writer.size == 0                 # a seek past the end is no write
+        writer.seek(0)
         writer.write(b"header")                 # small: gathered in the file object
-        assert writer.tell() == 6
+        assert writer.tell() == 6 and writer.size == 6
         writer.flush()
         with fs.open(path, "rb") as reader:     # same process: the same open file
             assert reader.read() == b"header"

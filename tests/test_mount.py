@@ -229,6 +229,34 @@ def test_bench_files_through_the_mount_and_through_the_library(mounts):
     assert result.returncode == 2 and "not a mount point" in result.stderr
 
 
+def test_bench_mount_puts_the_streams_beside_bench_cluster_in_one_run(mounts):
+    """`cairn bench mount`: the large file through the commands, the library, the mount and
+    fsspec, with `bench cluster --op write/seq` of the same run as the denominator (issue 42's
+    targets), small files and nothing left behind."""
+    m = mounts.mount("m")
+    result = subprocess.run(
+        [sys.executable, "-m", "cairn.client.cli", "--cluster", mounts.cluster.dir, "bench",
+         "mount", "--pool", "data", "--metadata-pool", "meta", "--mountpoint", m, "--size",
+         "24M", "--files", "30", "--file-size", "8K", "--writers", "3", "--entries", "0",
+         "--bench-seconds", "2", "--json"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("put", "get", "mount_write", "mount_read", "fsspec_write", "fsspec_read",
+                "bench_write", "bench_seq"):
+        assert report[f"{key}_MBps"] > 0, key
+    for path, bench in (("mount_write", "bench_write"), ("mount_read", "bench_seq"),
+                        ("fsspec_write", "bench_write"), ("fsspec_read", "bench_seq")):
+        ratio = report[f"{path}_vs_{bench}"]
+        assert abs(ratio - report[f"{path}_MBps"] / report[f"{bench}_MBps"]) < 0.01, path
+    assert report["small_write_files_per_s"] > 0 and report["small_read_files_per_s"] > 0
+    assert "against bench cluster" in result.stderr and "fsspec: write" in result.stderr
+    assert os.listdir(m) == []                          # everything it made is gone
+    assert cairn(mounts.cluster, "ls", "data").stdout.count("cairn-bench-mount") == 0
+    result = cairn(mounts.cluster, "bench", "mount", "--pool", "data", "--mountpoint",
+                   "/nonexistent-mount")
+    assert result.returncode == 2 and "is not mounted" in result.stderr
+
+
 def test_bench_dataloader_reads_through_the_mount_cairn_and_local_disk(mounts, tmp_path):
     """A real torch DataLoader with worker processes over files written through the mount:
     every sample read through the mount, through cairn:// and from local disk, checked."""
