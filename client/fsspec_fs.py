@@ -326,8 +326,10 @@ class CairnFile(io.RawIOBase):
     def close(self):
         if not self.closed:
             try:
-                self._hand_over()
-                self.fs._call(self.handle.close())      # durable on the cluster on return
+                try:
+                    self._hand_over()
+                finally:
+                    self.fs._call(self.handle.close())  # durable on the cluster on return
             finally:
                 super().close()
 
