@@ -118,8 +118,12 @@ class OpenInode:
         for index in range(after + 1, after + 1 + READ_AHEAD):
             if index * STRIPE_BYTES >= self.size:
                 break
-            if self._known(index) is None and index not in self.fetching:
-                self._fetch(index)
+            self._want(index)
+
+    def _want(self, index):
+        """Start reading stripe `index` unless this process has it or is reading it."""
+        if self._known(index) is None and index not in self.fetching:
+            self._fetch(index)
 
     def _start_reads(self, offset, first, last):
         """Start fetching stripes first..last, and read ahead when the reader moves forward:
@@ -127,8 +131,7 @@ class OpenInode:
         the next (a zip reader such as torch.load's seeks about inside a record before it
         reads its bytes). A random reader seldom lands there twice in a row."""
         for index in range(first, last + 1):
-            if self._known(index) is None and index not in self.fetching:
-                self._fetch(index)
+            self._want(index)
         if offset == 0 or offset == self.next_offset or \
                 self.last_stripe <= first <= self.last_stripe + 1:
             self._read_ahead(last)
