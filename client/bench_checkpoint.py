@@ -1,7 +1,7 @@
 """`cairn bench checkpoint`: a model's state from accelerator memory into cairn, and back.
 
     cairn bench checkpoint --pool data [--size 4G] [--tensor-size 256M] [--device cuda|cpu]
-        [--streams 2] [--chunk 256M] [--json]
+        [--streams 2] [--chunk 256M] [--metadata-pool META [--local-dir /var/tmp]] [--json]
 
 A training job stands still while its checkpoint leaves the GPU; how long depends on how the
 state is staged. On --size bytes of tensors (--tensor-size each) on --device, in one run:
@@ -15,6 +15,12 @@ state is staged. On --size bytes of tensors (--tensor-size each) on --device, in
    compared there with the tensor it came from.
 5. bounded: the tensors through two pinned buffers of --chunk bytes, one buffer's copy from the
    GPU overlapping the other's puts: end to end, for a host short of memory.
+6. files (with --metadata-pool, the pool's file namespace): the tensors as one state dict
+   through torch.distributed.checkpoint to cairn://POOL (FsspecWriter/FsspecReader):
+   dcp.save, dcp.async_save (its stall and its total) and dcp.load, beside torch.save + fsync
+   and DCP to --local-dir, and `cairn bench cluster --op write --size 4M --concurrency 16`
+   in the same run: the ratios the checkpoint issue asks for (dcp_save_vs_local_torch_save,
+   dcp_load_vs_local_load, dcp_async_vs_save, dcp_save_vs_bench_write).
 
 Everything it writes is deleted at the end. It needs PyTorch; the CPU build runs it with
 --device cpu (staging is then a plain memory copy). Progress goes to stderr.
@@ -24,8 +30,11 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
+import warnings
 
 from cairn.client import admin, errors
 from cairn.client.cluster import Cluster, run_loop
@@ -54,6 +63,14 @@ def add_parser(kinds):
                        help="tensors written or read at once (default 2)")
     bench.add_argument("--chunk", default="256M",
                        help="each of the two staging buffers of the bounded phase (default 256M)")
+    bench.add_argument("--metadata-pool",
+                       help="the pool's file namespace metadata pool: adds the DCP phase "
+                            "(cairn://POOL through fsspec; needs --pool's filesystem)")
+    bench.add_argument("--local-dir", default="/var/tmp",
+                       help="where the DCP phase's local comparison is written (default "
+                            "/var/tmp; removed after)")
+    bench.add_argument("--bench-seconds", type=int, default=10,
+                       help="seconds of `bench cluster --op write` in the DCP phase (default 10)")
 
 
 def say(message):
@@ -213,6 +230,92 @@ async def bounded(pool, staging, chunk, prefix=PREFIX):
     return time.monotonic() - began, names
 
 
+def files_phase(args, staging):
+    """Phase 6: the tensors as one state dict through DCP to cairn:// and to --local-dir, and
+    the object layer's write rate, in one run; every load compared with the state."""
+    torch = staging.torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    from cairn.client.bench_mount import _bench_cluster
+    from cairn.client.fsspec_fs import CairnFileSystem
+    state = {f"tensor{index}": tensor for index, tensor in enumerate(staging.tensors)}
+    options = dict(cluster=args.cluster, metadata_pool=args.metadata_pool)
+    base = f"{args.pool}/{PREFIX}-{os.urandom(3).hex()}"
+    local = tempfile.mkdtemp(prefix=f"{PREFIX}-", dir=args.local_dir)
+    result = {}
+    # DCP warns on every call that no process group is set up: this is one process on purpose.
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+    def timed(name, call):
+        began = time.monotonic()
+        call()
+        seconds = time.monotonic() - began
+        result[f"{name}_s"] = round(seconds, 2)
+        say(f"{name.replace('_', ' ')}: {seconds:.2f} s, {_gbps(staging.size, seconds)} GB/s")
+        return seconds
+
+    def torch_save():
+        path = os.path.join(local, "state.pt")
+        torch.save(state, path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def load(reader):
+        """Load into tensors zeroed first; the keys that came back unequal."""
+        for tensor in targets.values():
+            tensor.zero_()
+        dcp.load(targets, storage_reader=reader)
+        return [key for key, tensor in state.items() if not torch.equal(targets[key], tensor)]
+
+    try:
+        bench = _bench_cluster(args, "write", "4M", 16, "--cleanup")
+        result["bench_write_MBps"] = round(bench["MBps"], 1)
+        say(f"cairn bench cluster --op write --size 4M --concurrency 16: {bench['MBps']:.0f} MB/s")
+        local_save = timed("local_torch_save", torch_save)
+        timed("local_dcp_save", lambda: dcp.save(
+            state, storage_writer=dcp.FileSystemWriter(os.path.join(local, "dcp"))))
+        save = timed("dcp_save", lambda: dcp.save(
+            state, storage_writer=FsspecWriter(f"cairn://{base}/dcp", **options)))
+        began = time.monotonic()
+        future = dcp.async_save(
+            state, storage_writer=FsspecWriter(f"cairn://{base}/dcp-async", **options))
+        stall = time.monotonic() - began
+        future.result()
+        async_total = time.monotonic() - began
+        result.update(dcp_async_stall_s=round(stall, 2), dcp_async_total_s=round(async_total, 2))
+        say(f"dcp.async_save: {stall:.2f} s stall, {async_total:.2f} s in all")
+        targets = {key: torch.zeros_like(tensor) for key, tensor in state.items()}
+        local_unequal = []
+        local_load = timed("local_dcp_load", lambda: local_unequal.extend(
+            load(dcp.FileSystemReader(os.path.join(local, "dcp")))))
+        unequal = []
+        cairn_load = timed("dcp_load", lambda: unequal.extend(
+            load(FsspecReader(f"cairn://{base}/dcp", **options))))
+        unequal += load(FsspecReader(f"cairn://{base}/dcp-async", **options))
+        del targets
+        result.update(
+            dcp_equal=not unequal and not local_unequal, dcp_unequal=(unequal + local_unequal)[:10],
+            dcp_save_vs_local_torch_save=round(local_save / save, 2),
+            dcp_load_vs_local_load=round(local_load / cairn_load, 2),
+            dcp_async_vs_save=round(async_total / save, 2),
+            dcp_save_vs_bench_write=round(staging.size / save / 1e6 / bench["MBps"], 2))
+        say("DCP: " + ("every load equal" if result["dcp_equal"]
+                       else f"{len(unequal + local_unequal)} tensors NOT EQUAL"))
+    finally:
+        say("removing what the DCP phase wrote")
+        shutil.rmtree(local, ignore_errors=True)
+        fs = CairnFileSystem(**options)         # fsspec's kept instance: the writers' client
+        try:
+            if fs.exists(base):
+                fs.rm(base, recursive=True)
+        finally:
+            fs.close()
+    return result
+
+
 async def _delete(pool, names):
     async def one(name):
         try:
@@ -294,8 +397,15 @@ def main(args):
         return fail("client_error", f"{type(exc).__name__}: {exc}")
     except (ClusterNotFound, MonitorsUnavailable) as exc:
         return fail("unavailable", str(exc))
+    if args.metadata_pool:
+        try:
+            result.update(files_phase(args, staging))
+        except OSError as exc:
+            return fail("client_error", f"the DCP phase through cairn://{args.pool}: {exc}")
+    else:
+        say("no --metadata-pool: the DCP phase through cairn:// is skipped")
     if args.json:
         print(json.dumps(result))
     else:
         print("\n".join(f"{key}: {value}" for key, value in result.items()))
-    return 0 if result.get("restore_equal") else 1
+    return 0 if result.get("restore_equal") and result.get("dcp_equal", True) else 1

@@ -27,7 +27,7 @@ import msgpack
 
 from cairn.client import errors
 from cairn.client.fs_format import (ATTR_KEY, DIRTY_STRIPES_MAX, FLUSH_INTERVAL_S,
-                                    INLINE_BYTES_MAX, READ_AHEAD, SIZE_KEY, STRIPE_BYTES,
+                                    INLINE_BYTES_MAX, READ_AHEAD, READ_AHEAD_MAX, SIZE_KEY, STRIPE_BYTES,
                                     WRITE_BEHIND, _as_oserror, check_file_size, fs_error,
                                     is_embedded)
 
@@ -74,6 +74,7 @@ class OpenInode:
         self.flushed_at = time.monotonic()
         self.next_offset = 0            # where a sequential reader goes next
         self.last_stripe = 0            # the last stripe the last read touched
+        self.ahead = READ_AHEAD         # stripes read ahead (more for readers of whole records)
 
     def _known(self, index):
         """The stripe's bytes if this process has them (dirty, being written, cached)."""
@@ -88,12 +89,19 @@ class OpenInode:
             self.cache.move_to_end(index)
         return data
 
-    async def _stripe(self, index):
+    def _source(self, index):
+        """The stripe's bytes if this process has them, else the task reading it (started
+        here if none is)."""
         data = self._known(index)
         if data is not None:
             return data
-        task = self.fetching.get(index) or self._fetch(index)
-        return await asyncio.shield(task)
+        return self.fetching.get(index) or self._fetch(index)
+
+    async def _stripe(self, index):
+        source = self._source(index)
+        if isinstance(source, asyncio.Future):
+            return await asyncio.shield(source)
+        return source
 
     def _fetch(self, index):
         task = asyncio.ensure_future(self._get(index, self.generation))
@@ -109,13 +117,13 @@ class OpenInode:
             self.fetching.pop(index, None)
         if generation == self.generation:       # no write since: safe to keep
             self.cache[index] = data
-            while len(self.cache) > READ_AHEAD + 4:
+            while len(self.cache) > 2 * self.ahead + 4:     # what is read ahead stays
                 self.cache.popitem(last=False)
         return data
 
     def _read_ahead(self, after):
-        """Start reading the READ_AHEAD stripes after stripe `after` (not awaited)."""
-        for index in range(after + 1, after + 1 + READ_AHEAD):
+        """Start reading the `ahead` stripes after stripe `after` (not awaited)."""
+        for index in range(after + 1, after + 1 + self.ahead):
             if index * STRIPE_BYTES >= self.size:
                 break
             self._want(index)
@@ -129,10 +137,15 @@ class OpenInode:
         """Start fetching stripes first..last, and read ahead when the reader moves forward:
         from offset 0, where the last read ended, or in the stripe the last read ended in or
         the next (a zip reader such as torch.load's seeks about inside a record before it
-        reads its bytes). A random reader seldom lands there twice in a row."""
+        reads its bytes). A random reader seldom lands there twice in a row. A read of
+        several stripes reads as many ahead (up to READ_AHEAD_MAX) wherever it lands: DCP
+        reads a checkpoint's records in order, each after a look at the record's end."""
         for index in range(first, last + 1):
             self._want(index)
-        if offset == 0 or offset == self.next_offset or \
+        span = last - first + 1
+        if span > 1:
+            self.ahead = max(self.ahead, min(span, READ_AHEAD_MAX))
+        if span > 1 or offset == 0 or offset == self.next_offset or \
                 self.last_stripe <= first <= self.last_stripe + 1:
             self._read_ahead(last)
         self.last_stripe = last
@@ -166,15 +179,19 @@ class OpenInode:
         first, last = offset // STRIPE_BYTES, (end - 1) // STRIPE_BYTES
         self._start_reads(offset, first, last)
         self.next_offset = end
+        # Held here, not left to the cache: a read of more stripes than it keeps would fetch
+        # the first ones again.
+        sources = [self._source(index) for index in range(first, last + 1)]
         position = 0
-        for index in range(first, last + 1):
-            data = await self._stripe(index)
+        for index, source in enumerate(sources, first):
+            data = await asyncio.shield(source) if isinstance(source, asyncio.Future) else source
             lo = max(offset, index * STRIPE_BYTES) - index * STRIPE_BYTES
             hi = min(end, (index + 1) * STRIPE_BYTES) - index * STRIPE_BYTES
             piece = memoryview(data)[lo:hi]
             view[position:position + len(piece)] = piece
             if len(piece) < hi - lo:                # a hole or a short stripe: zeros
                 view[position + len(piece):position + hi - lo] = bytes(hi - lo - len(piece))
+            piece.release()                         # (a dirty stripe may grow meanwhile)
             position += hi - lo
         return position
 

@@ -42,6 +42,10 @@ INTENT_SETTLE_S = 5.0
 # Stripe objects in flight per open file while writing back, and read ahead while reading.
 WRITE_BEHIND = 8
 READ_AHEAD = 4
+# A reader asking for several stripes at once (DCP's torch.load of a whole tensor record, a
+# library reader) streams records: as many stripes as its read, up to this many, are read
+# ahead of it, so the next record arrives while the caller works on this one.
+READ_AHEAD_MAX = 16
 # Dirty stripes one open file holds before writing them back.
 DIRTY_STRIPES_MAX = 16
 # A file being written makes its size durable at least this often (so a crash loses at most

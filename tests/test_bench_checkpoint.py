@@ -15,16 +15,17 @@ torch = pytest.importorskip("torch", reason="torch is not installed (cluster-scr
 from cairn.client import bench_checkpoint  # noqa: E402  (after the skip above)
 
 
-def bench(cluster, *args):
+def bench(cluster, *args, timeout=120):
     result = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
                              "bench", "checkpoint", "--json", *args],
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=timeout)
     return result.returncode, json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
 @pytest.mark.cluster
-def test_checkpoint_bench_stages_writes_restores_equal_and_leaves_nothing(local_cluster):
-    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="512M")
+def test_checkpoint_bench_stages_writes_restores_equal_and_leaves_nothing(local_cluster,
+                                                                          tmp_path):
+    cluster = local_cluster(hosts=3, osds_per_host=1, device_size="1G")
     cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
     code, result, stderr = bench(cluster, "--pool", "data", "--device", "cpu", "--size", "48M",
                                  "--tensor-size", "16M", "--chunk", "4M")
@@ -37,6 +38,31 @@ def test_checkpoint_bench_stages_writes_restores_equal_and_leaves_nothing(local_
     assert "every tensor equal" in stderr
     # Everything it wrote (3 tensors, 12 bounded chunks, their stripes) is gone again.
     assert cluster.cairn("ls", "data")[1]["names"] == []
+
+    # The DCP phase: the same tensors through torch.distributed.checkpoint to cairn:// and to
+    # a local directory, beside bench cluster's write rate, in one run.
+    cluster.cairn("pool", "create", "meta", "--replicated", "3", "--pg-num", "8")
+    local = tmp_path / "local"
+    local.mkdir()
+    code, result, stderr = bench(cluster, "--pool", "data", "--metadata-pool", "meta",
+                                 "--local-dir", str(local), "--bench-seconds", "2",
+                                 "--device", "cpu", "--size", "48M", "--tensor-size", "16M",
+                                 "--chunk", "4M", timeout=300)
+    assert code == 0, stderr
+    assert result["dcp_equal"] is True and result["dcp_unequal"] == []
+    for field in ("bench_write_MBps", "local_torch_save_s", "local_dcp_save_s", "dcp_save_s",
+                  "dcp_async_stall_s", "dcp_async_total_s", "local_dcp_load_s", "dcp_load_s",
+                  "dcp_save_vs_local_torch_save", "dcp_load_vs_local_load", "dcp_async_vs_save",
+                  "dcp_save_vs_bench_write"):
+        assert result[field] > 0, field
+    assert "UserWarning" not in stderr
+    assert list(local.iterdir()) == []                  # its local copies removed
+    from cairn.client.fsspec_fs import CairnFileSystem
+    fs = CairnFileSystem(cluster=cluster.dir, metadata_pool="meta", skip_instance_cache=True)
+    try:
+        assert fs.ls("data", detail=False) == []        # and its cairn:// directory
+    finally:
+        fs.close()
 
     code, result, _ = bench(cluster, "--pool", "missing", "--device", "cpu", "--size", "4M")
     assert code == 2 and result["error"] == "client_error" and "missing" in result["message"]

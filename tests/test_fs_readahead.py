@@ -10,7 +10,7 @@ import pytest
 
 from cairn.client import errors
 from cairn.client.fs_file import OpenInode
-from cairn.client.fs_format import READ_AHEAD, STRIPE_BYTES
+from cairn.client.fs_format import READ_AHEAD, READ_AHEAD_MAX, STRIPE_BYTES
 
 pytestmark = pytest.mark.unit
 
@@ -79,6 +79,37 @@ def test_a_forward_reader_is_read_ahead_and_a_random_reader_is_not():
             assert bytes(await inode.read(offset, 4096)) == whole[offset:offset + 4096]
         print("random reader:", len(fs.data.gets), "gets for", reads, "reads")
         assert len(fs.data.gets) < reads * 1.2, len(fs.data.gets)
+
+    asyncio.run(main())
+
+
+def test_a_reader_of_whole_records_has_the_next_record_read_ahead_and_each_stripe_once():
+    """DCP's load of 64 MiB tensors: a look at the end of the next record (16 stripes on),
+    then the record's bytes in one read of 16 stripes. Each read of a record leaves the next
+    one fetched or in flight, and no stripe is fetched twice (a read of more stripes than
+    the cache keeps once fetched its first ones again)."""
+    rng = random.Random(11)
+    per_record = READ_AHEAD_MAX
+    records = 4
+    count = per_record * records + 1
+    stripes = stripes_of(count, rng)
+    whole = b"".join(stripes[index] for index in range(count))
+
+    async def main():
+        fs = Fs(stripes)
+        inode = OpenInode(fs, 1, len(whole))
+        record = per_record * STRIPE_BYTES
+        for number in range(records):
+            start, end = 700 + number * record, 700 + (number + 1) * record
+            if number:
+                last = (end - 1) // STRIPE_BYTES
+                assert all(index in inode.fetching or index in inode.cache
+                           for index in range(last - per_record + 2, last + 1)), number
+            assert bytes(await inode.read(end - 4096, 4096)) == whole[end - 4096:end]
+            buffer = bytearray(record - 100)
+            assert await inode.read_into(start + 100, buffer) == len(buffer)
+            assert buffer == whole[start + 100:end]
+        assert len(fs.data.gets) == len(set(fs.data.gets)), sorted(fs.data.gets)
 
     asyncio.run(main())
 
