@@ -63,7 +63,9 @@ class OpenInode:
         self.moved_out = False          # was small; its attributes say so until a flush
         self.users = 0
         self.dirty = {}                 # stripe index -> bytearray (whole stripe, or shorter)
-        self.pending = {}               # stripe index -> bytes being written back
+        self.gathering = None           # [index, views, bytes]: a stripe not in `dirty`, its
+                                        # writes kept as they came (see `_gather`)
+        self.pending = {}               # stripe index -> bytes (or views) being written back
         self.cache = collections.OrderedDict()     # stripe index -> bytes (clean), LRU
         self.fetching = {}              # stripe index -> task reading it
         self.generation = 0             # moves on every write and truncate
@@ -78,10 +80,13 @@ class OpenInode:
 
     def _known(self, index):
         """The stripe's bytes if this process has them (dirty, being written, cached)."""
+        if self.gathering is not None and self.gathering[0] == index:
+            self._settle()
         if index in self.dirty:
             return self.dirty[index]
         if index in self.pending:
-            return self.pending[index]
+            data = self.pending[index]
+            return b"".join(data) if type(data) is tuple else data
         if self.inline is not None:
             return self.inline if index == 0 else b""
         data = self.cache.get(index)
@@ -203,11 +208,15 @@ class OpenInode:
         if self.inline is not None and offset + len(view) > INLINE_BYTES_MAX:
             self._move_out()
         self.generation += 1
+        keep = type(data) is bytes and self.inline is None     # (views of it stay valid)
         position = 0
         while position < len(view):
             index = (offset + position) // STRIPE_BYTES
             within = (offset + position) % STRIPE_BYTES
             take = min(len(view) - position, STRIPE_BYTES - within)
+            if self._gather(keep, index, within, take, view[position:position + take]):
+                position += take
+                continue
             stripe = self.dirty.get(index)
             if stripe is None:
                 if (within == 0 and take == STRIPE_BYTES) or index * STRIPE_BYTES >= self.size:
@@ -235,6 +244,40 @@ class OpenInode:
             await self.flush()
         return len(view)
 
+    def _gather(self, keep, index, within, take, piece):
+        """Keep `piece` (a view of an immutable write) as it is if it carries on the stripe
+        being gathered, or starts one that needs no bytes from before (from the stripe's start,
+        past the file's end or replacing the stripe whole); a whole stripe goes to the
+        write-back as its pieces, one frame, no copy. The mount's 1 MiB FUSE writes of a file
+        written in order skip the copy into a stripe this way. Whether it was kept."""
+        gathering = self.gathering
+        if gathering is not None and (gathering[0] != index or gathering[2] != within):
+            self._settle()
+            gathering = None
+        if not keep or index in self.dirty:
+            return False
+        if gathering is None:
+            if within != 0 or (take < STRIPE_BYTES and index * STRIPE_BYTES < self.size):
+                return False
+            gathering = self.gathering = [index, [], 0]
+            self.cache.pop(index, None)
+        gathering[1].append(piece)
+        gathering[2] += take
+        if gathering[2] == STRIPE_BYTES:
+            self.gathering = None
+            self._write_back(index, tuple(gathering[1]))
+        return True
+
+    def _settle(self):
+        """The stripe being gathered becomes a dirty stripe like any other (one copy)."""
+        if self.gathering is not None:
+            index, pieces, _ = self.gathering
+            self.gathering = None
+            stripe = bytearray()
+            for piece in pieces:
+                stripe += piece
+            self.dirty[index] = stripe
+
     def _move_out(self):
         """The file outgrows its inode: its bytes become stripe 0 (dirty)."""
         if 0 not in self.dirty and self.inline:
@@ -246,10 +289,12 @@ class OpenInode:
         """Whether the next flush changes the bytes the inode holds (or drops them)."""
         return self.changed and (self.inline is not None or self.moved_out)
 
-    def _write_back(self, index):
+    def _write_back(self, index, data=None):
         # No copy: once popped from `dirty` the stripe's bytearray is never changed again (a
-        # later write to this stripe starts a new one from these bytes), so it goes out as is.
-        data = self.dirty.pop(index)
+        # later write to this stripe starts a new one from these bytes), so it goes out as is;
+        # a gathered stripe goes as its pieces (`data`, a tuple: one frame's payload).
+        if data is None:
+            data = self.dirty.pop(index)
         self.pending[index] = data              # reads see it until it is stored
         task = asyncio.ensure_future(self._put(index, data))
         self.writing.add(task)
@@ -268,6 +313,7 @@ class OpenInode:
         check_file_size(size, f"a truncate of inode {self.ino:x}")
         async with self.lock:
             await self._drain()
+            self._settle()
             self.generation += 1
             if self.inline is not None and size > INLINE_BYTES_MAX:
                 self._move_out()
@@ -331,6 +377,7 @@ class OpenInode:
         """Write every dirty stripe, then the size and mtime: durable on the cluster when it
         returns."""
         async with self.lock:
+            self._settle()
             for index in sorted(self.dirty) if self.inline is None else ():
                 self._write_back(index)
                 while len(self.writing) >= WRITE_BEHIND:
