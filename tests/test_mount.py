@@ -81,6 +81,55 @@ def expect(code, call, *args):
     assert failure.value.errno == code, (call, args, failure.value)
 
 
+def test_random_io_through_the_kernel_matches_a_bytearray(mounts):
+    """fsx's idea through the mount: in-order runs of large writes (the kernel's 1 MiB
+    requests, kept as they came), writes anywhere, reads, truncates and fsyncs on one file
+    against a bytearray; then the file as a second mount sees it."""
+    import random
+    rng = random.Random(17)
+    m = mounts.mount("m")
+    path = f"{m}/fsx.bin"
+    model = bytearray()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        cursor = 0
+        for step in range(300):
+            roll = rng.random()
+            if roll < 0.35:
+                data = rng.randbytes(rng.choice([4 << 20, 1 << 20, 3 << 20, 5000]))
+                offset = cursor
+            elif roll < 0.55:
+                data = rng.randbytes(rng.choice([1, 777, 70_000, 1 << 20]))
+                offset = rng.randrange(0, len(model) + (2 << 20))
+            elif roll < 0.8:
+                offset = rng.randrange(0, len(model) + 10)
+                length = rng.choice([1, 4096, 1 << 20, 9 << 20])
+                assert os.pread(fd, length, offset) == model[offset:offset + length], step
+                continue
+            elif roll < 0.87:
+                size = rng.randrange(0, len(model) + (1 << 20))
+                os.ftruncate(fd, size)
+                del model[size:]
+                model.extend(bytes(size - len(model)))
+                continue
+            elif roll < 0.93:
+                os.fsync(fd)
+                continue
+            else:
+                cursor = rng.randrange(0, len(model) // (4 << 20) + 2) * (4 << 20)
+                continue
+            assert os.pwrite(fd, data, offset) == len(data)
+            model.extend(bytes(max(0, offset - len(model))))
+            model[offset:offset + len(data)] = data
+            cursor = offset + len(data)
+            assert os.fstat(fd).st_size == len(model), step
+    finally:
+        os.close(fd)
+    other = mounts.mount("other")
+    with open(f"{other}/fsx.bin", "rb") as handle:
+        assert handle.read() == model
+
+
 def test_posix_through_the_mount_two_mounts_read_only_and_fsspec(mounts):
     m = mounts.mount("m1")
     other = mounts.mount("m2")
