@@ -5,7 +5,9 @@ Theory of operation: a file is stripe objects of STRIPE_BYTES, each written whol
 `OpenInode` (one per file open in this process, shared by its handles) keeps the stripes
 written here and not yet flushed (at most DIRTY_STRIPES_MAX, written back WRITE_BEHIND at a
 time), the stripes being written back, and clean stripes read or read ahead (READ_AHEAD
-beyond a sequential read). A flush (close, fsync, or every FLUSH_INTERVAL_S) writes every dirty
+beyond a sequential read, up to READ_AHEAD_MAX beyond a read of whole records). A file
+written in order with immutable bytes (the mount's FUSE requests) keeps its writes to the
+stripe at its end as they came, and sends that stripe as those pieces (`_gather`). A flush (close, fsync, or every FLUSH_INTERVAL_S) writes every dirty
 stripe, then the size in the inode's omap: the size never covers bytes not yet durable. A
 truncate deletes the stripes past the new end and cuts the last one, so bytes past the end
 never come back when the file grows again.
@@ -27,9 +29,9 @@ import msgpack
 
 from cairn.client import errors
 from cairn.client.fs_format import (ATTR_KEY, DIRTY_STRIPES_MAX, FLUSH_INTERVAL_S,
-                                    INLINE_BYTES_MAX, READ_AHEAD, READ_AHEAD_MAX, SIZE_KEY, STRIPE_BYTES,
-                                    WRITE_BEHIND, _as_oserror, check_file_size, fs_error,
-                                    is_embedded)
+                                    INLINE_BYTES_MAX, READ_AHEAD, READ_AHEAD_MAX, SIZE_KEY,
+                                    STRIPE_BYTES, WRITE_BEHIND, _as_oserror, check_file_size,
+                                    fs_error, is_embedded)
 
 
 async def _truncate_stripes(fs, ino, old_size, new_size):
