@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -366,8 +367,11 @@ def main(args):
                                     parse_size(args.chunk))
     except ValueError as exc:
         return fail("invalid", str(exc))
-    if min(size, tensor_size, chunk) <= 0 or args.streams < 1:
-        return fail("invalid", "--size, --tensor-size, --chunk and --streams must be positive")
+    if min(size, tensor_size, chunk) <= 0 or args.streams < 1 or args.bench_seconds < 1:
+        return fail("invalid", "--size, --tensor-size, --chunk, --streams and --bench-seconds "
+                    "must be positive")
+    if args.metadata_pool and not os.path.isdir(args.local_dir):
+        return fail("invalid", f"--local-dir {args.local_dir}: not a directory")
     tensor_size = min(tensor_size, size)
     try:
         import torch
@@ -402,6 +406,9 @@ def main(args):
             result.update(files_phase(args, staging))
         except OSError as exc:
             return fail("client_error", f"the DCP phase through cairn://{args.pool}: {exc}")
+        except subprocess.CalledProcessError as exc:
+            return fail("client_error", "cairn bench cluster in the DCP phase: "
+                        + ((exc.stderr or "").strip().splitlines() or ["failed"])[-1])
     else:
         say("no --metadata-pool: the DCP phase through cairn:// is skipped")
     if args.json:

@@ -68,6 +68,9 @@ def test_checkpoint_bench_stages_writes_restores_equal_and_leaves_nothing(local_
     assert code == 2 and result["error"] == "client_error" and "missing" in result["message"]
     code, result, _ = bench(cluster, "--pool", "data", "--size", "0")
     assert code == 2 and result["error"] == "invalid"
+    code, result, _ = bench(cluster, "--pool", "data", "--metadata-pool", "meta",
+                            "--local-dir", str(tmp_path / "absent"))
+    assert code == 2 and result["error"] == "invalid" and "--local-dir" in result["message"]
     if not torch.cuda.is_available():
         code, result, _ = bench(cluster, "--pool", "data", "--device", "cuda")
         assert code == 2 and result["error"] == "no_device"
