@@ -13,9 +13,22 @@ connections and map subscription serve all calls; methods and errors are those o
 """
 
 import asyncio
+import atexit
 import threading
 
 from cairn.client.cluster import OP_TIMEOUT_S_DEFAULT, Cluster, new_event_loop
+
+# Clients not closed yet. At exit each is closed here, its loop thread stopped: a loop thread
+# still running while the interpreter tears itself down can crash it (a test run that left
+# four fsspec clients open ended in a segmentation fault after every test had passed).
+_OPEN = set()
+CLOSE_AT_EXIT_S = 2.0
+
+
+@atexit.register
+def _close_open_clients():
+    for client in list(_OPEN):
+        client._close_at_exit()
 
 
 class SyncCluster:
@@ -30,6 +43,7 @@ class SyncCluster:
         except BaseException:
             self._stop_loop()
             raise
+        _OPEN.add(self)
 
     def call(self, coroutine):
         """Run `coroutine` on the client's loop and return its result (or raise its error)."""
@@ -43,15 +57,27 @@ class SyncCluster:
         return SyncPool(self, self.call(_pool(self._cluster, name)))
 
     def close(self):
+        _OPEN.discard(self)
         try:
             self.call(self._cluster.close())
         finally:
             self._stop_loop()
 
-    def _stop_loop(self):
+    def _close_at_exit(self):
+        """close(), bounded: the cluster may be gone by now."""
+        _OPEN.discard(self)
+        try:
+            asyncio.run_coroutine_threadsafe(self._cluster.close(), self._loop).result(
+                CLOSE_AT_EXIT_S)
+        except Exception:           # gone, slow or failing: the loop stops regardless
+            pass
+        self._stop_loop(CLOSE_AT_EXIT_S)
+
+    def _stop_loop(self, timeout_s=None):
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self):
         return self

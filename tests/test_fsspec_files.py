@@ -26,9 +26,16 @@ def cairn_fs(local_cluster, monkeypatch):
     cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "8")
     monkeypatch.setenv("CAIRN_CLUSTER", cluster.dir)
     from cairn.client.fsspec_fs import CairnFileSystem
+    made = []
+
+    def make():
+        made.append(CairnFileSystem(metadata_pool="meta", skip_instance_cache=True))
+        return made[-1]
     try:
-        yield lambda: CairnFileSystem(metadata_pool="meta", skip_instance_cache=True)
+        yield make
     finally:
+        for fs in made:             # each one's client thread, stopped before the cluster goes
+            fs.close()
         close_fsspec_filesystems()
 
 
@@ -160,3 +167,23 @@ def test_a_small_read_window_never_serves_bytes_written_after_it(cairn_fs):
         handle.write(io.BytesIO(b"\xee" * 100_000).getbuffer())     # large, at once
         handle.seek(4990)
         assert handle.read(20) == bytes((4990 + i) % 256 for i in range(10)) + b"\xee" * 10
+
+
+def test_a_client_left_open_is_closed_at_exit_with_its_thread(cairn_fs):
+    """A script that never closes its `cairn://` filesystem: at exit its client is closed and
+    its loop thread stopped before the interpreter tears down (client/sync.py), so nothing
+    runs on beside the teardown."""
+    import subprocess
+    import sys
+    script = (
+        "import atexit, threading\n"
+        "atexit.register(lambda: print('left:', sum(t.name == 'cairn-client' and t.is_alive()"
+        " for t in threading.enumerate())))\n"       # registered first: runs last
+        "from cairn.client.fsspec_fs import CairnFileSystem\n"
+        "fs = CairnFileSystem(metadata_pool='meta', skip_instance_cache=True)\n"
+        "fs.pipe('data/left-open.txt', b'x')\n"
+        "print('running:', sum(t.name == 'cairn-client' for t in threading.enumerate()))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "running: 1" in result.stdout and "left: 0" in result.stdout, result.stdout

@@ -527,13 +527,17 @@ def test_mounts_honour_caps_and_a_prefix_namespace_fences_a_team(mounts, tmp_pat
     team_fs = fsspec.filesystem("cairn", cluster=cluster.dir, metadata_pool="meta",
                                 prefix="team-a/", name="client.teama",
                                 keyring=keys["client.teama"], skip_instance_cache=True)
-    assert team_fs.cat("cairn://data/ckpt/step-2/model.pt") == b"team a's weights" * 400
-    team_fs.pipe("cairn://data/ckpt/notes.txt", b"from fsspec")
-    assert open(f"{team}/ckpt/notes.txt", "rb").read() == b"from fsspec"
     main_fs = fsspec.filesystem("cairn", cluster=cluster.dir, metadata_pool="meta",
                                 name="client.teama", keyring=keys["client.teama"],
                                 skip_instance_cache=True)
-    expect(errno.EACCES, main_fs.ls, "cairn://data/")
+    try:
+        assert team_fs.cat("cairn://data/ckpt/step-2/model.pt") == b"team a's weights" * 400
+        team_fs.pipe("cairn://data/ckpt/notes.txt", b"from fsspec")
+        assert open(f"{team}/ckpt/notes.txt", "rb").read() == b"from fsspec"
+        expect(errno.EACCES, main_fs.ls, "cairn://data/")
+    finally:
+        team_fs.close()             # their client threads, stopped before the cluster goes
+        main_fs.close()
 
     # fsck of the team's namespace, with the team's key: its tree only, clean.
     result = cairn(cluster, "fsck", "data", "--metadata-pool", "meta", "--prefix", "team-a/",
