@@ -52,6 +52,14 @@ async def _truncate_stripes(fs, ino, old_size, new_size):
             await fs.data.put(name, data[:cut])
 
 
+async def _bytes_of(source):
+    """A stripe's bytes from `OpenInode._source`: as they are, or once its read is done (the
+    read shielded: a cancelled reader leaves it for the others)."""
+    if isinstance(source, asyncio.Future):
+        return await asyncio.shield(source)
+    return source
+
+
 class OpenInode:
     """A file open in this process: its size as written here, its dirty stripes, stripes being
     written back, and clean stripes read (or read ahead)."""
@@ -105,10 +113,7 @@ class OpenInode:
         return self.fetching.get(index) or self._fetch(index)
 
     async def _stripe(self, index):
-        source = self._source(index)
-        if isinstance(source, asyncio.Future):
-            return await asyncio.shield(source)
-        return source
+        return await _bytes_of(self._source(index))
 
     def _fetch(self, index):
         task = asyncio.ensure_future(self._get(index, self.generation))
@@ -191,7 +196,7 @@ class OpenInode:
         sources = [self._source(index) for index in range(first, last + 1)]
         position = 0
         for index, source in enumerate(sources, first):
-            data = await asyncio.shield(source) if isinstance(source, asyncio.Future) else source
+            data = await _bytes_of(source)
             lo = max(offset, index * STRIPE_BYTES) - index * STRIPE_BYTES
             hi = min(end, (index + 1) * STRIPE_BYTES) - index * STRIPE_BYTES
             piece = memoryview(data)[lo:hi]
