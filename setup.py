@@ -12,7 +12,7 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-TOP_LEVEL = ["common", "native", "osd", "mon", "client"]
+TOP_LEVEL = ["common", "native", "osd", "mon", "client", "s3"]
 
 LIBURING_STATIC = "/usr/lib/x86_64-linux-gnu/liburing.a"
 

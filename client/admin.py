@@ -148,7 +148,7 @@ def add_parsers(commands, common):
     remover.add_argument("name")
 
     keys = commands.add_parser(
-        "auth", help="entities, keys and caps: add, ls, get, get-key, caps, rm",
+        "auth", help="entities, keys and caps: add, ls, get, get-key, caps, rm, s3-key",
         description="Every client, OSD and monitor authenticates with a key (cairn-cluster up "
         "makes client.admin's, in DIR/client.admin.keyring). Caps say what a key may do, one "
         "--caps each: mon=r (read the map and health), mon=rw (also change pools, config, "
@@ -174,6 +174,22 @@ def add_parsers(commands, common):
     rm = key_commands.add_parser("rm", parents=[common], help="remove an entity (its sessions "
                                  "and tickets end within auth.ticket_ttl_s)")
     rm.add_argument("entity")
+    s3_keys = key_commands.add_parser(
+        "s3-key", help="S3 access keys of an entity: add, rm, ls",
+        description="An S3 access key lets S3 clients (boto3, the aws CLI, s3fs) act as a "
+        "client entity through cairn-s3: the entity's osd caps decide what they may do, with "
+        "BUCKET/KEY as the object name (osd=rw pool=s3.data prefix=team-a/: bucket team-a). "
+        "Removing the key, or the entity, revokes it within the gateways' cache time (10 s).")
+    s3_commands = s3_keys.add_subparsers(dest="s3_command", required=True,
+                                         metavar="SUBCOMMAND")
+    s3_add = s3_commands.add_parser("add", parents=[common], help="a new access key and "
+                                    "secret for ENTITY (printed once: keep the secret)")
+    s3_add.add_argument("entity", help="client.NAME")
+    s3_rm = s3_commands.add_parser("rm", parents=[common], help="revoke an access key")
+    s3_rm.add_argument("access_key")
+    s3_ls = s3_commands.add_parser("ls", parents=[common], help="access keys and their "
+                                   "entities (no secrets)")
+    s3_ls.add_argument("entity", nargs="?", help="only this entity's")
 
 
 COMMANDS = ("status", "health", "df", "osd", "pool", "map", "config", "mon", "auth")
@@ -315,9 +331,23 @@ async def run(args):
         header, formatter = _request_for(args)
         assert header is not None, args
         reply = await monc.request(header)
+        if args.command == "status":
+            return {**reply.header, "s3": _gateways(args.cluster)}, formatter
         return reply.header, formatter
     finally:
         await monc.close()
+
+
+def _gateways(where):
+    """The S3 gateways' URLs the cluster's description lists (cairn-cluster up --s3)."""
+    where = where or os.environ.get("CAIRN_CLUSTER") or ""
+    path = os.path.join(where, "cluster.json") if os.path.isdir(where) else where
+    try:
+        with open(path) as handle:
+            found = json.load(handle).get("s3", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [url for url in found if isinstance(url, str)] if isinstance(found, list) else []
 
 
 async def _auth(monc, args):
@@ -327,6 +357,8 @@ async def _auth(monc, args):
         reply = await monc.request({"op": "auth_ls"})
         return reply.header, lambda r: "\n".join(
             f"{e['entity']}: {'; '.join(e['caps']) or 'no caps'}" for e in r["entities"])
+    if command == "s3-key":
+        return await _s3_key(monc, args)
     if command in ("add", "caps"):
         try:
             auth.Caps.parse(args.caps)                  # a clear error before asking
@@ -358,6 +390,31 @@ async def _auth(monc, args):
     if command == "rm":
         return result, lambda r: f"removed {args.entity}"
     return result, lambda r: f"{args.entity}: {caps}"
+
+
+async def _s3_key(monc, args):
+    """(result, formatter) of `cairn auth s3-key add|rm|ls`."""
+    if args.s3_command == "ls":
+        header = {"op": "auth_s3_key_ls"}
+        if args.entity:
+            header["entity"] = args.entity
+        reply = await monc.request(header)
+        return reply.header, lambda r: "\n".join(
+            f"{k['access_key']} {k['entity']}" for k in r["keys"]) or "no S3 keys"
+    if args.s3_command == "rm":
+        reply = await monc.request({"op": "auth_s3_key_rm", "key": args.access_key})
+        return reply.header, lambda r: f"revoked S3 access key {args.access_key}"
+    reply, connection = await monc.request_with_session({"op": "auth_s3_key_add",
+                                                         "entity": args.entity})
+    if "key" not in reply.header:
+        raise ValueError("this cluster runs without authentication (auth none): S3 keys need "
+                         "it")
+    secret = sessions.unwrap_reply(connection, reply.header)
+    result = {"access_key": reply.header["access_key"],
+              "secret_key": auth.s3_secret_text(secret), "entity": args.entity}
+    return result, lambda r: (f"added an S3 key for {r['entity']}\n"
+                              f"aws_access_key_id = {r['access_key']}\n"
+                              f"aws_secret_access_key = {r['secret_key']}")
 
 
 def _map_object(cmap, pool_name, object_name):
@@ -441,6 +498,8 @@ def _format_status(status):
             if name in positions))
     osds = status["osds"]
     lines.append(f"  osds:   {osds['total']} total, {osds['up']} up, {osds['in']} in")
+    if status.get("s3"):
+        lines.append(f"  s3:     {', '.join(status['s3'])}")
     lines.append(f"  pools:  {len(status['pools'])}" +
                  (f" ({', '.join(status['pools'])})" if status["pools"] else ""))
     for name, pgs in status.get("pgs", {}).items():

@@ -149,7 +149,10 @@ def up(args):
     save(directory, description)
     try:
         _start_daemons(args, directory, description, shape, processes, say, tls_argv)
+        if args.s3:
+            _start_gateways(args, directory, description, say)
     except (ClusterError, KeyboardInterrupt):
+        stop_all(directory, description.get("gateways", []), wait_s=2.0)
         stop_all(directory, description["osds"] + description["mons"], wait_s=2.0)
         undo_isolation(description)
         say(f"bring-up failed: stopped what had started; logs are in {directory}/logs")
@@ -163,8 +166,34 @@ def up(args):
     if args.json:
         print(json.dumps({"dir": directory, "seconds": round(elapsed, 2),
                           "mons": [m["addr"] for m in description["mons"]],
-                          "osds": len(description["osds"])}))
+                          "osds": len(description["osds"]), "s3": description.get("s3", [])}))
     return 0
+
+
+def _start_gateways(args, directory, description, say):
+    """N cairn-s3 gateways on loopback (the first makes the pools s3.index and s3.data)."""
+    description["gateways"], description["s3"] = [], []
+    ports = []
+    for index in range(args.s3):
+        ports.append(free_port(ports))          # fixed: a restart keeps the URL
+        name = f"s3.{index}"
+        entry = {"name": name, "host": None, "ip": "127.0.0.1",
+                 "log": os.path.join(directory, "logs", f"{name}.log"),
+                 "ready_file": os.path.join(directory, "run", f"{name}.ready")}
+        entry["argv"] = python_argv(
+            "cairn.s3.cli", "--bind", f"127.0.0.1:{ports[-1]}", "--cluster", directory,
+            "--create-pools",
+            "--ready-file", entry["ready_file"], "--metrics-port", "0",
+            *(["--keyring", _keyring_path(directory, "client.admin")]
+              if args.auth == "hmac" else []))
+        description["gateways"].append(entry)
+        save(directory, description)
+        process = launch(directory, entry)
+        save(directory, description)
+        wait_ready([process], [entry], DAEMON_READY_S_MAX)
+        description["s3"].append(f"http://{entry['addr']}")
+        save(directory, description)
+        say(f"{name} serving S3 at http://{entry['addr']} (pid {entry['pid']})")
 
 
 def _load_hosts(path):
@@ -354,7 +383,7 @@ def down(args):
     # OSDs first, and all of them at once, so each can still tell the monitor it is leaving;
     # then the monitors.
     stopped = 0
-    for group in (description["osds"], description["mons"]):
+    for group in (description.get("gateways", []), description["osds"], description["mons"]):
         stopped += len(stop_all(directory, group))
     print(f"stopped {stopped} daemons in {directory}")
     undone = undo_isolation(description)

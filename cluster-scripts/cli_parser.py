@@ -71,6 +71,9 @@ def build_parser():
     start.add_argument("--tls", action="store_true", help="encrypt every connection with "
                        "TLS 1.3 (a self-signed cluster certificate in DIR/tls; clients find it "
                        "through --cluster DIR, or $CAIRN_TLS_CA)")
+    start.add_argument("--s3", type=_bounded(0, 16), default=0, metavar="N",
+                       help="also start N S3 gateways (cairn-s3) on this machine, with pools "
+                       "s3.index and s3.data; their URLs go in cluster.json as \"s3\"")
     start.add_argument("--json", action="store_true", help="print one JSON object at the end")
     finish = commands.add_parser("down", help="stop every daemon the cluster started")
     finish.add_argument("--dir")

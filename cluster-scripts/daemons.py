@@ -64,7 +64,7 @@ def save(directory, description):
 
 
 def daemons(description):
-    return description["mons"] + description["osds"]
+    return description["mons"] + description["osds"] + description.get("gateways", [])
 
 
 def find(description, name):

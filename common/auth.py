@@ -31,6 +31,7 @@ Proofs use HMAC-SHA256 (Python's `hmac.digest`, OpenSSL).
 import base64
 import configparser
 import dataclasses
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -229,6 +230,21 @@ def denied(entity, op, missing):
     return f"permission denied: {entity} may not {op} (needs {missing})"
 
 
+# -- S3 keys (s3/) -----------------------------------------------------------------------------------
+
+S3_ACCESS_KEY_RE = re.compile(r"^[A-Z0-9]{16,128}$")
+
+
+def new_s3_access_key():
+    """A new S3 access key id: 20 upper-case letters and digits, AWS's shape."""
+    return "CK" + base64.b32encode(os.urandom(15)).decode()[:18]
+
+
+def s3_secret_text(secret):
+    """The S3 secret key of a 32-byte secret, as S3 clients hold it: 40 base64 characters."""
+    return base64.b64encode(secret).decode()[:40]
+
+
 # -- IP allowlists -----------------------------------------------------------------------------------
 
 def parse_networks(text):
@@ -240,6 +256,32 @@ def parse_networks(text):
         except ValueError:
             raise AuthError(f"{part.strip()!r} is not an address or CIDR range") from None
     return networks
+
+
+def admits(rules, ip, name):
+    """Whether address `ip` lies in every allowlist whose prefix starts `name`."""
+    return all(in_networks(ip, networks) for prefix, networks in rules.items()
+               if name.startswith(prefix))
+
+
+def in_networks(ip, networks):
+    address = _address(ip)
+    return address is not None and any(address in network
+                                       for network in _networks(tuple(networks)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _address(ip):
+    try:
+        address = ipaddress.ip_address(ip)
+    except (TypeError, ValueError):
+        return None                     # no peer address (a Unix socket): in no allowlist
+    return address.ipv4_mapped or address if address.version == 6 else address
+
+
+@functools.lru_cache(maxsize=256)
+def _networks(cidrs):
+    return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in cidrs)
 
 
 # -- proofs, session keys, wrapping ----------------------------------------------------------------

@@ -30,11 +30,15 @@ DAEMON_OPS = frozenset({"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop",
                         "pg_last_active", "pg_set_active", "auth_service_keys"})
 MON_OPS = frozenset({"raft", "auth_change"})
 ADMIN_OPS = frozenset({"auth_add", "auth_get", "auth_ls", "auth_rm", "auth_caps",
-                       "audit_read"})
+                       "audit_read", "auth_s3_key_add", "auth_s3_key_rm", "auth_s3_key_ls",
+                       "auth_s3_key_get", "audit_report"})
 ANY_OPS = frozenset({"auth_get_ticket"})
 MON_OPS = MON_OPS | {"audit_append", "peer_invalid_report"}
 # Recorded in the audit log (with refusals of anything): changes, and reads of keys.
-AUDITED_OPS = WRITE_OPS | (ADMIN_OPS - {"auth_ls", "audit_read"})
+# An S3 gateway's key lookups (auth_s3_key_get, cached) and its own events (audit_report)
+# are not events themselves.
+AUDITED_OPS = WRITE_OPS | (ADMIN_OPS - {"auth_ls", "audit_read", "auth_s3_key_ls",
+                                        "auth_s3_key_get", "audit_report"})
 # Audit events a monitor queues for Raft; beyond, the oldest are dropped (and counted).
 AUDIT_QUEUED_MAX = 1000
 
@@ -188,12 +192,80 @@ async def auth_get(monitor, peer, header):
 async def auth_change(monitor, peer, header):
     """A follower's key change, committed by this leader."""
     change = header.get("change")
-    if not isinstance(change, dict) or not set(change) <= {"set", "rm", "svc"}:
+    if not isinstance(change, dict) or not set(change) <= {"set", "rm", "svc", "s3set", "s3rm"}:
         raise RequestFailed(Code.INVALID, "auth_change needs a change of set, rm or svc")
     command = {"t": "auth", **change}
     if header.get("rid") is not None:
         command["rid"] = header["rid"]
     return await monitor._replicate(command) or {}, b""
+
+
+def _access_key_arg(header):
+    key = header.get("key")
+    if not isinstance(key, str) or not auth.S3_ACCESS_KEY_RE.match(key):
+        raise RequestFailed(Code.INVALID, f"an S3 access key is 16 to 128 upper-case letters and "
+                            f"digits (was {str(key)[:140]!r})")
+    return key
+
+
+async def auth_s3_key_add(monitor, peer, header):
+    """A new S3 access key and secret for an existing entity (s3/: the gateway signs requests
+    with it and applies the entity's caps)."""
+    entity = _entity_arg(header)
+    if entity not in monitor.store.auth or not entity.startswith("client."):
+        raise RequestFailed(Code.NOT_FOUND, f"no client entity {entity}; add it first with "
+                            "'cairn auth add'")
+    access_key, secret = auth.new_s3_access_key(), auth.new_secret()
+    await commit(monitor, {"s3set": {access_key: [monitor.store.seal(secret), entity]}},
+                 header.get("rid"))
+    reply = {"entity": entity, "access_key": access_key}
+    if peer is not None and "wrap_key" in peer.state:
+        reply.update(_wrapped(peer, secret))
+    return reply, b""
+
+
+async def auth_s3_key_rm(monitor, peer, header):
+    access_key = _access_key_arg(header)
+    if access_key not in monitor.store.s3keys:
+        raise RequestFailed(Code.NOT_FOUND, f"no S3 access key {access_key}")
+    await commit(monitor, {"s3rm": [access_key]}, header.get("rid"))
+    return {"access_key": access_key, "removed": True}, b""
+
+
+async def auth_s3_key_ls(monitor, peer, header):
+    entity = header.get("entity")
+    return {"keys": [{"access_key": key, "entity": owner}
+                     for key, (_, owner) in sorted(monitor.store.s3keys.items())
+                     if entity is None or owner == entity]}, b""
+
+
+async def auth_s3_key_get(monitor, peer, header):
+    """An S3 gateway's lookup: the key's entity, that entity's caps and the secret (wrapped)."""
+    access_key = _access_key_arg(header)
+    found = monitor.store.s3keys.get(access_key)
+    owner = monitor.store.auth.get(found[1]) if found is not None else None
+    if owner is None:
+        raise RequestFailed(Code.NOT_FOUND, f"no S3 access key {access_key}")
+    reply = {"access_key": access_key, "entity": found[1], "caps": owner[1]}
+    if peer is not None and "wrap_key" in peer.state:
+        reply.update(_wrapped(peer, found[0]))
+    return reply, b""
+
+
+async def audit_report(monitor, peer, header):
+    """An S3 gateway's audit events (its changes and refusals), queued like the monitor's own."""
+    events = header.get("events")
+    if not isinstance(events, list) or len(events) > AUDIT_QUEUED_MAX:
+        raise RequestFailed(Code.INVALID, f"audit_report needs a list of at most "
+                            f"{AUDIT_QUEUED_MAX} events")
+    fields = ("time", "entity", "addr", "op", "target", "result")
+    for found in events:
+        if not isinstance(found, dict) or set(found) - set(fields) or \
+                not all(isinstance(found.get(f), (str, int, float, type(None))) for f in fields):
+            raise RequestFailed(Code.INVALID, "an audit event is {time, entity, addr, op, "
+                                "target, result}")
+        monitor.queue_audit({f: found.get(f) for f in fields})
+    return {"queued": len(events)}, b""
 
 
 async def commit(monitor, change, rid=None):
@@ -248,4 +320,7 @@ async def audit_read(monitor, peer, header):
 REQUESTS = {"audit_append": audit_append, "audit_read": audit_read,
             "auth_get_ticket": auth_get_ticket, "auth_service_keys": auth_service_keys,
             "auth_add": auth_add, "auth_caps": auth_caps, "auth_rm": auth_rm,
-            "auth_ls": auth_ls, "auth_get": auth_get, "auth_change": auth_change}
+            "auth_ls": auth_ls, "auth_get": auth_get, "auth_change": auth_change,
+            "auth_s3_key_add": auth_s3_key_add, "auth_s3_key_rm": auth_s3_key_rm,
+            "auth_s3_key_ls": auth_s3_key_ls, "auth_s3_key_get": auth_s3_key_get,
+            "audit_report": audit_report}

@@ -658,12 +658,14 @@ class Monitor:
 
     def _audit(self, peer, op, header, result):
         """Queue an audit event for Raft (mon/authority.py); the audit loop commits it."""
+        self.queue_audit(audit.event(peer.entity if peer else None, peer.addr if peer else None,
+                                     op, authority.target_of(header), result))
+
+    def queue_audit(self, found):
         if len(self._audit_queue) >= authority.AUDIT_QUEUED_MAX:
             self._audit_queue.popleft()
             self.audit_dropped_total += 1
-        self._audit_queue.append(audit.event(peer.entity if peer else None,
-                                             peer.addr if peer else None, op,
-                                             authority.target_of(header), result))
+        self._audit_queue.append(found)
 
     async def _audit_loop(self):
         # Runs until the monitor stops: queued audit events go into the replicated log.

@@ -41,6 +41,7 @@ Keys (epochs and indexes as 8-byte big-endian, so key order is numeric order):
     meta/authmode        b"hmac" (entities must authenticate) or b"none" (benchmarks only)
     auth/<entity>        msgpack [secret, [caps]]: an entity's key and caps (common/auth.py)
     svc/<generation>     msgpack [secret, created]: a service key tickets are sealed with
+    s3key/<access key>   msgpack [secret, entity]: an S3 access key of a cairn entity (s3/)
 
 Secrets travel between monitors (Raft entries, snapshots) sealed under a key derived from the
 `mon.` secret, which every monitor holds from its bootstrap keyring; on disk they are plain,
@@ -87,6 +88,7 @@ KEY_AUTH_MODE = b"meta/authmode"
 PREFIX_AUDIT = b"audit/"
 PREFIX_AUTH = b"auth/"
 PREFIX_SERVICE = b"svc/"
+PREFIX_S3KEY = b"s3key/"
 
 
 class MonStoreError(Exception):
@@ -184,6 +186,7 @@ class MonStore:
             (key, msgpack.unpackb(value)) for key, value in self._items(PREFIX_AUDIT))
         self.auth = {}                      # entity -> (secret, [caps])
         self.service = {}                   # generation -> (secret, created wall time)
+        self.s3keys = {}                    # S3 access key -> (secret, entity)
         self._load_auth()
 
     @classmethod
@@ -235,6 +238,8 @@ class MonStore:
                      for key, value in self._items(PREFIX_AUTH)}
         self.service = {_epoch_of(key, PREFIX_SERVICE): tuple(msgpack.unpackb(value))
                         for key, value in self._items(PREFIX_SERVICE)}
+        self.s3keys = {key[len(PREFIX_S3KEY):].decode(): tuple(msgpack.unpackb(value))
+                       for key, value in self._items(PREFIX_S3KEY)}
 
     def _seal_key(self):
         found = self.auth.get("mon.")
@@ -252,7 +257,8 @@ class MonStore:
 
     def apply_auth(self, index, change, rid=None):
         """Entry `index` changed the keys: {"set": {entity: [sealed, caps]}, "rm": [entity],
-        "svc": [generation, sealed, created]} (any of them)."""
+        "svc": [generation, sealed, created], "s3set": {access key: [sealed, entity]},
+        "s3rm": [access key]} (any of them). Removing an entity removes its S3 keys."""
         batch = WriteBatch(raw_mode=True)
         for entity, (sealed, caps) in change.get("set", {}).items():
             entry = (self.unseal(sealed), list(caps))
@@ -261,6 +267,17 @@ class MonStore:
         for entity in change.get("rm", []):
             batch.delete(PREFIX_AUTH + entity.encode())
             self.auth.pop(entity, None)
+            for access_key, (_, owner) in list(self.s3keys.items()):
+                if owner == entity:
+                    batch.delete(PREFIX_S3KEY + access_key.encode())
+                    del self.s3keys[access_key]
+        for access_key, (sealed, entity) in change.get("s3set", {}).items():
+            self.s3keys[access_key] = (self.unseal(sealed), entity)
+            batch.put(PREFIX_S3KEY + access_key.encode(),
+                      msgpack.packb(list(self.s3keys[access_key])))
+        for access_key in change.get("s3rm", []):
+            batch.delete(PREFIX_S3KEY + access_key.encode())
+            self.s3keys.pop(access_key, None)
         if "svc" in change:
             generation, sealed, created = change["svc"]
             self.service[generation] = (self.unseal(sealed), created)
@@ -387,6 +404,8 @@ class MonStore:
                              for entity, (secret, caps) in self.auth.items() if entity != "mon."}
             state["svc"] = [[generation, self.seal(secret), created]
                             for generation, (secret, created) in self.service.items()]
+            state["s3keys"] = {access_key: [self.seal(secret), entity]
+                               for access_key, (secret, entity) in self.s3keys.items()}
         return msgpack.packb(state)
 
     # -- the Raft log ---------------------------------------------------------------------------
@@ -476,7 +495,9 @@ class MonStore:
                    for entity, (sealed, caps) in state.get("auth", {}).items()}
         service = {generation: (self.unseal(sealed), created)
                    for generation, sealed, created in state.get("svc", [])}
-        for prefix in (PREFIX_AUTH, PREFIX_SERVICE):
+        s3keys = {access_key: (self.unseal(sealed), entity)
+                  for access_key, (sealed, entity) in state.get("s3keys", {}).items()}
+        for prefix in (PREFIX_AUTH, PREFIX_SERVICE, PREFIX_S3KEY):
             for key, _ in self._items(prefix):
                 if key != PREFIX_AUTH + b"mon.":
                     batch.delete(key)
@@ -486,6 +507,9 @@ class MonStore:
         self.service = service
         for generation, entry in service.items():
             batch.put(_key(PREFIX_SERVICE, generation), msgpack.packb(list(entry)))
+        self.s3keys = s3keys
+        for access_key, entry in s3keys.items():
+            batch.put(PREFIX_S3KEY + access_key.encode(), msgpack.packb(list(entry)))
 
     def incrementals(self, after_epoch, through_epoch):
         """Incremental dicts for epochs after_epoch+1..through_epoch, or None if trimmed."""

@@ -13,10 +13,8 @@
 A refusal is `permission_denied` naming the entity, the op and the cap (or address) it lacks.
 """
 
-import functools
-import ipaddress
-
 from cairn.common import auth
+from cairn.common.auth import admits, in_networks as _in
 from cairn.common.codes import Code
 from cairn.common.messenger import RequestFailed
 from cairn.common.pg import pool_by_id
@@ -72,32 +70,6 @@ def _from(peer, rules, name):
             where = f" for prefix {prefix!r}" if prefix else ""
             return f"an address in {','.join(rules[prefix])}{where}, not {peer.ip}"
     return f"an allowed address, not {peer.ip}"
-
-
-def admits(rules, ip, name):
-    """Whether address `ip` lies in every allowlist whose prefix starts `name`."""
-    return all(_in(ip, networks) for prefix, networks in rules.items()
-               if name.startswith(prefix))
-
-
-def _in(ip, networks):
-    address = _address(ip)
-    return address is not None and any(address in network
-                                       for network in _networks(tuple(networks)))
-
-
-@functools.lru_cache(maxsize=1024)
-def _address(ip):
-    try:
-        address = ipaddress.ip_address(ip)
-    except (TypeError, ValueError):
-        return None                     # no peer address (a Unix socket): in no allowlist
-    return address.ipv4_mapped or address if address.version == 6 else address
-
-
-@functools.lru_cache(maxsize=256)
-def _networks(cidrs):
-    return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in cidrs)
 
 
 class Listing:

@@ -1,0 +1,157 @@
+"""`cairn-s3`: serve the S3 API on a cairn cluster.
+
+    cairn-s3 --bind 0.0.0.0:7480 --cluster DIR [--data-pool s3.data] [--index-pool s3.index]
+
+Stateless: run as many as you like behind any HTTP load balancer; they share everything through
+the cluster. It connects as --name (default client.admin, whose keyring is in the cluster
+directory): the gateway reads S3 keys and reports audit events, so that entity needs `admin`
+caps. Requests are then checked against the caps of the entity each S3 key belongs to.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+
+from aiohttp import web
+
+from cairn.client.cluster import Cluster
+from cairn.client.errors import ClientError
+from cairn.common import daemon, metrics
+from cairn.common.messenger import RequestFailed
+from cairn.common.monclient import MonitorsUnavailable
+from cairn.s3.gateway import Gateway
+from cairn.s3.store import SHARDS_DEFAULT, SHARDS_MAX, Store
+
+log = logging.getLogger("cairn.s3")
+
+# Pools made by --create-pools when missing: the index replicated (omaps need it), the data
+# replicated too (a bucket may live on any pool, erasure-coded ones included:
+# CreateBucketConfiguration's LocationConstraint names it).
+INDEX_POOL_PGS = 32
+DATA_POOL_PGS = 128
+# How long a stopping gateway lets requests in flight finish.
+SHUTDOWN_GRACE_S = 10.0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="cairn-s3", description="Serve the S3 API (boto3, the aws CLI, s3fs) on a cairn "
+        "cluster. Buckets live in --index-pool (their index, replicated) and --data-pool "
+        "(objects' bytes, any kind); S3 keys come from 'cairn auth s3-key add client.NAME'.")
+    parser.add_argument("--bind", required=True, metavar="HOST:PORT",
+                        help="listen here (port 0: any free port, written to --ready-file)")
+    parser.add_argument("--cluster", default=os.environ.get("CAIRN_CLUSTER"),
+                        help="the cluster directory or cluster.json ($CAIRN_CLUSTER)")
+    parser.add_argument("--name", help="the entity the gateway connects as (default "
+                        "$CAIRN_NAME or client.admin); it needs admin caps")
+    parser.add_argument("--keyring", help="that entity's keyring (default: the cluster "
+                        "directory's)")
+    parser.add_argument("--index-pool", default="s3.index")
+    parser.add_argument("--data-pool", default="s3.data", help="where new buckets keep their "
+                        "objects unless CreateBucket names another pool")
+    parser.add_argument("--create-pools", action="store_true", help="make the two pools "
+                        "(replicated, 3 copies or as many as there are hosts) if missing")
+    parser.add_argument("--index-shards", type=int, default=SHARDS_DEFAULT,
+                        help=f"index objects per new bucket (1..{SHARDS_MAX}; "
+                        f"default {SHARDS_DEFAULT})")
+    parser.add_argument("--region", default="us-east-1", help="the region clients sign for")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this "
+                        "port (0: any free port)")
+    parser.add_argument("--ready-file", help="write {addr, url, pid, metrics} as JSON here "
+                        "once serving")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+async def ensure_pools(cluster, args):
+    missing = [name for name in (args.index_pool, args.data_pool)
+               if name not in cluster.map.pools]
+    if not missing:
+        return
+    if not args.create_pools:
+        raise SystemExit(f"cairn-s3: no pool {', '.join(missing)}; make them ('cairn pool "
+                         f"create {args.index_pool} --replicated 3', 'cairn pool create "
+                         f"{args.data_pool} ...') or pass --create-pools")
+    hosts = len({osd.get("location", {}).get("host") for osd in cluster.map.osds.values()}) or 1
+    for name in missing:
+        request = {"op": "pool_create", "name": name, "failure_domain": "host",
+                   "kind": "replicated", "size": min(3, hosts),
+                   "pg_num": INDEX_POOL_PGS if name == args.index_pool else DATA_POOL_PGS}
+        try:
+            await cluster.monc.request(request)
+        except RequestFailed as exc:
+            if exc.code != "exists":
+                raise
+        log.info("made pool %s (replicated, %d copies)", name, min(3, hosts))
+    for _ in range(200):
+        if all(name in cluster.map.pools for name in missing):
+            return
+        await asyncio.sleep(0.05)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    host, sep, port = args.bind.rpartition(":")
+    if not sep or not port.isdigit():
+        build_parser().error(f"--bind takes HOST:PORT (was {args.bind!r})")
+    if not 1 <= args.index_shards <= SHARDS_MAX:
+        build_parser().error(f"--index-shards must be within 1..{SHARDS_MAX}")
+    if args.name:
+        os.environ["CAIRN_NAME"] = args.name
+    daemon.setup_logging("cairn-s3", args.verbose)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+    async def serve(stop):
+        try:
+            cluster = await Cluster.connect(args.cluster, keyring=args.keyring)
+        except (ClientError, MonitorsUnavailable, OSError, ValueError) as exc:
+            log.error("cannot connect to the cluster: %s", exc)
+            return 2
+        runner = metrics_runner = None
+        try:
+            await ensure_pools(cluster, args)
+            store = Store(cluster, args.index_pool, args.data_pool, args.index_shards)
+            gateway = Gateway(cluster, store, args.region)
+            server = web.Server(gateway.handle, handler_cancellation=False)
+            runner = web.ServerRunner(server, handle_signals=False, access_log=None,
+                                      shutdown_timeout=SHUTDOWN_GRACE_S)
+            await runner.setup()
+            site = web.TCPSite(runner, host.strip("[]") or "0.0.0.0", int(port),
+                               backlog=1024, reuse_address=True)
+            await site.start()
+            bound = runner.addresses[0]
+            addr = f"{bound[0]}:{bound[1]}"
+            url = f"http://{addr}"
+            metrics_url = None
+            if args.metrics_port is not None:
+                metrics_runner, metrics_url = await metrics.serve(
+                    bound[0], args.metrics_port, gateway.metrics.collect)
+            audit_task = asyncio.get_running_loop().create_task(gateway.audit_loop())
+            log.info("serving S3 on %s (index pool %s, data pool %s)", url, args.index_pool,
+                     args.data_pool)
+            if args.ready_file:
+                daemon.write_ready_file(args.ready_file, {"addr": addr, "url": url,
+                                                          "pid": os.getpid(),
+                                                          "metrics": metrics_url})
+            await stop.wait()
+            log.info("stopping: %d requests in flight", gateway.metrics.in_flight)
+            await runner.cleanup()              # waits for requests in flight
+            runner = None
+            audit_task.cancel()
+            await store.drain()
+            await gateway.flush_audit()
+            return 0
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+            if metrics_runner is not None:
+                await metrics_runner.cleanup()
+            await cluster.close()
+
+    return daemon.run(serve, "cairn-s3")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,988 @@
+"""cairn-s3: the S3 API over HTTP (aiohttp's low-level server), on a cairn cluster.
+
+Each request: find the key's secret and entity (`Keys`, cached), check the signature
+(s3/sigv4.py), check the entity's caps on BUCKET/KEY and the data pool's IP allowlists, then
+run the operation on the store (s3/store.py). Bodies stream both ways: a PUT is hashed and
+written stripe by stripe as it arrives, a GET sent stripe by stripe as it is read, with a few
+stripes in flight, so memory stays bounded whatever the object's size and a slow client slows
+its own transfer (aiohttp stops reading the socket when its buffer is full; writes wait for the
+socket to drain). Changes and refusals go to the cluster's audit log (`cairn audit`).
+"""
+
+import asyncio
+import base64
+import collections
+import hashlib
+import logging
+import secrets
+import time
+import zlib
+from urllib.parse import unquote
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from cairn.client.errors import (ClientError, DataUnavailable, NoSpace, ObjectNotFound,
+                                 PermissionDenied, PoolNotFound, PoolUnavailable, QuotaExceeded,
+                                 Timeout)
+from cairn.common import audit, auth, sessions
+from cairn.common.codes import Code
+from cairn.common.messenger import RequestFailed
+from cairn.native.checksum import crc32c
+from cairn.s3 import sigv4, xmlio
+from cairn.s3.store import (PART_NUMBER_MAX, USER_METADATA_BYTES_MAX, S3Error, Store,
+                            no_such_key)
+
+log = logging.getLogger("cairn.s3")
+
+KEY_CACHE_S = 10.0
+AUDIT_FLUSH_S = 1.0
+AUDIT_QUEUED_MAX = 1000
+CHUNK_LINE_BYTES_MAX = 4096
+SMALL_BODY_BYTES = 1 << 20
+WRITE_OPS = frozenset({"CreateBucket", "DeleteBucket", "PutObject", "CopyObject",
+                       "DeleteObject", "DeleteObjects", "CreateMultipartUpload", "UploadPart",
+                       "CompleteMultipartUpload", "AbortMultipartUpload"})
+CHECKSUMS = ("crc32c", "crc32", "sha1", "sha256")
+
+
+class Caller:
+    """Who sent a request: entity, caps and address."""
+    __slots__ = ("entity", "caps", "ip")
+
+    def __init__(self, entity, caps, ip):
+        self.entity, self.caps, self.ip = entity, caps, ip
+
+
+class Keys:
+    """S3 access key -> (secret text, entity, Caps), asked of the monitors and kept
+    KEY_CACHE_S: a revoked key, or changed caps, take effect within that."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self._found = {}
+
+    async def lookup(self, access_key):
+        now = time.monotonic()
+        found = self._found.get(access_key)
+        if found is not None and now - found[0] < KEY_CACHE_S:
+            return found[1]
+        if not auth.S3_ACCESS_KEY_RE.match(access_key):
+            raise S3Error("InvalidAccessKeyId", "The AWS Access Key Id you provided does not "
+                          "exist in our records.", 403)
+        try:
+            reply, connection = await self.cluster.monc.request_with_session(
+                {"op": "auth_s3_key_get", "key": access_key})
+        except RequestFailed as exc:
+            if exc.code == Code.NOT_FOUND:
+                self._found.pop(access_key, None)
+                raise S3Error("InvalidAccessKeyId", "The AWS Access Key Id you provided does "
+                              "not exist in our records.", 403) from None
+            raise
+        secret = auth.s3_secret_text(sessions.unwrap_reply(connection, reply.header))
+        value = (secret, reply.header["entity"], auth.Caps.parse(reply.header["caps"]))
+        if len(self._found) > 10_000:
+            self._found.clear()
+        self._found[access_key] = (now, value)
+        return value
+
+
+class Metrics:
+    def __init__(self):
+        self.requests = collections.Counter()       # (op, status) -> count
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.cpu_s = collections.Counter()          # op -> seconds of wall time handling it
+        self.in_flight = 0
+
+    def collect(self):
+        requests = CounterMetricFamily("cairn_s3_requests", "S3 requests by operation and "
+                                       "HTTP status", labels=["op", "status"])
+        for (op, status), count in sorted(self.requests.items()):
+            requests.add_metric([op, str(status)], count)
+        seconds = CounterMetricFamily("cairn_s3_request_seconds", "wall seconds spent on "
+                                      "requests, by operation", labels=["op"])
+        for op, total in sorted(self.cpu_s.items()):
+            seconds.add_metric([op], total)
+        yield requests
+        yield seconds
+        yield CounterMetricFamily("cairn_s3_received_bytes", "object bytes received",
+                                  value=self.bytes_in)
+        yield CounterMetricFamily("cairn_s3_sent_bytes", "object bytes sent",
+                                  value=self.bytes_out)
+        yield GaugeMetricFamily("cairn_s3_requests_in_flight", "requests being served",
+                                value=self.in_flight)
+
+
+class Gateway:
+    def __init__(self, cluster, store, region="us-east-1"):
+        self.cluster, self.store, self.region = cluster, store, region
+        self.keys = Keys(cluster)
+        self.metrics = Metrics()
+        self._audit = collections.deque()
+        self.audit_dropped_total = 0
+        self._request_ids = secrets.randbits(32)
+
+    # -- the HTTP side ----------------------------------------------------------------------------
+
+    async def handle(self, request):
+        started = time.monotonic()
+        self._request_ids += 1
+        request_id = "%016X" % self._request_ids
+        op, caller = "Unknown", None
+        self.metrics.in_flight += 1
+        try:
+            try:
+                op, caller, response = await self._serve(request)
+            except S3Error as err:
+                response = self._error(request, err, request_id)
+                caller = caller or getattr(err, "caller", None)
+                op = getattr(err, "op", op)
+            except sigv4.SigError as err:
+                response = self._error(request, S3Error(err.code, err.message, 403), request_id)
+                op = "Authenticate"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:                        # noqa: BLE001 (a reply, not a crash)
+                err = self._client_error(exc)
+                if err.status >= 500 and err.code == "InternalError":
+                    log.exception("%s %s failed", request.method, request.path)
+                response = self._error(request, err, request_id)
+        finally:
+            self.metrics.in_flight -= 1
+        response.headers["x-amz-request-id"] = request_id
+        response.headers["Server"] = "cairn-s3"
+        self.metrics.requests[(op, response.status)] += 1
+        self.metrics.cpu_s[op] += time.monotonic() - started
+        return response
+
+    def _client_error(self, exc):
+        if isinstance(exc, PermissionDenied):
+            return S3Error("AccessDenied", f"Access Denied ({exc})", 403)
+        if isinstance(exc, NoSpace):
+            return S3Error("InsufficientStorage", f"no space: {exc}", 507)
+        if isinstance(exc, QuotaExceeded):
+            return S3Error("QuotaExceeded", f"the pool's quota is reached: {exc}", 403)
+        if isinstance(exc, (Timeout, DataUnavailable, PoolUnavailable, RequestFailed)):
+            return S3Error("ServiceUnavailable", f"the cluster did not answer in time, retry: "
+                           f"{exc}", 503)
+        if isinstance(exc, PoolNotFound):
+            return S3Error("NoSuchBucket", f"the bucket's pool is gone: {exc}", 404)
+        if isinstance(exc, ObjectNotFound):
+            return S3Error("ServiceUnavailable", "the object changed while it was read; retry",
+                           503)
+        if isinstance(exc, ClientError):
+            return S3Error("InternalError", str(exc), 500)
+        return S3Error("InternalError", "We encountered an internal error. Please try again.",
+                       500)
+
+    def _error(self, request, err, request_id):
+        headers = {"Content-Type": "application/xml"}
+        if request.method == "HEAD":
+            return web.Response(status=err.status, headers=headers)
+        return web.Response(status=err.status, headers=headers,
+                            body=xmlio.error(err, request.path, request_id))
+
+    # -- routing ------------------------------------------------------------------------------
+
+    async def _serve(self, request):
+        raw_path = request.raw_path.partition("?")[0]
+        query = _query(request.query_string)
+        q = dict(query)
+        path = unquote(raw_path)
+        bucket, _, key = path.lstrip("/").partition("/")
+        method = request.method
+        op = _operation(method, bucket, key, q, request.headers)
+        try:
+            caller = await self._authenticate(request, raw_path, query)
+        except (S3Error, sigv4.SigError) as err:
+            self._record(None, request.remote, op, f"{bucket}/{key}" if key else bucket,
+                         getattr(err, "code", "AccessDenied"))
+            if isinstance(err, S3Error):
+                err.op = op
+            raise
+        if request.headers.get("Expect", "").lower() == "100-continue" and \
+                request.version >= (1, 1):
+            # The client waits for this before it sends the body (boto3 does for every PUT):
+            # sent once the request is known to be signed by a key we hold.
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            response = await self._run(op, request, caller, bucket, key, q)
+        except S3Error as err:
+            err.caller, err.op = caller, op
+            if op in WRITE_OPS or err.code == "AccessDenied":
+                self._record(caller, caller.ip, op, f"{bucket}/{key}" if key else bucket,
+                             err.code)
+            raise
+        except Exception as exc:
+            if op in WRITE_OPS:
+                self._record(caller, caller.ip, op, f"{bucket}/{key}" if key else bucket,
+                             type(exc).__name__)
+            raise
+        if op in WRITE_OPS:
+            self._record(caller, caller.ip, op, f"{bucket}/{key}" if key else bucket, "ok")
+        return op, caller, response
+
+    async def _run(self, op, request, caller, bucket, key, q):
+        handler = getattr(self, "op_" + op, None)
+        if handler is None:
+            raise S3Error("NotImplemented", f"cairn-s3 does not implement {op}", 501)
+        if op != "ListBuckets":
+            found = await self.store.bucket(bucket) if op != "CreateBucket" else None
+            return await handler(request, caller, found if found else bucket, key, q)
+        return await handler(request, caller)
+
+    # -- authentication and caps ----------------------------------------------------------------
+
+    async def _authenticate(self, request, raw_path, query):
+        signed = sigv4.parse(request.headers, query)
+        if signed is None:
+            raise S3Error("AccessDenied", "Access Denied: anonymous requests are refused; sign "
+                          "with an S3 key ('cairn auth s3-key add client.NAME')", 403)
+        secret, entity, caps = await self.keys.lookup(signed.access_key)
+        key = sigv4.verify(signed, secret, request.method, raw_path, query, request.headers)
+        request["signed"], request["signing_key"] = signed, key
+        return Caller(entity, caps, request.remote)
+
+    def _allow(self, caller, perm, bucket, name):
+        """AccessDenied unless the caller's caps and the address allow `perm` on BUCKET/KEY
+        (`name`) in the bucket's data pool."""
+        pool = bucket.pool if hasattr(bucket, "pool") else self.store.data_pool
+        if not caller.caps.allows_object(perm, pool, name):
+            raise S3Error("AccessDenied", f"Access Denied: {caller.entity} lacks "
+                          f"osd={'r' if perm == 'r' else 'rw'} on {name!r} in pool {pool}", 403)
+        cmap_pool = self.cluster.map.pools.get(pool)
+        rules = cmap_pool.get("allow_from") if cmap_pool is not None else None
+        if rules and not auth.admits(rules, caller.ip, name):
+            raise S3Error("AccessDenied", f"Access Denied: {caller.ip} is not in the pool's "
+                          "allowlist", 403)
+
+    def _list_filter(self, caller, bucket, prefix):
+        """None (every key under `prefix` is readable) or a function that tells which keys
+        are; AccessDenied if none can be."""
+        full = f"{bucket.name}/{prefix}"
+        if caller.caps.admin:
+            return None
+        grants = caller.caps.list_prefixes(bucket.pool)
+        if any(full.startswith(grant) for grant in grants):
+            rules = (self.cluster.map.pools.get(bucket.pool) or {}).get("allow_from")
+            if rules and not auth.admits(rules, caller.ip, full):
+                raise S3Error("AccessDenied", f"Access Denied: {caller.ip} is not in the "
+                              "pool's allowlist", 403)
+            return None
+        narrower = [grant[len(bucket.name) + 1:] for grant in grants if grant.startswith(full)]
+        if not narrower:
+            raise S3Error("AccessDenied", f"Access Denied: {caller.entity} may not list "
+                          f"{full!r}", 403)
+        return lambda key: any(key.startswith(grant) for grant in narrower)
+
+    def _record(self, caller, addr, op, target, result):
+        if len(self._audit) >= AUDIT_QUEUED_MAX:
+            self._audit.popleft()
+            self.audit_dropped_total += 1
+        self._audit.append(audit.event(caller.entity if caller else None, addr, "s3:" + op,
+                                       target[:256], result))
+
+    async def audit_loop(self):
+        """Send the queued audit events to the monitors once a second (and at the end)."""
+        while True:
+            await asyncio.sleep(AUDIT_FLUSH_S)
+            await self.flush_audit()
+
+    async def flush_audit(self):
+        if not self._audit:
+            return
+        events = list(self._audit)
+        try:
+            await self.cluster.monc.request({"op": "audit_report", "events": events})
+        except Exception as exc:                            # noqa: BLE001 (kept, sent again)
+            log.warning("audit: %d events not sent yet: %s", len(events), exc)
+            return
+        for _ in events:
+            self._audit.popleft()
+
+    # -- buckets ------------------------------------------------------------------------------
+
+    async def op_ListBuckets(self, request, caller):
+        shown = []
+        for bucket in await self.store.buckets():
+            prefix = bucket.name + "/"
+            if caller.caps.admin or any(
+                    grant.startswith(prefix) or prefix.startswith(grant)
+                    for grant in caller.caps.list_prefixes(bucket.pool)):
+                shown.append(bucket)
+        body = "".join(f"<Bucket>{xmlio.element('Name', b.name)}"
+                       f"{xmlio.element('CreationDate', xmlio.iso(b.created))}</Bucket>"
+                       for b in shown)
+        return _xml("ListAllMyBucketsResult",
+                    f"<Owner><ID>{xmlio.text(caller.entity)}</ID>"
+                    f"<DisplayName>{xmlio.text(caller.entity)}</DisplayName></Owner>"
+                    f"<Buckets>{body}</Buckets>")
+
+    async def op_CreateBucket(self, request, caller, name, key, q):
+        self._allow(caller, "w", _Named(name, self.store.data_pool), f"{name}/")
+        body = await _small_body(request)
+        pool = None
+        if body.strip():
+            tree = xmlio.parse(body, "CreateBucketConfiguration")
+            location = xmlio.child_text(tree, "LocationConstraint")
+            if location and location != self.region:
+                pool = location
+                self._allow(caller, "w", _Named(name, pool), f"{name}/")
+        await self.store.create_bucket(name, caller.entity, pool)
+        return web.Response(headers={"Location": f"/{name}"})
+
+    async def op_HeadBucket(self, request, caller, bucket, key, q):
+        self._list_filter(caller, bucket, "")
+        return web.Response(headers={"x-amz-bucket-region": self.region})
+
+    async def op_GetBucketLocation(self, request, caller, bucket, key, q):
+        self._list_filter(caller, bucket, "")
+        return web.Response(body=xmlio.HEAD.encode() + f'<LocationConstraint xmlns="'
+                            f'{xmlio.NS}">{xmlio.text(bucket.pool)}</LocationConstraint>'
+                            .encode(), content_type="application/xml")
+
+    async def op_GetBucketVersioning(self, request, caller, bucket, key, q):
+        self._list_filter(caller, bucket, "")
+        return _xml("VersioningConfiguration", "")
+
+    async def op_DeleteBucket(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/")
+        await self.store.delete_bucket(bucket.name)
+        return web.Response(status=204)
+
+    async def op_ListObjects(self, request, caller, bucket, key, q, v2=False):
+        prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
+        url = q.get("encoding-type") == "url"
+        if "encoding-type" in q and not url:
+            raise S3Error("InvalidArgument", "encoding-type must be url")
+        try:
+            max_keys = int(q.get("max-keys", "1000"))
+        except ValueError:
+            raise S3Error("InvalidArgument", "max-keys must be a number") from None
+        if max_keys < 0:
+            raise S3Error("InvalidArgument", "max-keys must not be negative")
+        max_keys = min(max_keys, 1000)
+        visible = self._list_filter(caller, bucket, prefix)
+        if v2:
+            token = q.get("continuation-token")
+            if token is not None:
+                try:
+                    after = base64.urlsafe_b64decode(token.encode())
+                except ValueError:
+                    raise S3Error("InvalidArgument", "The continuation token provided is "
+                                  "incorrect") from None
+            else:
+                after = q.get("start-after", "").encode()
+        else:
+            after = q.get("marker", "").encode()
+        if delimiter and after.startswith(prefix.encode()) and \
+                after.endswith(delimiter.encode()) and \
+                after.find(delimiter.encode(), len(prefix.encode())) == len(after) - \
+                len(delimiter.encode()):
+            after = after + b"\xff"             # a common prefix: past everything under it
+        if max_keys == 0:
+            entries, prefixes, truncated, last = [], [], False, None
+        else:
+            entries, prefixes, truncated, last = await self.store.list(
+                bucket, prefix, delimiter, after, max_keys, visible)
+        out = [xmlio.element("Name", bucket.name),
+               f"<Prefix>{xmlio.key_text(prefix, url)}</Prefix>",
+               xmlio.element("MaxKeys", max_keys),
+               xmlio.element("IsTruncated", "true" if truncated else "false")]
+        if delimiter:
+            out.append(f"<Delimiter>{xmlio.key_text(delimiter, url)}</Delimiter>")
+        if url:
+            out.append("<EncodingType>url</EncodingType>")
+        if v2:
+            out.append(xmlio.element("KeyCount", len(entries) + len(prefixes)))
+            if "continuation-token" in q:
+                out.append(xmlio.element("ContinuationToken", q["continuation-token"]))
+            if "start-after" in q:
+                out.append(f"<StartAfter>{xmlio.key_text(q['start-after'], url)}</StartAfter>")
+            if truncated:
+                out.append(xmlio.element("NextContinuationToken",
+                                         base64.urlsafe_b64encode(last).decode()))
+        else:
+            out.append(f"<Marker>{xmlio.key_text(q.get('marker', ''), url)}</Marker>")
+            if truncated and last is not None:
+                out.append(f"<NextMarker>{xmlio.key_text(last.decode(), url)}</NextMarker>")
+        for entry in entries:
+            out.append(f"<Contents><Key>{xmlio.key_text(entry.key, url)}</Key>"
+                       f"<LastModified>{xmlio.iso(entry.mtime)}</LastModified>"
+                       f"<ETag>&quot;{entry.etag}&quot;</ETag><Size>{entry.size}</Size>"
+                       f"<StorageClass>STANDARD</StorageClass></Contents>")
+        for common in prefixes:
+            out.append(f"<CommonPrefixes><Prefix>{xmlio.key_text(common, url)}</Prefix>"
+                       f"</CommonPrefixes>")
+        return _xml("ListBucketResult", "".join(out))
+
+    async def op_ListObjectsV2(self, request, caller, bucket, key, q):
+        return await self.op_ListObjects(request, caller, bucket, key, q, v2=True)
+
+    # -- objects ------------------------------------------------------------------------------
+
+    async def op_PutObject(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        meta = _user_metadata(request.headers)
+        body = Body(request)
+        etag = await self.store.put(bucket, key, body.pieces(),
+                                    request.headers.get("Content-Type"), meta, body.check)
+        self.metrics.bytes_in += body.size
+        return web.Response(headers={"ETag": f'"{etag}"', **body.echo()})
+
+    async def op_GetObject(self, request, caller, bucket, key, q, head=False):
+        self._allow(caller, "r", bucket, f"{bucket.name}/{key}")
+        for attempt in range(3):
+            entry = await self.store.entry(bucket, key)
+            status = _preconditions(request.headers, entry)
+            headers = _object_headers(entry)
+            if status is not None:
+                if status == 304:
+                    return web.Response(status=304, headers={"ETag": headers["ETag"],
+                                        "Last-Modified": headers["Last-Modified"]})
+                raise S3Error("PreconditionFailed", "At least one of the pre-conditions you "
+                              "specified did not hold", 412)
+            start, end, status = 0, entry.size, 200
+            wanted = request.headers.get("Range")
+            if "partNumber" in q:
+                raise S3Error("NotImplemented", "GetObject by partNumber is not supported", 501)
+            if wanted is not None:
+                found = _range(wanted, entry.size)
+                if found is not None:
+                    start, end = found
+                    status = 206
+                    headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
+            headers["Content-Length"] = str(end - start)
+            if head:
+                return web.Response(status=status, headers=headers)
+            stream = self.store.read(bucket, entry, start, end)
+            try:
+                if end - start <= SMALL_BODY_BYTES:
+                    body = b"".join([bytes(piece) async for piece in stream])
+                    self.metrics.bytes_out += len(body)
+                    return web.Response(status=status, headers=headers, body=body)
+                first = await stream.__anext__()
+            except ObjectNotFound:
+                if attempt == 2:
+                    raise
+                continue                # replaced while we read: read the new one
+            response = web.StreamResponse(status=status, headers=headers)
+            await response.prepare(request)
+            await response.write(first)
+            sent = len(first)
+            async for piece in stream:
+                await response.write(piece)
+                sent += len(piece)
+            self.metrics.bytes_out += sent
+            await response.write_eof()
+            return response
+        raise no_such_key(key)
+
+    async def op_HeadObject(self, request, caller, bucket, key, q):
+        return await self.op_GetObject(request, caller, bucket, key, q, head=True)
+
+    async def op_DeleteObject(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        await self.store.delete(bucket, key)
+        return web.Response(status=204)
+
+    async def op_DeleteObjects(self, request, caller, bucket, key, q):
+        body = await _small_body(request)
+        _check_md5(request.headers, body)
+        keys, quiet = xmlio.delete_request(body)
+        gate = asyncio.Semaphore(16)
+
+        async def one(name):
+            async with gate:
+                try:
+                    self._allow(caller, "w", bucket, f"{bucket.name}/{name}")
+                    await self.store.delete(bucket, name)
+                    return name, None
+                except S3Error as err:
+                    return name, err
+                except ClientError as exc:
+                    return name, self._client_error(exc)
+
+        results = await asyncio.gather(*(one(name) for name in keys))
+        out = []
+        for name, err in results:
+            if err is None:
+                if not quiet:
+                    out.append(f"<Deleted>{xmlio.element('Key', name)}</Deleted>")
+            else:
+                out.append(f"<Error>{xmlio.element('Key', name)}{xmlio.element('Code', err.code)}"
+                           f"{xmlio.element('Message', err.message)}</Error>")
+        return _xml("DeleteResult", "".join(out))
+
+    async def op_CopyObject(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        source = unquote(request.headers["x-amz-copy-source"]).lstrip("/")
+        source_bucket_name, _, source_key = source.partition("/")
+        source_key = source_key.partition("?versionId=")[0]
+        if not source_key:
+            raise S3Error("InvalidArgument", "x-amz-copy-source must be BUCKET/KEY")
+        source_bucket = await self.store.bucket(source_bucket_name)
+        self._allow(caller, "r", source_bucket, f"{source_bucket.name}/{source_key}")
+        entry = await self.store.entry(source_bucket, source_key)
+        copy_headers = {name[len("x-amz-copy-source-"):]: value
+                        for name, value in request.headers.items()
+                        if name.lower().startswith("x-amz-copy-source-if-")}
+        if copy_headers and _preconditions(
+                {name.replace("if-", "If-", 1): value for name, value in copy_headers.items()},
+                entry) is not None:
+            raise S3Error("PreconditionFailed", "At least one of the pre-conditions you "
+                          "specified did not hold", 412)
+        directive = request.headers.get("x-amz-metadata-directive", "COPY").upper()
+        if directive not in ("COPY", "REPLACE"):
+            raise S3Error("InvalidArgument", "x-amz-metadata-directive is COPY or REPLACE")
+        if directive == "COPY":
+            if source_bucket.name == bucket.name and source_key == key:
+                raise S3Error("InvalidRequest", "This copy request is illegal because it is "
+                              "trying to copy an object to itself without changing the "
+                              "object's metadata.")
+            meta, content_type = entry.meta, entry.content_type
+        else:
+            meta, content_type = _user_metadata(request.headers), \
+                request.headers.get("Content-Type")
+        etag = await self.store.put(bucket, key, self.store.read(source_bucket, entry),
+                                    content_type, meta)
+        return _xml("CopyObjectResult", f"{xmlio.element('LastModified', xmlio.iso(time.time()))}"
+                    f"<ETag>&quot;{etag}&quot;</ETag>")
+
+    # -- multipart ----------------------------------------------------------------------------
+
+    async def op_CreateMultipartUpload(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        upload_id = await self.store.create_upload(bucket, key, caller.entity,
+                                                   request.headers.get("Content-Type"),
+                                                   _user_metadata(request.headers))
+        return _xml("InitiateMultipartUploadResult", xmlio.element("Bucket", bucket.name) +
+                    xmlio.element("Key", key) + xmlio.element("UploadId", upload_id))
+
+    async def op_UploadPart(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        if "x-amz-copy-source" in request.headers:
+            raise S3Error("NotImplemented", "UploadPartCopy is not supported", 501)
+        number = _part_number(q.get("partNumber"))
+        body = Body(request)
+        etag = await self.store.put_part(bucket, key, q["uploadId"], number, body.pieces(),
+                                         body.check)
+        self.metrics.bytes_in += body.size
+        return web.Response(headers={"ETag": f'"{etag}"', **body.echo()})
+
+    async def op_CompleteMultipartUpload(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        parts = xmlio.complete_request(await _small_body(request))
+        etag = await self.store.complete(bucket, key, q["uploadId"], parts)
+        return _xml("CompleteMultipartUploadResult",
+                    xmlio.element("Location", f"/{bucket.name}/{key}") +
+                    xmlio.element("Bucket", bucket.name) + xmlio.element("Key", key) +
+                    f"<ETag>&quot;{etag}&quot;</ETag>")
+
+    async def op_AbortMultipartUpload(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        await self.store.abort(bucket, key, q["uploadId"])
+        return web.Response(status=204)
+
+    async def op_ListParts(self, request, caller, bucket, key, q):
+        self._allow(caller, "r", bucket, f"{bucket.name}/{key}")
+        upload_id = q["uploadId"]
+        record = await self.store.upload(bucket, key, upload_id)
+        try:
+            after = int(q.get("part-number-marker", "0"))
+            limit = max(1, min(1000, int(q.get("max-parts", "1000"))))
+        except ValueError:
+            raise S3Error("InvalidArgument", "part-number-marker and max-parts are "
+                          "numbers") from None
+        parts, more = await self.store.parts(bucket, upload_id, after, limit)
+        out = [xmlio.element("Bucket", bucket.name), xmlio.element("Key", key),
+               xmlio.element("UploadId", upload_id),
+               xmlio.element("PartNumberMarker", after), xmlio.element("MaxParts", limit),
+               xmlio.element("IsTruncated", "true" if more else "false"),
+               f"<Initiator><ID>{xmlio.text(record.get('o'))}</ID></Initiator>",
+               "<StorageClass>STANDARD</StorageClass>"]
+        if more and parts:
+            out.append(xmlio.element("NextPartNumberMarker", parts[-1][0]))
+        for number, part in parts:
+            out.append(f"<Part>{xmlio.element('PartNumber', number)}"
+                       f"{xmlio.element('LastModified', xmlio.iso(part['m']))}"
+                       f"<ETag>&quot;{part['e']}&quot;</ETag>{xmlio.element('Size', part['s'])}"
+                       f"</Part>")
+        return _xml("ListPartsResult", "".join(out))
+
+    async def op_ListMultipartUploads(self, request, caller, bucket, key, q):
+        prefix = q.get("prefix", "")
+        visible = self._list_filter(caller, bucket, prefix)
+        try:
+            limit = max(1, min(1000, int(q.get("max-uploads", "1000"))))
+        except ValueError:
+            raise S3Error("InvalidArgument", "max-uploads is a number") from None
+        after = b""
+        if q.get("key-marker"):
+            after = q["key-marker"].encode() + b"\0" + q.get("upload-id-marker", "").encode()
+            if not q.get("upload-id-marker"):
+                after = q["key-marker"].encode() + b"\0\xff"
+        uploads, more = await self.store.uploads(bucket, prefix, after, limit)
+        out = [xmlio.element("Bucket", bucket.name),
+               xmlio.element("KeyMarker", q.get("key-marker", "")),
+               xmlio.element("UploadIdMarker", q.get("upload-id-marker", "")),
+               xmlio.element("Prefix", prefix), xmlio.element("MaxUploads", limit),
+               xmlio.element("IsTruncated", "true" if more else "false")]
+        if more and uploads:
+            out.append(xmlio.element("NextKeyMarker", uploads[-1][0]) +
+                       xmlio.element("NextUploadIdMarker", uploads[-1][1]))
+        for name, upload_id, record in uploads:
+            if visible is not None and not visible(name):
+                continue
+            out.append(f"<Upload>{xmlio.element('Key', name)}"
+                       f"{xmlio.element('UploadId', upload_id)}"
+                       f"<Initiator><ID>{xmlio.text(record.get('o'))}</ID></Initiator>"
+                       f"<StorageClass>STANDARD</StorageClass>"
+                       f"{xmlio.element('Initiated', xmlio.iso(record['i']))}</Upload>")
+        return _xml("ListMultipartUploadsResult", "".join(out))
+
+
+class _Named:
+    """A bucket not made yet: its name and the pool it would live in (for caps)."""
+
+    def __init__(self, name, pool):
+        self.name, self.pool = name, pool
+
+
+# -- request bodies ----------------------------------------------------------------------------
+
+class Body:
+    """A PUT's body as it arrives: de-chunked (aws-chunked, chunk signatures checked), hashed
+    for the checks the request asks (x-amz-content-sha256, Content-MD5, x-amz-checksum-*),
+    which fail the request before its object becomes visible."""
+
+    def __init__(self, request):
+        self.request = request
+        headers = request.headers
+        self.signed = request.get("signed")
+        self.payload = self.signed.payload_hash if self.signed else sigv4.UNSIGNED
+        self.size = 0
+        self.checksums = {}         # algorithm -> expected base64 (header or trailer)
+        for algorithm in CHECKSUMS:
+            value = headers.get(f"x-amz-checksum-{algorithm}")
+            if value is not None:
+                self.checksums[algorithm] = value
+        self.trailers = [name.strip().lower() for name in
+                         headers.get("x-amz-trailer", "").split(",") if name.strip()]
+        for name in self.trailers:
+            if not (name.startswith("x-amz-checksum-") and name[15:] in CHECKSUMS):
+                raise S3Error("InvalidRequest", f"unsupported trailer {name!r}")
+        self.content_md5 = headers.get("Content-MD5")
+        self.decoded_length = headers.get("x-amz-decoded-content-length")
+        self.hashers = {}
+
+    def _hashers(self):
+        hashers = {}
+        if self.payload not in sigv4.STREAMING and self.payload != sigv4.UNSIGNED:
+            if len(self.payload) != 64:
+                raise S3Error("InvalidArgument", "x-amz-content-sha256 must be a SHA-256 hex "
+                              "digest, UNSIGNED-PAYLOAD or a STREAMING- form")
+            hashers["payload"] = hashlib.sha256()
+        for algorithm in list(self.checksums) + [t[15:] for t in self.trailers]:
+            if algorithm in ("sha1", "sha256"):
+                hashers[algorithm] = hashlib.new(algorithm)
+            else:
+                hashers[algorithm] = [0]
+        return hashers
+
+    def _update(self, piece):
+        for name, hasher in self.hashers.items():
+            if name == "crc32c":
+                hasher[0] = crc32c(piece, hasher[0])
+            elif name == "crc32":
+                hasher[0] = zlib.crc32(piece, hasher[0])
+            else:
+                hasher.update(piece)
+
+    async def pieces(self):
+        self.hashers = self._hashers()
+        if self.payload in sigv4.STREAMING:
+            source = self._dechunk()
+        else:
+            source = self.request.content.iter_any()
+        async for piece in source:
+            self.size += len(piece)
+            self._update(piece)
+            yield piece
+        if self.decoded_length is not None and str(self.size) != self.decoded_length.strip():
+            raise S3Error("IncompleteBody", "You did not provide the number of bytes specified "
+                          "by the x-amz-decoded-content-length header.")
+        if "payload" in self.hashers and \
+                self.hashers["payload"].hexdigest() != self.payload.lower():
+            raise S3Error("XAmzContentSHA256Mismatch", "The provided 'x-amz-content-sha256' "
+                          "header does not match what was computed.")
+        for algorithm, expected in self.checksums.items():
+            if _digest_b64(algorithm, self.hashers[algorithm]) != expected:
+                raise S3Error("BadDigest", f"The {algorithm.upper()} you specified did not "
+                              "match the calculated checksum.")
+
+    async def _dechunk(self):
+        content = self.request.content
+        verifier = None
+        if self.payload != sigv4.STREAMING_UNSIGNED_TRAILER:
+            verifier = sigv4.ChunkVerifier(self.request["signing_key"], self.signed)
+        while True:
+            line = await content.readline()
+            if not line.endswith(b"\r\n") or len(line) > CHUNK_LINE_BYTES_MAX:
+                raise S3Error("IncompleteBody", "an aws-chunked body ended or broke inside a "
+                              "chunk header")
+            size_text, _, extension = line[:-2].decode("latin-1").partition(";")
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise S3Error("InvalidRequest", "an aws-chunked chunk size is not hex") \
+                    from None
+            signature = extension.partition("chunk-signature=")[2] if verifier else None
+            if verifier is not None and not signature:
+                raise S3Error("SignatureDoesNotMatch", "an aws-chunked chunk has no signature",
+                              403)
+            try:
+                data = await content.readexactly(size) if size else b""
+            except asyncio.IncompleteReadError:
+                raise S3Error("IncompleteBody", "the body ended inside a chunk") from None
+            if verifier is not None:
+                try:
+                    verifier.check(signature, hashlib.sha256(data).hexdigest())
+                except sigv4.SigError as err:
+                    raise S3Error(err.code, err.message, 403) from None
+            if size == 0:
+                break
+            if await content.readexactly(2) != b"\r\n":
+                raise S3Error("IncompleteBody", "a chunk's data is not followed by CRLF")
+            yield data
+        await self._trailer(verifier)
+
+    async def _trailer(self, verifier):
+        content = self.request.content
+        lines = []
+        while True:
+            line = await content.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            if len(line) > CHUNK_LINE_BYTES_MAX or len(lines) > 16:
+                raise S3Error("InvalidRequest", "the aws-chunked trailer is too long")
+            lines.append(line.decode("latin-1").strip())
+        found, signature = {}, None
+        for line in lines:
+            name, _, value = line.partition(":")
+            name = name.strip().lower()
+            if name == "x-amz-trailer-signature":
+                signature = value.strip()
+            else:
+                found[name] = value.strip()
+        if verifier is not None and self.payload == sigv4.STREAMING_SIGNED_TRAILER:
+            text = "".join(f"{name}:{value}\n" for name, value in found.items())
+            try:
+                verifier.check_trailer(signature or "", text)
+            except sigv4.SigError as err:
+                raise S3Error(err.code, err.message, 403) from None
+        for name in self.trailers:
+            if name not in found:
+                raise S3Error("InvalidRequest", f"the trailer {name} was announced but not sent")
+            self.checksums[name[15:]] = found[name]
+
+    def check(self, size, md5_hex):
+        if self.content_md5 is not None:
+            try:
+                wanted = base64.b64decode(self.content_md5, validate=True)
+            except ValueError:
+                wanted = b""
+            if len(wanted) != 16:
+                raise S3Error("InvalidDigest", "The Content-MD5 you specified was invalid.")
+            if wanted.hex() != md5_hex:
+                raise S3Error("BadDigest", "The Content-MD5 you specified did not match what "
+                              "we received.")
+
+    def echo(self):
+        """The checksum headers a PUT's reply carries back."""
+        return {f"x-amz-checksum-{algorithm}": value
+                for algorithm, value in self.checksums.items()}
+
+
+def _digest_b64(algorithm, hasher):
+    if algorithm in ("crc32c", "crc32"):
+        return base64.b64encode(hasher[0].to_bytes(4, "big")).decode()
+    return base64.b64encode(hasher.digest()).decode()
+
+
+async def _small_body(request):
+    """A request body that is XML (bucket configuration, DeleteObjects, Complete...)."""
+    if request.content_length is not None and \
+            request.content_length > xmlio.REQUEST_XML_BYTES_MAX:
+        raise S3Error("MalformedXML", "the XML request body is too large")
+    body = bytearray()
+    async for piece in request.content.iter_any():
+        body += piece
+        if len(body) > xmlio.REQUEST_XML_BYTES_MAX:
+            raise S3Error("MalformedXML", "the XML request body is too large")
+    signed = request.get("signed")
+    if signed is not None and len(signed.payload_hash) == 64 and \
+            hashlib.sha256(body).hexdigest() != signed.payload_hash.lower():
+        raise S3Error("XAmzContentSHA256Mismatch", "The provided 'x-amz-content-sha256' "
+                      "header does not match what was computed.")
+    return bytes(body)
+
+
+def _check_md5(headers, body):
+    wanted = headers.get("Content-MD5")
+    if wanted is not None and base64.b64encode(hashlib.md5(body).digest()).decode() != wanted:
+        raise S3Error("BadDigest", "The Content-MD5 you specified did not match what we "
+                      "received.")
+
+
+# -- small helpers -----------------------------------------------------------------------------
+
+def _query(query_string):
+    """Decoded (name, value) pairs of a raw query string, in order."""
+    pairs = []
+    for part in query_string.split("&") if query_string else ():
+        name, _, value = part.partition("=")
+        pairs.append((unquote(name), unquote(value)))
+    return pairs
+
+
+def _operation(method, bucket, key, q, headers):
+    if not bucket:
+        return "ListBuckets" if method == "GET" else "Unknown"
+    if not key:
+        if method == "GET":
+            for sub, op in (("uploads", "ListMultipartUploads"),
+                            ("location", "GetBucketLocation"),
+                            ("versioning", "GetBucketVersioning")):
+                if sub in q:
+                    return op
+            if _unsupported(q):
+                return "Unsupported"
+            return "ListObjectsV2" if q.get("list-type") == "2" else "ListObjects"
+        if _unsupported(q):
+            return "Unsupported"
+        return {"PUT": "CreateBucket", "HEAD": "HeadBucket", "DELETE": "DeleteBucket",
+                "POST": "DeleteObjects" if "delete" in q else "Unknown"}.get(method, "Unknown")
+    if _unsupported(q):
+        return "Unsupported"
+    if method == "PUT":
+        if "uploadId" in q:
+            return "UploadPart"
+        return "CopyObject" if "x-amz-copy-source" in headers else "PutObject"
+    if method == "GET":
+        return "ListParts" if "uploadId" in q else "GetObject"
+    if method == "HEAD":
+        return "HeadObject"
+    if method == "DELETE":
+        return "AbortMultipartUpload" if "uploadId" in q else "DeleteObject"
+    if method == "POST":
+        if "uploads" in q:
+            return "CreateMultipartUpload"
+        if "uploadId" in q:
+            return "CompleteMultipartUpload"
+    return "Unknown"
+
+
+SUBRESOURCES_UNSUPPORTED = ("acl", "tagging", "policy", "cors", "lifecycle", "website",
+                            "replication", "notification", "logging", "encryption",
+                            "object-lock", "retention", "legal-hold", "torrent", "restore",
+                            "select", "versions", "accelerate", "requestPayment", "analytics",
+                            "inventory", "metrics", "intelligent-tiering", "ownershipControls",
+                            "publicAccessBlock", "attributes")
+
+
+def _unsupported(q):
+    return any(sub in q for sub in SUBRESOURCES_UNSUPPORTED)
+
+
+def _xml(root, body):
+    return web.Response(body=xmlio.document(root, body), content_type="application/xml")
+
+
+def _user_metadata(headers):
+    meta = {name[len("x-amz-meta-"):].lower(): value for name, value in headers.items()
+            if name.lower().startswith("x-amz-meta-")}
+    if sum(len(k) + len(v) for k, v in meta.items()) > USER_METADATA_BYTES_MAX:
+        raise S3Error("MetadataTooLarge", "Your metadata headers exceed the maximum allowed "
+                      "metadata size.")
+    return meta
+
+
+def _object_headers(entry):
+    headers = {"ETag": f'"{entry.etag}"', "Last-Modified": xmlio.http_date(entry.mtime),
+               "Accept-Ranges": "bytes",
+               "Content-Type": entry.content_type or "binary/octet-stream"}
+    for name, value in entry.meta.items():
+        headers[f"x-amz-meta-{name}"] = value
+    return headers
+
+
+def _parse_http_date(text):
+    import email.utils
+    try:
+        found = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return found.timestamp() if found is not None else None
+
+
+def _etag_matches(header, etag):
+    wanted = [part.strip().strip('"') for part in header.split(",")]
+    return "*" in wanted or etag in wanted
+
+
+def _preconditions(headers, entry):
+    """None if the request's conditions hold, else 412 or 304 (S3's order of evaluation)."""
+    mtime = int(entry.mtime)
+    if_match, if_none = headers.get("If-Match"), headers.get("If-None-Match")
+    if if_match is not None and not _etag_matches(if_match, entry.etag):
+        return 412
+    if if_match is None and headers.get("If-Unmodified-Since") is not None:
+        since = _parse_http_date(headers["If-Unmodified-Since"])
+        if since is not None and mtime > since:
+            return 412
+    if if_none is not None and _etag_matches(if_none, entry.etag):
+        return 304
+    if if_none is None and headers.get("If-Modified-Since") is not None:
+        since = _parse_http_date(headers["If-Modified-Since"])
+        if since is not None and mtime <= since:
+            return 304
+    return None
+
+
+def _range(text, size):
+    """(start, end) of a `bytes=` Range header, None to send it all (an unparsable range, as
+    S3), S3Error InvalidRange when it lies past the end."""
+    unit, _, spec = text.strip().partition("=")
+    if unit.strip() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash:
+        return None
+    try:
+        if first == "":
+            count = int(last)
+            if count <= 0:
+                raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
+                              RangeRequested=text, ActualObjectSize=size)
+            return max(0, size - count), size
+        start = int(first)
+        end = int(last) + 1 if last else size
+    except ValueError:
+        return None
+    if start >= size or end <= start:
+        raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
+                      RangeRequested=text, ActualObjectSize=size)
+    return start, min(end, size)
+
+
+def _part_number(text):
+    try:
+        number = int(text)
+    except (TypeError, ValueError):
+        number = 0
+    if not 1 <= number <= PART_NUMBER_MAX:
+        raise S3Error("InvalidArgument", f"Part number must be an integer between 1 and "
+                      f"{PART_NUMBER_MAX}, inclusive")
+    return number

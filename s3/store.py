@@ -1,0 +1,671 @@
+"""Buckets and objects on cairn pools: what the S3 gateway stores, and how (DESIGN.md, "S3").
+
+    registry    index pool, object `s3.buckets`: omap BUCKET -> {id, pool, shards, created,
+                owner}; a bucket's id is its name and a random token, so a bucket made again
+                under an old name never meets the old one's leftovers.
+    index       index pool, objects `s3.index.<id>.<n>` (n < shards): omap KEY -> the entry
+                {s: size, e: ETag, m: mtime, ct, md: user metadata, d: data name, mf: manifest}.
+                A key's shard is crc32c(key) % shards, so no one object holds a big bucket's
+                index and a listing merges the shards' ordered pages.
+    data        the bucket's data pool (any kind), objects `<d>.<i>`: the body in stripes of
+                STRIPE_BYTES, written STRIPES_IN_FLIGHT at a time before the entry names them.
+                A multipart object's entry names a manifest object (`mf`) listing its parts'
+                data names and sizes.
+    uploads     index pool, `s3.uploads.<id>`: omap KEY\\0UPLOAD -> {initiated, ct, md, owner};
+                `s3.parts.<id>.<upload>`: omap NNNNN -> {s, e, d, m} per part.
+
+An entry is set only once its data is whole (compare-and-swap on the key, so of two writers one
+object wins whole and the other's data is deleted), so a reader sees the old object or the new
+one, never a mix; the replaced object's data is deleted after. Data written by a writer that
+died before its entry was set is never visible (it is garbage: DESIGN.md says how it goes).
+"""
+
+import asyncio
+import hashlib
+import secrets
+import time
+
+import msgpack
+
+from cairn.client.errors import ObjectNotFound, PreconditionFailed
+from cairn.native.checksum import crc32c
+
+REGISTRY = "s3.buckets"
+STRIPE_BYTES = 4 << 20
+STRIPES_IN_FLIGHT = 4
+SHARDS_DEFAULT = 16
+SHARDS_MAX = 1024
+# S3's limits.
+KEY_BYTES_MAX = 1024
+PART_NUMBER_MAX = 10_000
+PART_BYTES_MIN = 5 << 20
+OBJECT_BYTES_MAX = 5 << 40
+USER_METADATA_BYTES_MAX = 2048
+# A listing asks each shard for about its share of a page, and at least this many.
+LIST_SHARD_PAGE_MIN = 32
+# Past every key with a given prefix: UTF-8 never holds 0xff.
+AFTER_ALL = b"\xff"
+
+
+class S3Error(Exception):
+    """An S3 error: `code` (NoSuchKey, ...) and HTTP `status`."""
+
+    def __init__(self, code, message, status=400, **fields):
+        super().__init__(message)
+        self.code, self.message, self.status, self.fields = code, message, status, fields
+
+
+def no_such_bucket(bucket):
+    return S3Error("NoSuchBucket", "The specified bucket does not exist", 404, BucketName=bucket)
+
+
+def no_such_key(key):
+    return S3Error("NoSuchKey", "The specified key does not exist.", 404, Key=key)
+
+
+def no_such_upload(upload_id):
+    return S3Error("NoSuchUpload", "The specified multipart upload does not exist.", 404,
+                   UploadId=upload_id)
+
+
+def check_bucket_name(name):
+    """S3's rules for a new bucket's name: 3-63 lower-case letters, digits, dots and hyphens,
+    starting and ending with a letter or digit, not an IP address."""
+    ok = 3 <= len(name) <= 63 and all(c.islower() or c.isdigit() or c in ".-" for c in name) \
+        and name.isascii() and name[0].isalnum() and name[-1].isalnum() and ".." not in name \
+        and not all(part.isdigit() for part in name.split("."))
+    if not ok:
+        raise S3Error("InvalidBucketName", "The specified bucket is not valid: 3 to 63 "
+                      "lower-case letters, digits, dots and hyphens", 400, BucketName=name)
+
+
+def check_key(key):
+    raw = key.encode("utf-8", "surrogatepass")
+    if not key or len(raw) > KEY_BYTES_MAX:
+        raise S3Error("KeyTooLongError" if key else "InvalidArgument",
+                      f"an object key is 1 to {KEY_BYTES_MAX} bytes of UTF-8", 400)
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise S3Error("InvalidArgument", "an object key must be valid UTF-8", 400) from None
+    return raw
+
+
+class Bucket:
+    __slots__ = ("name", "id", "pool", "shards", "created", "owner", "fetched")
+
+    def __init__(self, name, record, fetched):
+        self.name, self.id, self.pool = name, record["id"], record["pool"]
+        self.shards, self.created, self.owner = record["shards"], record["created"], \
+            record.get("owner")
+        self.fetched = fetched
+
+    def shard(self, raw_key):
+        return f"s3.index.{self.id}.{crc32c(raw_key) % self.shards}"
+
+    def shard_names(self):
+        return [f"s3.index.{self.id}.{n}" for n in range(self.shards)]
+
+    @property
+    def uploads(self):
+        return f"s3.uploads.{self.id}"
+
+    def parts(self, upload_id):
+        return f"s3.parts.{self.id}.{upload_id}"
+
+
+class Entry:
+    """An object as its index entry describes it."""
+    __slots__ = ("key", "size", "etag", "mtime", "content_type", "meta", "data", "manifest",
+                 "raw")
+
+    def __init__(self, key, raw):
+        value = msgpack.unpackb(raw)
+        self.key, self.raw = key, raw
+        self.size, self.etag, self.mtime = value["s"], value["e"], value["m"]
+        self.content_type, self.meta = value.get("ct"), value.get("md") or {}
+        self.data, self.manifest = value.get("d"), value.get("mf")
+
+    @staticmethod
+    def encode(size, etag, content_type, meta, data=None, manifest=None):
+        value = {"s": size, "e": etag, "m": time.time()}
+        if content_type:
+            value["ct"] = content_type
+        if meta:
+            value["md"] = meta
+        if data is not None:
+            value["d"] = data
+        if manifest is not None:
+            value["mf"] = manifest
+        return msgpack.packb(value)
+
+
+def stripe_names(data, size):
+    return [f"{data}.{index:x}" for index in range((size + STRIPE_BYTES - 1) // STRIPE_BYTES)]
+
+
+class Store:
+    """The gateway's view of the cluster: buckets in `index_pool`'s registry, data in each
+    bucket's pool (`data_pool` unless the bucket was made on another)."""
+
+    def __init__(self, cluster, index_pool, data_pool, shards=SHARDS_DEFAULT,
+                 bucket_cache_s=2.0):
+        self.cluster, self.index_pool, self.data_pool = cluster, index_pool, data_pool
+        self.shards, self.bucket_cache_s = shards, bucket_cache_s
+        self._buckets = {}
+        self._background = set()
+
+    def index(self):
+        return self.cluster.pool(self.index_pool)
+
+    def data(self, bucket):
+        return self.cluster.pool(bucket.pool)
+
+    def later(self, coroutine):
+        """Run `coroutine` (a tidy-up: deleting replaced data) without waiting for it."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self):
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    # -- buckets --------------------------------------------------------------------------------
+
+    async def bucket(self, name):
+        """The bucket named `name` (cached for bucket_cache_s); S3Error NoSuchBucket."""
+        now = time.monotonic()
+        found = self._buckets.get(name)
+        if found is not None and now - found.fetched < self.bucket_cache_s:
+            return found
+        try:
+            raw = (await self.index().omap_get(REGISTRY, [name.encode()])).get(name.encode())
+        except ObjectNotFound:
+            raw = None
+        if raw is None:
+            self._buckets.pop(name, None)
+            raise no_such_bucket(name)
+        found = Bucket(name, msgpack.unpackb(raw), now)
+        self._buckets[name] = found
+        return found
+
+    async def buckets(self):
+        """[Bucket] of every bucket, by name."""
+        found = []
+        try:
+            async for key, raw in self.index().omap_items(REGISTRY):
+                found.append(Bucket(key.decode(), msgpack.unpackb(raw), time.monotonic()))
+        except ObjectNotFound:
+            pass
+        return found
+
+    async def create_bucket(self, name, owner, pool=None):
+        check_bucket_name(name)
+        pool = pool or self.data_pool
+        if pool not in self.cluster.map.pools:
+            raise S3Error("InvalidLocationConstraint", f"no pool named {pool!r} to hold the "
+                          "bucket's data", 400)
+        record = {"id": f"{name}.{secrets.token_hex(4)}", "pool": pool, "shards": self.shards,
+                  "created": time.time(), "owner": owner}
+        bucket = Bucket(name, record, time.monotonic())
+        index = self.index()
+        await asyncio.gather(*(index.omap_update(shard, create=True)
+                               for shard in bucket.shard_names()))
+        try:
+            await index.omap_update(REGISTRY, set={name.encode(): msgpack.packb(record)},
+                                    absent=[name.encode()], create=True)
+        except PreconditionFailed:
+            await asyncio.gather(*(index.delete(shard, plain=True)
+                                   for shard in bucket.shard_names()), return_exceptions=True)
+            existing = await self.bucket(name)
+            if existing.owner == owner:
+                raise S3Error("BucketAlreadyOwnedByYou", "Your previous request to create the "
+                              "named bucket succeeded and you already own it.", 409,
+                              BucketName=name) from None
+            raise S3Error("BucketAlreadyExists", "The requested bucket name is not available.",
+                          409, BucketName=name) from None
+        self._buckets[name] = bucket
+        return bucket
+
+    async def delete_bucket(self, name):
+        bucket = await self.bucket(name)
+        index = self.index()
+        for shard in bucket.shard_names():
+            try:
+                entries, _ = await index.omap_list(shard, limit=1)
+            except ObjectNotFound:
+                continue
+            if entries:
+                raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty",
+                              409, BucketName=name)
+        try:
+            uploads, _ = await index.omap_list(bucket.uploads, limit=1)
+        except ObjectNotFound:
+            uploads = []
+        if uploads:
+            raise S3Error("BucketNotEmpty", "The bucket has multipart uploads in progress "
+                          "(abort them first)", 409, BucketName=name)
+        raw = (await index.omap_get(REGISTRY, [name.encode()])).get(name.encode())
+        if raw is None:
+            raise no_such_bucket(name)
+        try:
+            await index.omap_update(REGISTRY, remove=[name.encode()],
+                                    equals={name.encode(): raw})
+        except PreconditionFailed:
+            raise no_such_bucket(name) from None
+        self._buckets.pop(name, None)
+        await asyncio.gather(*(index.delete(shard, plain=True) for shard in
+                               bucket.shard_names() + [bucket.uploads]), return_exceptions=True)
+
+    # -- entries --------------------------------------------------------------------------------
+
+    async def entry(self, bucket, key):
+        raw_key = check_key(key)
+        try:
+            raw = (await self.index().omap_get(bucket.shard(raw_key), [raw_key])).get(raw_key)
+        except ObjectNotFound:
+            raw = None
+        if raw is None:
+            raise no_such_key(key)
+        return Entry(key, raw)
+
+    async def _commit(self, bucket, raw_key, value):
+        """Set the key's entry to `value`; the entry it replaced (raw) or None."""
+        index, shard = self.index(), bucket.shard(raw_key)
+        while True:
+            try:
+                await index.omap_update(shard, set={raw_key: value}, absent=[raw_key],
+                                        create=True)
+                return None
+            except PreconditionFailed:
+                pass
+            old = (await index.omap_get(shard, [raw_key])).get(raw_key)
+            if old is None:
+                continue
+            try:
+                await index.omap_update(shard, set={raw_key: value}, equals={raw_key: old})
+                return old
+            except PreconditionFailed:
+                continue
+
+    async def _delete_data(self, bucket, entry):
+        """Delete an entry's data (its stripes, or its parts' and its manifest)."""
+        pool = self.data(bucket)
+        names = []
+        if entry.manifest is not None:
+            try:
+                parts = msgpack.unpackb(await pool.get(entry.manifest))
+            except ObjectNotFound:
+                parts = []
+            for data, size in parts:
+                names += stripe_names(data, size)
+            names.append(entry.manifest)
+        else:
+            names = stripe_names(entry.data, entry.size)
+        await _delete_all(pool, names)
+
+    # -- objects --------------------------------------------------------------------------------
+
+    async def write_data(self, bucket, data, body, size_max=OBJECT_BYTES_MAX):
+        """Write `body` (an async iterator of bytes-like pieces) as stripes `<data>.<i>`, at
+        most STRIPES_IN_FLIGHT at a time; (size, md5 hex). On any error what was written is
+        deleted and the error raised."""
+        pool = self.data(bucket)
+        md5 = hashlib.md5()
+        in_flight, written, size = set(), [], 0
+        buffer = bytearray()
+        failure = None
+
+        async def flush(chunk, index):
+            name = f"{data}.{index:x}"
+            written.append(name)
+            await pool.put(name, chunk)
+
+        async def send(chunk):
+            nonlocal failure
+            while len(in_flight) >= STRIPES_IN_FLIGHT:
+                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    in_flight.discard(task)
+                    if task.exception() is not None:
+                        failure = failure or task.exception()
+            if failure is not None:
+                raise failure
+            in_flight.add(asyncio.ensure_future(flush(chunk, len(written))))
+
+        try:
+            async for piece in body:
+                size += len(piece)
+                if size > size_max:
+                    raise S3Error("EntityTooLarge", "Your proposed upload exceeds the maximum "
+                                  "allowed object size.", 400)
+                md5.update(piece)
+                if not buffer and len(piece) == STRIPE_BYTES:
+                    await send(bytes(piece))
+                    continue
+                buffer += piece
+                while len(buffer) >= STRIPE_BYTES:
+                    chunk = bytes(buffer[:STRIPE_BYTES])
+                    del buffer[:STRIPE_BYTES]
+                    await send(chunk)
+            if buffer:
+                await send(bytes(buffer))
+            if in_flight:
+                await asyncio.gather(*in_flight)
+        except BaseException:
+            for task in in_flight:
+                task.cancel()
+            self.later(_delete_all(pool, list(written)))
+            raise
+        return size, md5.hexdigest()
+
+    async def put(self, bucket, key, body, content_type=None, meta=None, check=None):
+        """Store the object: data first, then its entry. `check(size, md5_hex)` may raise
+        (a digest that does not match) before anything becomes visible. The ETag."""
+        raw_key = check_key(key)
+        data = f"s3.{bucket.id}.{secrets.token_hex(8)}"
+        size, md5 = await self.write_data(bucket, data, body)
+        try:
+            if check is not None:
+                check(size, md5)
+            value = Entry.encode(size, md5, content_type, meta, data=data)
+            old = await self._commit(bucket, raw_key, value)
+        except BaseException:
+            self.later(_delete_all(self.data(bucket), stripe_names(data, size)))
+            raise
+        if old is not None:
+            self.later(self._delete_data(bucket, Entry(key, old)))
+        return md5
+
+    async def delete(self, bucket, key):
+        """Delete the object (no error if there is none, as S3)."""
+        raw_key = check_key(key)
+        index, shard = self.index(), bucket.shard(raw_key)
+        while True:
+            try:
+                old = (await index.omap_get(shard, [raw_key])).get(raw_key)
+            except ObjectNotFound:
+                return
+            if old is None:
+                return
+            try:
+                await index.omap_update(shard, remove=[raw_key], equals={raw_key: old})
+            except PreconditionFailed:
+                continue
+            await self._delete_data(bucket, Entry(key, old))
+            return
+
+    async def segments(self, bucket, entry):
+        """[(data name, size)] of the object's body in order."""
+        if entry.manifest is None:
+            return [(entry.data, entry.size)]
+        return [tuple(part) for part in
+                msgpack.unpackb(await self.data(bucket).get(entry.manifest))]
+
+    async def read(self, bucket, entry, start=0, end=None, ahead=STRIPES_IN_FLIGHT):
+        """Yield the object's bytes from `start` to `end` (exclusive), stripe by stripe,
+        `ahead` stripes fetched in parallel. ObjectNotFound if the data went (replaced)."""
+        end = entry.size if end is None else end
+        pool = self.data(bucket)
+        pieces = []                     # (name, offset, length) in order
+        position = 0
+        for data, size in await self.segments(bucket, entry):
+            segment_end = position + size
+            if segment_end > start and position < end:
+                first = max(start, position) - position
+                last = min(end, segment_end) - position
+                index = first // STRIPE_BYTES
+                while index * STRIPE_BYTES < last:
+                    lo = max(first, index * STRIPE_BYTES)
+                    hi = min(last, (index + 1) * STRIPE_BYTES)
+                    pieces.append((f"{data}.{index:x}", lo - index * STRIPE_BYTES, hi - lo,
+                                   min(STRIPE_BYTES, size - index * STRIPE_BYTES)))
+                    index += 1
+            position = segment_end
+            if position >= end:
+                break
+
+        def fetch(piece):
+            name, offset, length, whole = piece
+            if offset == 0 and length == whole:
+                return asyncio.ensure_future(pool.get_view(name))
+            return asyncio.ensure_future(pool.get(name, offset, length))
+
+        pending = [fetch(piece) for piece in pieces[:ahead]]
+        try:
+            for position, piece in enumerate(pieces):
+                chunk = await pending.pop(0)
+                if position + ahead < len(pieces):
+                    pending.append(fetch(pieces[position + ahead]))
+                if len(chunk) != piece[2]:
+                    raise ObjectNotFound(f"{piece[0]} holds {len(chunk)} bytes, not {piece[2]}")
+                yield chunk
+        finally:
+            for task in pending:
+                task.cancel()
+
+    # -- listing --------------------------------------------------------------------------------
+
+    async def list(self, bucket, prefix="", delimiter="", after=b"", max_keys=1000,
+                   visible=None):
+        """One page of the bucket's keys in order: ([Entry], [common prefix], truncated,
+        last key or prefix given). Keys after `after` (bytes), starting with `prefix`; with a
+        `delimiter`, keys holding it after the prefix are rolled up into common prefixes.
+        `visible(key)`: only keys it accepts (caps by prefix)."""
+        index, raw_prefix, raw_delim = self.index(), prefix.encode(), delimiter.encode()
+        per_shard = max(LIST_SHARD_PAGE_MIN, 2 * max_keys // bucket.shards + 8)
+        shards = bucket.shard_names()
+        buffers = [[] for _ in shards]      # entries not yet taken, reversed (pop from the end)
+        cursors = [after] * len(shards)     # the last key each shard was read up to
+        more = [True] * len(shards)
+        skip = None                         # the common prefix being passed over (bytes)
+
+        async def refill(n):
+            start = cursors[n]
+            if skip is not None and start < skip + AFTER_ALL and start.startswith(skip):
+                start = skip + AFTER_ALL
+            try:
+                entries, has_more = await index.omap_list(
+                    shards[n], start_after=start or None, prefix=raw_prefix, limit=per_shard)
+            except ObjectNotFound:
+                entries, has_more = [], False
+            buffers[n] = entries[::-1]
+            more[n] = has_more
+            if entries:
+                cursors[n] = entries[-1][0]
+
+        await asyncio.gather(*(refill(n) for n in range(len(shards))))
+        keys, prefixes, last = [], [], None
+        while True:
+            empty = [n for n in range(len(shards)) if not buffers[n] and more[n]]
+            if empty:
+                await asyncio.gather(*(refill(n) for n in empty))
+                continue
+            live = [n for n in range(len(shards)) if buffers[n]]
+            if not live:
+                return keys, prefixes, False, last
+            n = min(live, key=lambda i: buffers[i][-1][0])
+            raw_key, raw = buffers[n][-1]
+            if skip is not None and raw_key.startswith(skip):
+                buffers[n].pop()
+                continue
+            if len(keys) + len(prefixes) >= max_keys:
+                return keys, prefixes, True, last
+            buffers[n].pop()
+            key = raw_key.decode()
+            if visible is not None and not visible(key):
+                continue
+            if raw_delim:
+                cut = raw_key.find(raw_delim, len(raw_prefix))
+                if cut >= 0:
+                    skip = raw_key[:cut + len(raw_delim)]
+                    prefixes.append(skip.decode())
+                    last = skip
+                    continue
+            keys.append(Entry(key, raw))
+            last = raw_key
+
+    # -- multipart ------------------------------------------------------------------------------
+
+    async def create_upload(self, bucket, key, owner, content_type=None, meta=None):
+        raw_key = check_key(key)
+        upload_id = secrets.token_hex(16)
+        record = {"i": time.time(), "o": owner}
+        if content_type:
+            record["ct"] = content_type
+        if meta:
+            record["md"] = meta
+        await self.index().omap_update(bucket.uploads,
+                                       set={raw_key + b"\0" + upload_id.encode():
+                                            msgpack.packb(record)}, create=True)
+        return upload_id
+
+    async def upload(self, bucket, key, upload_id):
+        """The upload's record; S3Error NoSuchUpload."""
+        raw_key = check_key(key)
+        if not (isinstance(upload_id, str) and len(upload_id) == 32 and
+                all(c in "0123456789abcdef" for c in upload_id)):
+            raise no_such_upload(upload_id)
+        try:
+            raw = (await self.index().omap_get(bucket.uploads,
+                                               [raw_key + b"\0" + upload_id.encode()]))
+        except ObjectNotFound:
+            raw = {}
+        found = raw.get(raw_key + b"\0" + upload_id.encode())
+        if found is None:
+            raise no_such_upload(upload_id)
+        return msgpack.unpackb(found)
+
+    async def put_part(self, bucket, key, upload_id, number, body, check=None):
+        await self.upload(bucket, key, upload_id)
+        data = f"s3.{bucket.id}.{upload_id}.{number}.{secrets.token_hex(4)}"
+        size, md5 = await self.write_data(bucket, data, body)
+        part_key = b"%05d" % number
+        try:
+            if check is not None:
+                check(size, md5)
+            await self.upload(bucket, key, upload_id)   # not aborted or completed meanwhile
+            index = self.index()
+            old = None
+            try:
+                old = (await index.omap_get(bucket.parts(upload_id), [part_key])).get(part_key)
+            except ObjectNotFound:
+                pass
+            await index.omap_update(bucket.parts(upload_id), set={part_key: msgpack.packb(
+                {"s": size, "e": md5, "d": data, "m": time.time()})}, create=True)
+        except BaseException:
+            self.later(_delete_all(self.data(bucket), stripe_names(data, size)))
+            raise
+        if old is not None:
+            old = msgpack.unpackb(old)
+            if old["d"] != data:
+                self.later(_delete_all(self.data(bucket), stripe_names(old["d"], old["s"])))
+        return md5
+
+    async def parts(self, bucket, upload_id, after=0, limit=1000):
+        """([(number, record)], more) of an upload's parts after part `after`."""
+        try:
+            entries, more = await self.index().omap_list(
+                bucket.parts(upload_id), start_after=b"%05d" % after if after else None,
+                limit=limit)
+        except ObjectNotFound:
+            return [], False
+        return [(int(k), msgpack.unpackb(v)) for k, v in entries], more
+
+    async def _all_parts(self, bucket, upload_id):
+        found, after = {}, 0
+        while True:
+            page, more = await self.parts(bucket, upload_id, after)
+            found.update(page)
+            if not more or not page:
+                return found
+            after = page[-1][0]
+
+    async def complete(self, bucket, key, upload_id, wanted):
+        """Complete the upload from `wanted` [(number, etag)] in order: the ETag."""
+        record = await self.upload(bucket, key, upload_id)
+        if not wanted:
+            raise S3Error("MalformedXML", "CompleteMultipartUpload needs at least one part")
+        have = await self._all_parts(bucket, upload_id)
+        numbers = [number for number, _ in wanted]
+        if numbers != sorted(numbers) or len(set(numbers)) != len(numbers):
+            raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.")
+        segments, digests, total = [], [], 0
+        for position, (number, etag) in enumerate(wanted):
+            part = have.get(number)
+            if part is None or etag.strip('"') != part["e"]:
+                raise S3Error("InvalidPart", "One or more of the specified parts could not be "
+                              "found or its ETag did not match.", 400, PartNumber=number)
+            if position < len(wanted) - 1 and part["s"] < PART_BYTES_MIN:
+                raise S3Error("EntityTooSmall", "Your proposed upload is smaller than the "
+                              "minimum allowed object size.", 400, PartNumber=number,
+                              ProposedSize=part["s"], MinSizeAllowed=PART_BYTES_MIN)
+            segments.append([part["d"], part["s"]])
+            digests.append(bytes.fromhex(part["e"]))
+            total += part["s"]
+        etag = f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(wanted)}"
+        pool = self.data(bucket)
+        manifest = f"s3.{bucket.id}.{upload_id}.manifest.{secrets.token_hex(4)}"
+        await pool.put(manifest, msgpack.packb(segments))
+        raw_key = check_key(key)
+        try:
+            await self.index().omap_update(bucket.uploads, remove=[raw_key + b"\0" +
+                                                                   upload_id.encode()],
+                                           present=[raw_key + b"\0" + upload_id.encode()])
+        except PreconditionFailed:
+            self.later(_delete_all(pool, [manifest]))
+            raise no_such_upload(upload_id) from None
+        old = await self._commit(bucket, raw_key, Entry.encode(
+            total, etag, record.get("ct"), record.get("md"), manifest=manifest))
+        used = {data for data, _ in segments}
+        unused = [name for part in have.values() if part["d"] not in used
+                  for name in stripe_names(part["d"], part["s"])]
+        self.later(_delete_all(pool, unused))
+        self.later(self.index().delete(bucket.parts(upload_id), plain=True))
+        if old is not None:
+            self.later(self._delete_data(bucket, Entry(key, old)))
+        return etag
+
+    async def abort(self, bucket, key, upload_id):
+        await self.upload(bucket, key, upload_id)
+        raw_key = check_key(key)
+        try:
+            await self.index().omap_update(bucket.uploads, remove=[raw_key + b"\0" +
+                                                                   upload_id.encode()],
+                                           present=[raw_key + b"\0" + upload_id.encode()])
+        except PreconditionFailed:
+            raise no_such_upload(upload_id) from None
+        have = await self._all_parts(bucket, upload_id)
+        await _delete_all(self.data(bucket), [name for part in have.values()
+                                              for name in stripe_names(part["d"], part["s"])])
+        try:
+            await self.index().delete(bucket.parts(upload_id), plain=True)
+        except ObjectNotFound:
+            pass
+
+    async def uploads(self, bucket, prefix="", after=b"", limit=1000):
+        """([(key, upload id, record)], more) of the bucket's uploads in progress."""
+        try:
+            entries, more = await self.index().omap_list(
+                bucket.uploads, start_after=after or None, prefix=prefix.encode(), limit=limit)
+        except ObjectNotFound:
+            return [], False
+        found = []
+        for raw, value in entries:
+            key, _, upload_id = raw.rpartition(b"\0")
+            found.append((key.decode(), upload_id.decode(), msgpack.unpackb(value)))
+        return found, more
+
+
+async def _delete_all(pool, names, concurrency=16):
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(name):
+        async with gate:
+            try:
+                await pool.delete(name, plain=True)
+            except ObjectNotFound:
+                pass
+
+    await asyncio.gather(*(one(name) for name in names), return_exceptions=True)
