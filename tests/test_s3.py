@@ -1,0 +1,375 @@
+"""cairn-s3 against real clients (boto3, the aws CLI, s3fs, urllib/curl) on a real cluster
+(`cairn-cluster up --s3 1`): every operation and its errors, presigned URLs, caps by prefix,
+audit, paging, a large multipart upload and the gateway's memory."""
+
+import base64
+import concurrent.futures
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is a test dependency (pip install -e "
+                            "'.[test]')")
+from botocore.config import Config  # noqa: E402
+from botocore.exceptions import ClientError  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+
+
+def client(endpoint, key, secret, **config):
+    cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2},
+                 request_checksum_calculation="when_required",
+                 response_checksum_validation="when_required", **config)
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=cfg,
+                        aws_access_key_id=key, aws_secret_access_key=secret)
+
+
+def code_of(call, *args, **kwargs):
+    try:
+        call(*args, **kwargs)
+    except ClientError as exc:
+        return exc.response["Error"]["Code"]
+    return None
+
+
+def s3_key(cluster, entity, *caps):
+    cluster.cairn("auth", "add", entity, *[arg for cap in caps for arg in ("--caps", cap)])
+    _, found = cluster.cairn("auth", "s3-key", "add", entity)
+    return found["access_key"], found["secret_key"]
+
+
+@pytest.fixture
+def s3(local_cluster):
+    """(cluster, endpoint, boto3 client of an osd=rw entity)."""
+    cluster = local_cluster(device_size="2G", extra=["--s3", "1"])
+    endpoint = cluster.description["s3"][0]
+    key, secret = s3_key(cluster, "client.s3user", "mon=r", "osd=rw")
+    return cluster, endpoint, client(endpoint, key, secret), (key, secret)
+
+
+def test_buckets_objects_and_their_errors(s3):
+    cluster, endpoint, c, _ = s3
+    assert code_of(c.head_bucket, Bucket="nope") == "404"
+    assert code_of(c.get_object, Bucket="nope", Key="k") == "NoSuchBucket"
+    assert code_of(c.create_bucket, Bucket="Bad_Name") == "InvalidBucketName"
+    c.create_bucket(Bucket="b1")
+    assert code_of(c.create_bucket, Bucket="b1") == "BucketAlreadyOwnedByYou"
+    assert [b["Name"] for b in c.list_buckets()["Buckets"]] == ["b1"]
+    c.head_bucket(Bucket="b1")
+
+    body = os.urandom(5 << 20) + b"tail"                # two stripes
+    put = c.put_object(Bucket="b1", Key="dir/one", Body=body, ContentType="text/x-test",
+                       Metadata={"run": "7", "who": "tests"})
+    assert put["ETag"] == f'"{hashlib.md5(body).hexdigest()}"'
+    got = c.get_object(Bucket="b1", Key="dir/one")
+    assert got["Body"].read() == body and got["Metadata"] == {"run": "7", "who": "tests"}
+    assert got["ContentType"] == "text/x-test" and got["ETag"] == put["ETag"]
+    head = c.head_object(Bucket="b1", Key="dir/one")
+    assert head["ContentLength"] == len(body) and head["ETag"] == put["ETag"]
+    # ranges: inside a stripe, across the stripe boundary, a suffix, open-ended, past the end
+    for spec, want in (("bytes=10-19", body[10:20]), ("bytes=4194300-4194310",
+                                                     body[4194300:4194311]),
+                       ("bytes=-4", b"tail"), (f"bytes={len(body) - 3}-", body[-3:])):
+        r = c.get_object(Bucket="b1", Key="dir/one", Range=spec)
+        assert r["Body"].read() == want and r["ResponseMetadata"]["HTTPStatusCode"] == 206
+    assert code_of(c.get_object, Bucket="b1", Key="dir/one",
+                   Range=f"bytes={len(body)}-") == "InvalidRange"
+    # conditions
+    assert code_of(c.get_object, Bucket="b1", Key="dir/one", IfMatch='"0000"') == \
+        "PreconditionFailed"
+    assert code_of(c.get_object, Bucket="b1", Key="dir/one", IfNoneMatch=put["ETag"]) == "304"
+    assert c.get_object(Bucket="b1", Key="dir/one", IfMatch=put["ETag"])["ContentLength"] == \
+        len(body)
+    # digests: Content-MD5 and x-amz-checksum-crc32c, right and wrong
+    small = b"hello s3"
+    c.put_object(Bucket="b1", Key="md5", Body=small,
+                 ContentMD5=base64.b64encode(hashlib.md5(small).digest()).decode())
+    assert code_of(c.put_object, Bucket="b1", Key="bad-md5", Body=small,
+                   ContentMD5=base64.b64encode(hashlib.md5(b"other").digest()).decode()) == \
+        "BadDigest"
+    from cairn.native.checksum import crc32c
+    good = base64.b64encode(crc32c(small).to_bytes(4, "big")).decode()
+    c.put_object(Bucket="b1", Key="crc", Body=small, ChecksumCRC32C=good)
+    assert code_of(c.put_object, Bucket="b1", Key="bad-crc", Body=small,
+                   ChecksumCRC32C=base64.b64encode(b"\0\0\0\1").decode()) == "BadDigest"
+    assert code_of(c.head_object, Bucket="b1", Key="bad-md5") == "404"
+    assert code_of(c.get_object, Bucket="b1", Key="bad-crc") == "NoSuchKey"
+    # an empty object, an overwrite, copies
+    c.put_object(Bucket="b1", Key="empty", Body=b"")
+    assert c.get_object(Bucket="b1", Key="empty")["Body"].read() == b""
+    c.put_object(Bucket="b1", Key="md5", Body=b"second")
+    assert c.get_object(Bucket="b1", Key="md5")["Body"].read() == b"second"
+    c.copy_object(Bucket="b1", Key="copy", CopySource={"Bucket": "b1", "Key": "dir/one"})
+    copied = c.get_object(Bucket="b1", Key="copy")
+    assert copied["Body"].read() == body and copied["Metadata"]["run"] == "7"
+    c.copy_object(Bucket="b1", Key="copy2", CopySource="b1/dir/one", Metadata={"new": "1"},
+                  MetadataDirective="REPLACE")
+    assert c.head_object(Bucket="b1", Key="copy2")["Metadata"] == {"new": "1"}
+    assert code_of(c.copy_object, Bucket="b1", Key="x", CopySource="b1/none") == "NoSuchKey"
+    # deletes: one, many (missing keys are not errors), then the bucket
+    assert code_of(c.delete_bucket, Bucket="b1") == "BucketNotEmpty"
+    c.delete_object(Bucket="b1", Key="copy2")
+    c.delete_object(Bucket="b1", Key="never-was")
+    result = c.delete_objects(Bucket="b1", Delete={"Objects": [
+        {"Key": k} for k in ("dir/one", "md5", "crc", "empty", "copy", "absent")]})
+    assert sorted(d["Key"] for d in result["Deleted"]) == \
+        sorted(["dir/one", "md5", "crc", "empty", "copy", "absent"])
+    assert c.list_objects_v2(Bucket="b1")["KeyCount"] == 0
+    c.delete_bucket(Bucket="b1")
+    assert code_of(c.head_bucket, Bucket="b1") == "404"
+    # what is not implemented says so
+    c.create_bucket(Bucket="b2")
+    assert code_of(c.get_bucket_policy, Bucket="b2") == "NotImplemented"
+
+
+def test_listing_pages_prefixes_and_markers(s3):
+    _, _, c, _ = s3
+    c.create_bucket(Bucket="many")
+    names = [f"d{i % 10}/{i:05d}" for i in range(10_000)] + ["top-a", "top-b", "zz/√ünïcødé +&<>"]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: c.put_object(Bucket="many", Key=k, Body=k.encode()), names))
+    seen, pages = [], 0
+    for page in c.get_paginator("list_objects_v2").paginate(
+            Bucket="many", PaginationConfig={"PageSize": 1000}):
+        pages += 1
+        seen += [o["Key"] for o in page.get("Contents", [])]
+    assert seen == sorted(names, key=lambda k: k.encode()) and pages == 11
+    top = c.list_objects_v2(Bucket="many", Delimiter="/")
+    assert [p["Prefix"] for p in top["CommonPrefixes"]] == [f"d{i}/" for i in range(10)] + \
+        ["zz/"]
+    assert [o["Key"] for o in top["Contents"]] == ["top-a", "top-b"]
+    # delimiter with paging: common prefixes count toward max-keys and are not repeated
+    rolled = []
+    for page in c.get_paginator("list_objects_v2").paginate(
+            Bucket="many", Delimiter="/", PaginationConfig={"PageSize": 3}):
+        rolled += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+        rolled += [o["Key"] for o in page.get("Contents", [])]
+    assert rolled == [f"d{i}/" for i in range(10)] + ["top-a", "top-b", "zz/"]
+    inner = c.list_objects_v2(Bucket="many", Prefix="d3/", StartAfter="d3/09990")
+    assert [o["Key"] for o in inner["Contents"]] == [f"d3/{i:05d}" for i in range(9993, 10_000, 10)]
+    v1 = c.list_objects(Bucket="many", Prefix="d1/", Marker="d1/00981", MaxKeys=5)
+    assert [o["Key"] for o in v1["Contents"]] == ["d1/00991", "d1/01001", "d1/01011",
+                                                  "d1/01021", "d1/01031"]
+    assert v1["IsTruncated"]
+    assert c.list_objects_v2(Bucket="many", Prefix="zz/")["Contents"][0]["Key"] == \
+        "zz/√ünïcødé +&<>"
+    assert c.get_object(Bucket="many", Key="zz/√ünïcødé +&<>")["Body"].read() == \
+        "zz/√ünïcødé +&<>".encode()
+
+
+def test_multipart_uploads(s3):
+    _, _, c, _ = s3
+    c.create_bucket(Bucket="mp")
+    upload = c.create_multipart_upload(Bucket="mp", Key="big", ContentType="x/y",
+                                       Metadata={"a": "b"})["UploadId"]
+    parts = [os.urandom(5 << 20), os.urandom(6 << 20), b"last part"]
+    etags = {}
+
+    def one(n):
+        etags[n] = c.upload_part(Bucket="mp", Key="big", UploadId=upload, PartNumber=n,
+                                 Body=parts[n - 1])["ETag"]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        list(pool.map(one, (1, 2, 3)))
+    listed = c.list_parts(Bucket="mp", Key="big", UploadId=upload)["Parts"]
+    assert [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed] == \
+        [(n, len(parts[n - 1]), etags[n]) for n in (1, 2, 3)]
+    uploads = c.list_multipart_uploads(Bucket="mp")["Uploads"]
+    assert [(u["Key"], u["UploadId"]) for u in uploads] == [("big", upload)]
+    wanted = [{"PartNumber": n, "ETag": etags[n]} for n in (1, 2, 3)]
+    assert code_of(c.complete_multipart_upload, Bucket="mp", Key="big", UploadId=upload,
+                   MultipartUpload={"Parts": wanted[::-1]}) == "InvalidPartOrder"
+    assert code_of(c.complete_multipart_upload, Bucket="mp", Key="big", UploadId=upload,
+                   MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"00"'}]}) == \
+        "InvalidPart"
+    assert code_of(c.complete_multipart_upload, Bucket="mp", Key="big", UploadId=upload,
+                   MultipartUpload={"Parts": [wanted[2], {"PartNumber": 4, "ETag": etags[1]}]}
+                   ) == "InvalidPart"
+    assert code_of(c.head_object, Bucket="mp", Key="big") == "404"     # nothing visible yet
+    done = c.complete_multipart_upload(Bucket="mp", Key="big", UploadId=upload,
+                                       MultipartUpload={"Parts": wanted})
+    digest = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest()
+    assert done["ETag"] == f'"{digest}-3"'
+    got = c.get_object(Bucket="mp", Key="big")
+    whole = b"".join(parts)
+    assert got["Body"].read() == whole and got["ContentType"] == "x/y" and \
+        got["Metadata"] == {"a": "b"}
+    span = c.get_object(Bucket="mp", Key="big", Range=f"bytes={(5 << 20) - 5}-{(5 << 20) + 4}")
+    assert span["Body"].read() == whole[(5 << 20) - 5:(5 << 20) + 5]     # across two parts
+    assert c.list_multipart_uploads(Bucket="mp").get("Uploads", []) == []
+    assert code_of(c.upload_part, Bucket="mp", Key="big", UploadId=upload, PartNumber=1,
+                   Body=b"x") == "NoSuchUpload"
+    # too small a part that is not the last
+    small = c.create_multipart_upload(Bucket="mp", Key="small")["UploadId"]
+    e1 = c.upload_part(Bucket="mp", Key="small", UploadId=small, PartNumber=1, Body=b"a")["ETag"]
+    e2 = c.upload_part(Bucket="mp", Key="small", UploadId=small, PartNumber=2, Body=b"b")["ETag"]
+    assert code_of(c.complete_multipart_upload, Bucket="mp", Key="small", UploadId=small,
+                   MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1},
+                                              {"PartNumber": 2, "ETag": e2}]}) == \
+        "EntityTooSmall"
+    c.abort_multipart_upload(Bucket="mp", Key="small", UploadId=small)
+    assert code_of(c.list_parts, Bucket="mp", Key="small", UploadId=small) == "NoSuchUpload"
+    assert code_of(c.abort_multipart_upload, Bucket="mp", Key="small", UploadId="0" * 32) == \
+        "NoSuchUpload"
+
+
+def test_signatures_presigned_urls_and_refusals(s3):
+    cluster, endpoint, c, (key, secret) = s3
+    c.create_bucket(Bucket="sig")
+    c.put_object(Bucket="sig", Key="a b/c+d", Body=b"signed body")
+    v4 = client(endpoint, key, secret, signature_version="s3v4")
+    for signer in (c, v4):                      # boto3 presigns with V2 unless told s3v4
+        url = signer.generate_presigned_url("get_object", Params={"Bucket": "sig",
+                                                                  "Key": "a b/c+d"}, ExpiresIn=60)
+        assert urllib.request.urlopen(url).read() == b"signed body"
+        curl = subprocess.run(["curl", "-sf", url], capture_output=True, timeout=30)
+        assert curl.returncode == 0 and curl.stdout == b"signed body"
+    put_url = v4.generate_presigned_url("put_object", Params={"Bucket": "sig", "Key": "up"},
+                                        ExpiresIn=60)
+    request = urllib.request.Request(put_url, data=b"presigned put", method="PUT")
+    assert urllib.request.urlopen(request).status == 200
+    assert c.get_object(Bucket="sig", Key="up")["Body"].read() == b"presigned put"
+    expired = v4.generate_presigned_url("get_object", Params={"Bucket": "sig", "Key": "up"},
+                                        ExpiresIn=1)
+    time.sleep(2)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(expired)
+    assert refused.value.code == 403 and b"expired" in refused.value.read()
+    tampered = url.replace("Key", "Kez") if "Kez" in url else url[:-3] + "AAA"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(tampered)
+    assert refused.value.code == 403
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{endpoint}/sig/up")
+    assert refused.value.code == 403 and b"AccessDenied" in refused.value.read()
+    assert code_of(client(endpoint, key, "wrong" * 8).list_objects_v2, Bucket="sig") == \
+        "SignatureDoesNotMatch"
+    assert code_of(client(endpoint, "CKNOSUCHKEY000000000", secret).list_buckets) == \
+        "InvalidAccessKeyId"
+    # botocore's default checksums (CRC32 in an aws-chunked body with a trailer) work too
+    modern = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id=key, aws_secret_access_key=secret,
+                          config=Config(s3={"addressing_style": "path"}))
+    modern.put_object(Bucket="sig", Key="modern", Body=b"m" * 100_000)
+    assert modern.get_object(Bucket="sig", Key="modern")["Body"].read() == b"m" * 100_000
+    # a malformed request gets an error reply and the gateway serves on
+    raw = subprocess.run(["curl", "-s", "-X", "PUT", "-H", "Authorization: AWS4-HMAC-SHA256 "
+                          "garbage", f"{endpoint}/sig/x"], capture_output=True, timeout=30)
+    assert b"AuthorizationHeaderMalformed" in raw.stdout
+    assert c.get_object(Bucket="sig", Key="up")["Body"].read() == b"presigned put"
+
+
+def test_caps_by_prefix_revocation_and_audit(s3):
+    cluster, endpoint, admin_client, _ = s3
+    key, secret = s3_key(cluster, "client.team-a", "osd=rw pool=s3.data prefix=team-a/",
+                         "osd=r pool=s3.data prefix=shared/public/")
+    a = client(endpoint, key, secret)
+    admin_client.create_bucket(Bucket="shared")
+    admin_client.put_object(Bucket="shared", Key="public/readme", Body=b"for all")
+    admin_client.put_object(Bucket="shared", Key="private/x", Body=b"not for a")
+    a.create_bucket(Bucket="team-a")
+    a.put_object(Bucket="team-a", Key="model.bin", Body=b"weights")
+    assert a.get_object(Bucket="team-a", Key="model.bin")["Body"].read() == b"weights"
+    assert code_of(a.create_bucket, Bucket="team-b") == "AccessDenied"
+    assert sorted(b["Name"] for b in a.list_buckets()["Buckets"]) == ["shared", "team-a"]
+    assert a.get_object(Bucket="shared", Key="public/readme")["Body"].read() == b"for all"
+    assert code_of(a.get_object, Bucket="shared", Key="private/x") == "AccessDenied"
+    assert code_of(a.put_object, Bucket="shared", Key="public/new", Body=b"") == "AccessDenied"
+    assert code_of(a.list_objects_v2, Bucket="shared", Prefix="private/") == "AccessDenied"
+    listed = a.list_objects_v2(Bucket="shared")
+    assert [o["Key"] for o in listed["Contents"]] == ["public/readme"]
+    # revoking the key: refused once the gateway's cache (10 s) has passed
+    cluster.cairn("auth", "s3-key", "rm", key)
+    cluster.wait_for("the revoked key refused", lambda: code_of(a.list_buckets) ==
+                     "InvalidAccessKeyId", timeout_s=20)
+    # the audit log names the entity, the operation and the refusals
+    def audited():
+        _, found = cluster.cairn("audit")
+        return found["events"]
+    cluster.wait_for("s3 events in the audit log", lambda: any(
+        e["op"] == "s3:PutObject" and e["entity"] == "client.team-a" and
+        e["target"] == "team-a/model.bin" and e["result"] == "ok" for e in audited()), 15)
+    events = audited()
+    assert any(e["op"] == "s3:CreateBucket" and e["result"] == "AccessDenied" and
+               e["entity"] == "client.team-a" for e in events)
+    assert any(e["op"].startswith("s3:") and e["result"] == "InvalidAccessKeyId"
+               for e in events)
+
+
+def test_aws_cli_and_s3fs(s3, tmp_path):
+    cluster, endpoint, c, (key, secret) = s3
+    aws = os.path.join(os.path.dirname(sys.executable), "aws")
+    if not os.path.exists(aws):
+        pytest.skip("the aws CLI is a test dependency (pip install -e '.[test]')")
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": "/dev/null",
+           "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
+    source = tmp_path / "model.bin"
+    source.write_bytes(os.urandom(20 << 20))              # multipart in the CLI (8 MiB parts)
+
+    def run(*args):
+        result = subprocess.run([aws, "--endpoint-url", endpoint, *args], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, f"aws {' '.join(args)}: {result.stderr}"
+        return result.stdout
+    run("s3", "mb", "s3://cli")
+    run("s3", "cp", str(source), "s3://cli/models/model.bin")
+    assert "models/" in run("s3", "ls", "s3://cli/")
+    run("s3", "cp", "s3://cli/models/model.bin", str(tmp_path / "back.bin"))
+    assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
+    run("s3", "sync", str(tmp_path), "s3://cli/synced/")
+    listed = json.loads(run("s3api", "list-objects-v2", "--bucket", "cli", "--prefix",
+                            "synced/"))
+    assert sorted(o["Key"] for o in listed["Contents"]) == ["synced/back.bin",
+                                                            "synced/model.bin"]
+    s3fs = pytest.importorskip("s3fs", reason="s3fs is a test dependency")
+    fs = s3fs.S3FileSystem(key=key, secret=secret, client_kwargs={
+        "endpoint_url": endpoint, "region_name": "us-east-1"})
+    with fs.open("cli/fsspec/data.txt", "wb") as handle:
+        handle.write(b"through s3fs\n" * 1000)
+    with fs.open("cli/fsspec/data.txt", "rb") as handle:
+        handle.seek(13)
+        assert handle.read(13) == b"through s3fs\n"
+    assert fs.cat("cli/models/model.bin") == source.read_bytes()
+    assert "cli/fsspec/data.txt" in fs.ls("cli/fsspec")
+
+
+def test_large_objects_stream_with_bounded_gateway_memory(s3, tmp_path):
+    cluster, endpoint, c, _ = s3
+    pid = next(g["pid"] for g in cluster.description["gateways"])
+
+    def rss_mib():
+        with open(f"/proc/{pid}/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS")) / 1024
+    c.create_bucket(Bucket="large")
+    before = rss_mib()
+    size = 1 << 30
+    block = os.urandom(1 << 20)
+
+    class Source:                                   # 1 GiB without holding it here either
+        def __init__(self):
+            self.left = size
+
+        def read(self, n=-1):
+            n = self.left if n is None or n < 0 else min(n, self.left)
+            self.left -= n
+            return (block * (n // len(block) + 1))[:n]
+    from boto3.s3.transfer import TransferConfig
+    c.upload_fileobj(Source(), "large", "one-gib", Config=TransferConfig(
+        multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=4))
+    digest = hashlib.sha256()
+    got = c.get_object(Bucket="large", Key="one-gib")
+    for chunk in got["Body"].iter_chunks(1 << 20):
+        digest.update(chunk)
+    expected = hashlib.sha256()
+    for _ in range(size // len(block)):
+        expected.update(block)
+    assert digest.digest() == expected.digest() and got["ContentLength"] == size
+    grew = rss_mib() - before
+    assert grew < 200, f"the gateway grew by {grew:.0f} MiB moving 1 GiB each way"
