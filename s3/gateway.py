@@ -196,7 +196,10 @@ class Gateway:
         try:
             caller = await self._authenticate(request, raw_path, query)
         except (S3Error, sigv4.SigError) as err:
-            self._record(None, request.remote, op, f"{bucket}/{key}" if key else bucket,
+            # The refused caller as far as known: the key's entity (a bad signature), the
+            # unknown access key, or anonymous.
+            who = Caller(getattr(err, "entity", None), None, request.remote)
+            self._record(who, request.remote, op, f"{bucket}/{key}" if key else bucket,
                          getattr(err, "code", "AccessDenied"))
             if isinstance(err, S3Error):
                 err.op = op
@@ -239,8 +242,16 @@ class Gateway:
         if signed is None:
             raise S3Error("AccessDenied", "Access Denied: anonymous requests are refused; sign "
                           "with an S3 key ('cairn auth s3-key add client.NAME')", 403)
-        secret, entity, caps = await self.keys.lookup(signed.access_key)
-        key = sigv4.verify(signed, secret, request.method, raw_path, query, request.headers)
+        try:
+            secret, entity, caps = await self.keys.lookup(signed.access_key)
+        except S3Error as err:
+            err.entity = f"unknown S3 key {signed.access_key[:32]}"
+            raise
+        try:
+            key = sigv4.verify(signed, secret, request.method, raw_path, query, request.headers)
+        except sigv4.SigError as err:
+            err.entity = entity
+            raise
         request["signed"], request["signing_key"] = signed, key
         return Caller(entity, caps, request.remote)
 

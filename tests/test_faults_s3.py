@@ -49,16 +49,16 @@ class Slow:
 def test_a_gateway_killed_mid_upload_leaves_nothing_partial(gateway):
     cluster, endpoint, key, secret = gateway
     c = client(endpoint, key, secret, retries={"max_attempts": 1}, read_timeout=30)
-    c.create_bucket(Bucket="k")
-    c.put_object(Bucket="k", Key="obj", Body=b"old version")
-    upload = c.create_multipart_upload(Bucket="k", Key="mp")["UploadId"]
-    etag = c.upload_part(Bucket="k", Key="mp", UploadId=upload, PartNumber=1,
+    c.create_bucket(Bucket="kil")
+    c.put_object(Bucket="kil", Key="obj", Body=b"old version")
+    upload = c.create_multipart_upload(Bucket="kil", Key="mp")["UploadId"]
+    etag = c.upload_part(Bucket="kil", Key="mp", UploadId=upload, PartNumber=1,
                          Body=os.urandom(5 << 20))["ETag"]
     failures = []
 
     def put(name, size):
         try:
-            c.put_object(Bucket="k", Key=name, Body=Slow(size, 0.05), ContentLength=size)
+            c.put_object(Bucket="kil", Key=name, Body=Slow(size, 0.05), ContentLength=size)
         except Exception as exc:                           # noqa: BLE001 (expected: killed)
             failures.append(exc)
 
@@ -73,14 +73,14 @@ def test_a_gateway_killed_mid_upload_leaves_nothing_partial(gateway):
     assert len(failures) == 2
     cluster.script("restart", "s3.0")
     c = client(endpoint, key, secret)
-    assert c.get_object(Bucket="k", Key="obj")["Body"].read() == b"old version"
-    assert [o["Key"] for o in c.list_objects_v2(Bucket="k")["Contents"]] == ["obj"]
-    uploads = c.list_multipart_uploads(Bucket="k")["Uploads"]
+    assert c.get_object(Bucket="kil", Key="obj")["Body"].read() == b"old version"
+    assert [o["Key"] for o in c.list_objects_v2(Bucket="kil")["Contents"]] == ["obj"]
+    uploads = c.list_multipart_uploads(Bucket="kil")["Uploads"]
     assert [(u["Key"], u["UploadId"]) for u in uploads] == [("mp", upload)]
-    assert [p["ETag"] for p in c.list_parts(Bucket="k", Key="mp", UploadId=upload)["Parts"]] \
+    assert [p["ETag"] for p in c.list_parts(Bucket="kil", Key="mp", UploadId=upload)["Parts"]] \
         == [etag]
-    c.abort_multipart_upload(Bucket="k", Key="mp", UploadId=upload)
-    assert c.list_multipart_uploads(Bucket="k").get("Uploads", []) == []
+    c.abort_multipart_upload(Bucket="kil", Key="mp", UploadId=upload)
+    assert c.list_multipart_uploads(Bucket="kil").get("Uploads", []) == []
 
 
 def test_an_osd_killed_under_load_costs_retries_not_errors(gateway):

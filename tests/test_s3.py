@@ -24,9 +24,9 @@ pytestmark = pytest.mark.cluster
 
 
 def client(endpoint, key, secret, **config):
-    cfg = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2},
-                 request_checksum_calculation="when_required",
-                 response_checksum_validation="when_required", **config)
+    cfg = Config(**{"s3": {"addressing_style": "path"}, "retries": {"max_attempts": 2},
+                    "request_checksum_calculation": "when_required",
+                    "response_checksum_validation": "when_required", **config})
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=cfg,
                         aws_access_key_id=key, aws_secret_access_key=secret)
 
@@ -59,74 +59,74 @@ def test_buckets_objects_and_their_errors(s3):
     assert code_of(c.head_bucket, Bucket="nope") == "404"
     assert code_of(c.get_object, Bucket="nope", Key="k") == "NoSuchBucket"
     assert code_of(c.create_bucket, Bucket="Bad_Name") == "InvalidBucketName"
-    c.create_bucket(Bucket="b1")
-    assert code_of(c.create_bucket, Bucket="b1") == "BucketAlreadyOwnedByYou"
-    assert [b["Name"] for b in c.list_buckets()["Buckets"]] == ["b1"]
-    c.head_bucket(Bucket="b1")
+    c.create_bucket(Bucket="bk1")
+    assert code_of(c.create_bucket, Bucket="bk1") == "BucketAlreadyOwnedByYou"
+    assert [b["Name"] for b in c.list_buckets()["Buckets"]] == ["bk1"]
+    c.head_bucket(Bucket="bk1")
 
     body = os.urandom(5 << 20) + b"tail"                # two stripes
-    put = c.put_object(Bucket="b1", Key="dir/one", Body=body, ContentType="text/x-test",
+    put = c.put_object(Bucket="bk1", Key="dir/one", Body=body, ContentType="text/x-test",
                        Metadata={"run": "7", "who": "tests"})
     assert put["ETag"] == f'"{hashlib.md5(body).hexdigest()}"'
-    got = c.get_object(Bucket="b1", Key="dir/one")
+    got = c.get_object(Bucket="bk1", Key="dir/one")
     assert got["Body"].read() == body and got["Metadata"] == {"run": "7", "who": "tests"}
     assert got["ContentType"] == "text/x-test" and got["ETag"] == put["ETag"]
-    head = c.head_object(Bucket="b1", Key="dir/one")
+    head = c.head_object(Bucket="bk1", Key="dir/one")
     assert head["ContentLength"] == len(body) and head["ETag"] == put["ETag"]
     # ranges: inside a stripe, across the stripe boundary, a suffix, open-ended, past the end
     for spec, want in (("bytes=10-19", body[10:20]), ("bytes=4194300-4194310",
                                                      body[4194300:4194311]),
                        ("bytes=-4", b"tail"), (f"bytes={len(body) - 3}-", body[-3:])):
-        r = c.get_object(Bucket="b1", Key="dir/one", Range=spec)
+        r = c.get_object(Bucket="bk1", Key="dir/one", Range=spec)
         assert r["Body"].read() == want and r["ResponseMetadata"]["HTTPStatusCode"] == 206
-    assert code_of(c.get_object, Bucket="b1", Key="dir/one",
+    assert code_of(c.get_object, Bucket="bk1", Key="dir/one",
                    Range=f"bytes={len(body)}-") == "InvalidRange"
     # conditions
-    assert code_of(c.get_object, Bucket="b1", Key="dir/one", IfMatch='"0000"') == \
+    assert code_of(c.get_object, Bucket="bk1", Key="dir/one", IfMatch='"0000"') == \
         "PreconditionFailed"
-    assert code_of(c.get_object, Bucket="b1", Key="dir/one", IfNoneMatch=put["ETag"]) == "304"
-    assert c.get_object(Bucket="b1", Key="dir/one", IfMatch=put["ETag"])["ContentLength"] == \
+    assert code_of(c.get_object, Bucket="bk1", Key="dir/one", IfNoneMatch=put["ETag"]) == "304"
+    assert c.get_object(Bucket="bk1", Key="dir/one", IfMatch=put["ETag"])["ContentLength"] == \
         len(body)
     # digests: Content-MD5 and x-amz-checksum-crc32c, right and wrong
     small = b"hello s3"
-    c.put_object(Bucket="b1", Key="md5", Body=small,
+    c.put_object(Bucket="bk1", Key="md5", Body=small,
                  ContentMD5=base64.b64encode(hashlib.md5(small).digest()).decode())
-    assert code_of(c.put_object, Bucket="b1", Key="bad-md5", Body=small,
+    assert code_of(c.put_object, Bucket="bk1", Key="bad-md5", Body=small,
                    ContentMD5=base64.b64encode(hashlib.md5(b"other").digest()).decode()) == \
         "BadDigest"
     from cairn.native.checksum import crc32c
     good = base64.b64encode(crc32c(small).to_bytes(4, "big")).decode()
-    c.put_object(Bucket="b1", Key="crc", Body=small, ChecksumCRC32C=good)
-    assert code_of(c.put_object, Bucket="b1", Key="bad-crc", Body=small,
+    c.put_object(Bucket="bk1", Key="crc", Body=small, ChecksumCRC32C=good)
+    assert code_of(c.put_object, Bucket="bk1", Key="bad-crc", Body=small,
                    ChecksumCRC32C=base64.b64encode(b"\0\0\0\1").decode()) == "BadDigest"
-    assert code_of(c.head_object, Bucket="b1", Key="bad-md5") == "404"
-    assert code_of(c.get_object, Bucket="b1", Key="bad-crc") == "NoSuchKey"
+    assert code_of(c.head_object, Bucket="bk1", Key="bad-md5") == "404"
+    assert code_of(c.get_object, Bucket="bk1", Key="bad-crc") == "NoSuchKey"
     # an empty object, an overwrite, copies
-    c.put_object(Bucket="b1", Key="empty", Body=b"")
-    assert c.get_object(Bucket="b1", Key="empty")["Body"].read() == b""
-    c.put_object(Bucket="b1", Key="md5", Body=b"second")
-    assert c.get_object(Bucket="b1", Key="md5")["Body"].read() == b"second"
-    c.copy_object(Bucket="b1", Key="copy", CopySource={"Bucket": "b1", "Key": "dir/one"})
-    copied = c.get_object(Bucket="b1", Key="copy")
+    c.put_object(Bucket="bk1", Key="empty", Body=b"")
+    assert c.get_object(Bucket="bk1", Key="empty")["Body"].read() == b""
+    c.put_object(Bucket="bk1", Key="md5", Body=b"second")
+    assert c.get_object(Bucket="bk1", Key="md5")["Body"].read() == b"second"
+    c.copy_object(Bucket="bk1", Key="copy", CopySource={"Bucket": "bk1", "Key": "dir/one"})
+    copied = c.get_object(Bucket="bk1", Key="copy")
     assert copied["Body"].read() == body and copied["Metadata"]["run"] == "7"
-    c.copy_object(Bucket="b1", Key="copy2", CopySource="b1/dir/one", Metadata={"new": "1"},
+    c.copy_object(Bucket="bk1", Key="copy2", CopySource="bk1/dir/one", Metadata={"new": "1"},
                   MetadataDirective="REPLACE")
-    assert c.head_object(Bucket="b1", Key="copy2")["Metadata"] == {"new": "1"}
-    assert code_of(c.copy_object, Bucket="b1", Key="x", CopySource="b1/none") == "NoSuchKey"
+    assert c.head_object(Bucket="bk1", Key="copy2")["Metadata"] == {"new": "1"}
+    assert code_of(c.copy_object, Bucket="bk1", Key="x", CopySource="bk1/none") == "NoSuchKey"
     # deletes: one, many (missing keys are not errors), then the bucket
-    assert code_of(c.delete_bucket, Bucket="b1") == "BucketNotEmpty"
-    c.delete_object(Bucket="b1", Key="copy2")
-    c.delete_object(Bucket="b1", Key="never-was")
-    result = c.delete_objects(Bucket="b1", Delete={"Objects": [
+    assert code_of(c.delete_bucket, Bucket="bk1") == "BucketNotEmpty"
+    c.delete_object(Bucket="bk1", Key="copy2")
+    c.delete_object(Bucket="bk1", Key="never-was")
+    result = c.delete_objects(Bucket="bk1", Delete={"Objects": [
         {"Key": k} for k in ("dir/one", "md5", "crc", "empty", "copy", "absent")]})
     assert sorted(d["Key"] for d in result["Deleted"]) == \
         sorted(["dir/one", "md5", "crc", "empty", "copy", "absent"])
-    assert c.list_objects_v2(Bucket="b1")["KeyCount"] == 0
-    c.delete_bucket(Bucket="b1")
-    assert code_of(c.head_bucket, Bucket="b1") == "404"
+    assert c.list_objects_v2(Bucket="bk1")["KeyCount"] == 0
+    c.delete_bucket(Bucket="bk1")
+    assert code_of(c.head_bucket, Bucket="bk1") == "404"
     # what is not implemented says so
-    c.create_bucket(Bucket="b2")
-    assert code_of(c.get_bucket_policy, Bucket="b2") == "NotImplemented"
+    c.create_bucket(Bucket="bk2")
+    assert code_of(c.get_bucket_policy, Bucket="bk2") == "NotImplemented"
 
 
 def test_listing_pages_prefixes_and_markers(s3):
@@ -166,56 +166,56 @@ def test_listing_pages_prefixes_and_markers(s3):
 
 def test_multipart_uploads(s3):
     _, _, c, _ = s3
-    c.create_bucket(Bucket="mp")
-    upload = c.create_multipart_upload(Bucket="mp", Key="big", ContentType="x/y",
+    c.create_bucket(Bucket="mpu")
+    upload = c.create_multipart_upload(Bucket="mpu", Key="big", ContentType="x/y",
                                        Metadata={"a": "b"})["UploadId"]
     parts = [os.urandom(5 << 20), os.urandom(6 << 20), b"last part"]
     etags = {}
 
     def one(n):
-        etags[n] = c.upload_part(Bucket="mp", Key="big", UploadId=upload, PartNumber=n,
+        etags[n] = c.upload_part(Bucket="mpu", Key="big", UploadId=upload, PartNumber=n,
                                  Body=parts[n - 1])["ETag"]
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         list(pool.map(one, (1, 2, 3)))
-    listed = c.list_parts(Bucket="mp", Key="big", UploadId=upload)["Parts"]
+    listed = c.list_parts(Bucket="mpu", Key="big", UploadId=upload)["Parts"]
     assert [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed] == \
         [(n, len(parts[n - 1]), etags[n]) for n in (1, 2, 3)]
-    uploads = c.list_multipart_uploads(Bucket="mp")["Uploads"]
+    uploads = c.list_multipart_uploads(Bucket="mpu")["Uploads"]
     assert [(u["Key"], u["UploadId"]) for u in uploads] == [("big", upload)]
     wanted = [{"PartNumber": n, "ETag": etags[n]} for n in (1, 2, 3)]
-    assert code_of(c.complete_multipart_upload, Bucket="mp", Key="big", UploadId=upload,
+    assert code_of(c.complete_multipart_upload, Bucket="mpu", Key="big", UploadId=upload,
                    MultipartUpload={"Parts": wanted[::-1]}) == "InvalidPartOrder"
-    assert code_of(c.complete_multipart_upload, Bucket="mp", Key="big", UploadId=upload,
+    assert code_of(c.complete_multipart_upload, Bucket="mpu", Key="big", UploadId=upload,
                    MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"00"'}]}) == \
         "InvalidPart"
-    assert code_of(c.complete_multipart_upload, Bucket="mp", Key="big", UploadId=upload,
-                   MultipartUpload={"Parts": [wanted[2], {"PartNumber": 4, "ETag": etags[1]}]}
+    assert code_of(c.complete_multipart_upload, Bucket="mpu", Key="big", UploadId=upload,
+                   MultipartUpload={"Parts": [wanted[0], {"PartNumber": 4, "ETag": etags[1]}]}
                    ) == "InvalidPart"
-    assert code_of(c.head_object, Bucket="mp", Key="big") == "404"     # nothing visible yet
-    done = c.complete_multipart_upload(Bucket="mp", Key="big", UploadId=upload,
+    assert code_of(c.head_object, Bucket="mpu", Key="big") == "404"     # nothing visible yet
+    done = c.complete_multipart_upload(Bucket="mpu", Key="big", UploadId=upload,
                                        MultipartUpload={"Parts": wanted})
     digest = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest()
     assert done["ETag"] == f'"{digest}-3"'
-    got = c.get_object(Bucket="mp", Key="big")
+    got = c.get_object(Bucket="mpu", Key="big")
     whole = b"".join(parts)
     assert got["Body"].read() == whole and got["ContentType"] == "x/y" and \
         got["Metadata"] == {"a": "b"}
-    span = c.get_object(Bucket="mp", Key="big", Range=f"bytes={(5 << 20) - 5}-{(5 << 20) + 4}")
+    span = c.get_object(Bucket="mpu", Key="big", Range=f"bytes={(5 << 20) - 5}-{(5 << 20) + 4}")
     assert span["Body"].read() == whole[(5 << 20) - 5:(5 << 20) + 5]     # across two parts
-    assert c.list_multipart_uploads(Bucket="mp").get("Uploads", []) == []
-    assert code_of(c.upload_part, Bucket="mp", Key="big", UploadId=upload, PartNumber=1,
+    assert c.list_multipart_uploads(Bucket="mpu").get("Uploads", []) == []
+    assert code_of(c.upload_part, Bucket="mpu", Key="big", UploadId=upload, PartNumber=1,
                    Body=b"x") == "NoSuchUpload"
     # too small a part that is not the last
-    small = c.create_multipart_upload(Bucket="mp", Key="small")["UploadId"]
-    e1 = c.upload_part(Bucket="mp", Key="small", UploadId=small, PartNumber=1, Body=b"a")["ETag"]
-    e2 = c.upload_part(Bucket="mp", Key="small", UploadId=small, PartNumber=2, Body=b"b")["ETag"]
-    assert code_of(c.complete_multipart_upload, Bucket="mp", Key="small", UploadId=small,
+    small = c.create_multipart_upload(Bucket="mpu", Key="small")["UploadId"]
+    e1 = c.upload_part(Bucket="mpu", Key="small", UploadId=small, PartNumber=1, Body=b"a")["ETag"]
+    e2 = c.upload_part(Bucket="mpu", Key="small", UploadId=small, PartNumber=2, Body=b"b")["ETag"]
+    assert code_of(c.complete_multipart_upload, Bucket="mpu", Key="small", UploadId=small,
                    MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1},
                                               {"PartNumber": 2, "ETag": e2}]}) == \
         "EntityTooSmall"
-    c.abort_multipart_upload(Bucket="mp", Key="small", UploadId=small)
-    assert code_of(c.list_parts, Bucket="mp", Key="small", UploadId=small) == "NoSuchUpload"
-    assert code_of(c.abort_multipart_upload, Bucket="mp", Key="small", UploadId="0" * 32) == \
+    c.abort_multipart_upload(Bucket="mpu", Key="small", UploadId=small)
+    assert code_of(c.list_parts, Bucket="mpu", Key="small", UploadId=small) == "NoSuchUpload"
+    assert code_of(c.abort_multipart_upload, Bucket="mpu", Key="small", UploadId="0" * 32) == \
         "NoSuchUpload"
 
 
@@ -282,6 +282,8 @@ def test_caps_by_prefix_revocation_and_audit(s3):
     assert code_of(a.get_object, Bucket="shared", Key="private/x") == "AccessDenied"
     assert code_of(a.put_object, Bucket="shared", Key="public/new", Body=b"") == "AccessDenied"
     assert code_of(a.list_objects_v2, Bucket="shared", Prefix="private/") == "AccessDenied"
+    with pytest.raises(urllib.error.HTTPError):               # anonymous: refused, audited
+        urllib.request.urlopen(f"{endpoint}/shared/public/readme")
     listed = a.list_objects_v2(Bucket="shared")
     assert [o["Key"] for o in listed["Contents"]] == ["public/readme"]
     # revoking the key: refused once the gateway's cache (10 s) has passed
@@ -289,17 +291,20 @@ def test_caps_by_prefix_revocation_and_audit(s3):
     cluster.wait_for("the revoked key refused", lambda: code_of(a.list_buckets) ==
                      "InvalidAccessKeyId", timeout_s=20)
     # the audit log names the entity, the operation and the refusals
-    def audited():
-        _, found = cluster.cairn("audit")
+    def audited(entity="client.team-a"):
+        _, found = cluster.cairn("audit", "--entity", entity)
         return found["events"]
     cluster.wait_for("s3 events in the audit log", lambda: any(
         e["op"] == "s3:PutObject" and e["entity"] == "client.team-a" and
         e["target"] == "team-a/model.bin" and e["result"] == "ok" for e in audited()), 15)
     events = audited()
     assert any(e["op"] == "s3:CreateBucket" and e["result"] == "AccessDenied" and
-               e["entity"] == "client.team-a" for e in events)
-    assert any(e["op"].startswith("s3:") and e["result"] == "InvalidAccessKeyId"
-               for e in events)
+               e["entity"] == "client.team-a" for e in events), events
+    cluster.wait_for("the revoked key's refusal in the audit log", lambda: any(
+        e["op"] == "s3:ListBuckets" and e["result"] == "InvalidAccessKeyId"
+        for e in audited(f"unknown S3 key {key}")), 15)
+    assert any(e["result"] == "AccessDenied" and e["op"] == "s3:GetObject"
+               for e in audited("anonymous"))
 
 
 def test_aws_cli_and_s3fs(s3, tmp_path):
@@ -310,7 +315,8 @@ def test_aws_cli_and_s3fs(s3, tmp_path):
     env = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": "/dev/null",
            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
-    source = tmp_path / "model.bin"
+    (tmp_path / "files").mkdir()
+    source = tmp_path / "files" / "model.bin"
     source.write_bytes(os.urandom(20 << 20))              # multipart in the CLI (8 MiB parts)
 
     def run(*args):
@@ -321,9 +327,9 @@ def test_aws_cli_and_s3fs(s3, tmp_path):
     run("s3", "mb", "s3://cli")
     run("s3", "cp", str(source), "s3://cli/models/model.bin")
     assert "models/" in run("s3", "ls", "s3://cli/")
-    run("s3", "cp", "s3://cli/models/model.bin", str(tmp_path / "back.bin"))
-    assert (tmp_path / "back.bin").read_bytes() == source.read_bytes()
-    run("s3", "sync", str(tmp_path), "s3://cli/synced/")
+    run("s3", "cp", "s3://cli/models/model.bin", str(tmp_path / "files" / "back.bin"))
+    assert (tmp_path / "files" / "back.bin").read_bytes() == source.read_bytes()
+    run("s3", "sync", str(tmp_path / "files"), "s3://cli/synced/")
     listed = json.loads(run("s3api", "list-objects-v2", "--bucket", "cli", "--prefix",
                             "synced/"))
     assert sorted(o["Key"] for o in listed["Contents"]) == ["synced/back.bin",
