@@ -328,6 +328,11 @@ class Store:
         loop = asyncio.get_running_loop()
 
         def hash_stripe(pieces):
+            # One buffer, so each hash takes the GIL once per stripe: per 64 KiB piece, a
+            # thread waiting out the event loop's switch interval fell behind the network and
+            # a 10 GiB PUT held 900 MiB of stripes waiting to be hashed.
+            if len(pieces) > 1:
+                pieces = [b"".join(pieces)]
             for piece in pieces:
                 md5.update(piece)
             if digest is not None:
@@ -346,6 +351,8 @@ class Store:
             nonlocal failure, gathered, gathered_bytes, hashing
             chunk = gathered[0] if len(gathered) == 1 else tuple(gathered)
             if gathered_bytes >= HASH_THREAD_BYTES:
+                if hashing is not None and not hashing.done():
+                    await hashing               # at most one stripe waits to be hashed
                 hashing = asyncio.ensure_future(hash_after(hashing, gathered))
             else:
                 if hashing is not None:

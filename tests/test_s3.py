@@ -286,6 +286,13 @@ def test_caps_by_prefix_revocation_and_audit(s3):
         urllib.request.urlopen(f"{endpoint}/shared/public/readme")
     listed = a.list_objects_v2(Bucket="shared")
     assert [o["Key"] for o in listed["Contents"]] == ["public/readme"]
+    # the data pool's IP allowlists hold for BUCKET/KEY: a bucket only 10.9.9.0/24 may use
+    admin_client.create_bucket(Bucket="guarded")
+    cluster.cairn("pool", "set", "s3.data", "allow-from", "10.9.9.0/24", "--prefix", "guarded/")
+    cluster.wait_for("the allowlist in the gateway's map", lambda: code_of(
+        admin_client.put_object, Bucket="guarded", Key="x", Body=b"") == "AccessDenied", 10)
+    admin_client.put_object(Bucket="shared", Key="public/still", Body=b"elsewhere: allowed")
+    cluster.cairn("pool", "set", "s3.data", "allow-from", "any", "--prefix", "guarded/")
     # revoking the key: refused once the gateway's cache (10 s) has passed
     cluster.cairn("auth", "s3-key", "rm", key)
     cluster.wait_for("the revoked key refused", lambda: code_of(a.list_buckets) ==
