@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 
 from aiohttp import web
 

@@ -659,12 +659,12 @@ class Store:
         await pool.put(manifest, msgpack.packb(segments))
         raw_key = check_key(key)
         try:
-            await self.index().omap_update(bucket.uploads, remove=[raw_key + b"\0" +
-                                                                   upload_id.encode()],
-                                           present=[raw_key + b"\0" + upload_id.encode()])
-        except PreconditionFailed:
+            # The upload ends before the entry is set: a complete racing an abort either
+            # wins (the abort then finds no upload) or fails, never names deleted parts.
+            await self._end_upload(bucket, raw_key, upload_id)
+        except S3Error:
             self.later(_delete_all(pool, [manifest]))
-            raise no_such_upload(upload_id) from None
+            raise
         old = await self._commit(bucket, raw_key, Entry.encode(
             total, etag, record.get("ct"), record.get("md"), manifest=manifest))
         used = {data for data, _ in segments}
@@ -678,13 +678,7 @@ class Store:
 
     async def abort(self, bucket, key, upload_id):
         await self.upload(bucket, key, upload_id)
-        raw_key = check_key(key)
-        try:
-            await self.index().omap_update(bucket.uploads, remove=[raw_key + b"\0" +
-                                                                   upload_id.encode()],
-                                           present=[raw_key + b"\0" + upload_id.encode()])
-        except PreconditionFailed:
-            raise no_such_upload(upload_id) from None
+        await self._end_upload(bucket, check_key(key), upload_id)
         have = await self._all_parts(bucket, upload_id)
         await _delete_all(self.data(bucket), [name for part in have.values()
                                               for name in stripe_names(part["d"], part["s"])])
@@ -692,6 +686,14 @@ class Store:
             await self.index().delete(bucket.parts(upload_id), plain=True)
         except ObjectNotFound:
             pass
+
+    async def _end_upload(self, bucket, raw_key, upload_id):
+        """Remove the upload's record (once: NoSuchUpload if it is gone already)."""
+        record = raw_key + b"\0" + upload_id.encode()
+        try:
+            await self.index().omap_update(bucket.uploads, remove=[record], present=[record])
+        except PreconditionFailed:
+            raise no_such_upload(upload_id) from None
 
     async def uploads(self, bucket, prefix="", after=b"", limit=1000):
         """([(key, upload id, record)], more) of the bucket's uploads in progress."""

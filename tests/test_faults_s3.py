@@ -13,9 +13,6 @@ import pytest
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is a test dependency (pip install -e "
                             "'.[test]')")
-from botocore.config import Config  # noqa: E402
-from botocore.exceptions import ClientError  # noqa: E402
-
 from tests.test_s3 import client, s3_key  # noqa: E402
 
 pytestmark = pytest.mark.faults

@@ -8,7 +8,8 @@ import pytest
 from multidict import CIMultiDict
 
 from cairn.s3 import sigv4
-from cairn.s3.gateway import _query, _range, _preconditions
+from cairn.s3.request import byte_range as _range, preconditions as _preconditions, \
+    query_pairs as _query
 from cairn.s3.store import S3Error
 
 botocore = pytest.importorskip("botocore", reason="botocore comes with boto3, a test "
