@@ -86,7 +86,7 @@ class Metrics:
         self.requests = collections.Counter()       # (op, status) -> count
         self.bytes_in = 0
         self.bytes_out = 0
-        self.cpu_s = collections.Counter()          # op -> seconds of wall time handling it
+        self.seconds = collections.Counter()        # op -> wall seconds spent handling it
         self.in_flight = 0
 
     def collect(self):
@@ -96,7 +96,7 @@ class Metrics:
             requests.add_metric([op, str(status)], count)
         seconds = CounterMetricFamily("cairn_s3_request_seconds", "wall seconds spent on "
                                       "requests, by operation", labels=["op"])
-        for op, total in sorted(self.cpu_s.items()):
+        for op, total in sorted(self.seconds.items()):
             seconds.add_metric([op], total)
         yield requests
         yield seconds
@@ -123,14 +123,13 @@ class Gateway:
         started = time.monotonic()
         self._request_ids += 1
         request_id = "%016X" % self._request_ids
-        op, caller = "Unknown", None
+        op = "Unknown"
         self.metrics.in_flight += 1
         try:
             try:
-                op, caller, response = await self._serve(request)
+                op, response = await self._serve(request)
             except S3Error as err:
                 response = self._error(request, err, request_id)
-                caller = caller or getattr(err, "caller", None)
                 op = getattr(err, "op", op)
             except sigv4.SigError as err:
                 response = self._error(request, S3Error(err.code, err.message, 403), request_id)
@@ -147,7 +146,7 @@ class Gateway:
         response.headers["x-amz-request-id"] = request_id
         response.headers["Server"] = "cairn-s3"
         self.metrics.requests[(op, response.status)] += 1
-        self.metrics.cpu_s[op] += time.monotonic() - started
+        self.metrics.seconds[op] += time.monotonic() - started
         return response
 
     def _client_error(self, exc):
@@ -206,7 +205,7 @@ class Gateway:
         try:
             response = await self._run(op, request, caller, bucket, key, q)
         except S3Error as err:
-            err.caller, err.op = caller, op
+            err.op = op
             if op in WRITE_OPS or err.code == "AccessDenied":
                 self._record(caller, caller.ip, op, f"{bucket}/{key}" if key else bucket,
                              err.code)
@@ -218,7 +217,7 @@ class Gateway:
             raise
         if op in WRITE_OPS:
             self._record(caller, caller.ip, op, f"{bucket}/{key}" if key else bucket, "ok")
-        return op, caller, response
+        return op, response
 
     async def _run(self, op, request, caller, bucket, key, q):
         handler = getattr(self, "op_" + op, None)
