@@ -1,6 +1,7 @@
 """`cairn-s3`: serve the S3 API on a cairn cluster.
 
     cairn-s3 --bind 0.0.0.0:7480 --cluster DIR [--data-pool s3.data] [--index-pool s3.index]
+    cairn-s3 gc --cluster DIR [--min-age-s 86400] [--dry-run] [--json]
 
 Stateless: run as many as you like behind any HTTP load balancer; they share everything through
 the cluster. It connects as --name (default client.admin, whose keyring is in the cluster
@@ -10,8 +11,10 @@ caps. Requests are then checked against the caps of the entity each S3 key belon
 
 import argparse
 import asyncio
+import json
 import logging
 import os
+import sys
 
 from aiohttp import web
 
@@ -20,6 +23,7 @@ from cairn.client.errors import ClientError
 from cairn.common import daemon, metrics
 from cairn.common.messenger import RequestFailed
 from cairn.common.monclient import MonitorsUnavailable
+from cairn.s3 import gc
 from cairn.s3.gateway import Gateway
 from cairn.s3.store import SHARDS_DEFAULT, SHARDS_MAX, Store
 
@@ -38,7 +42,8 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="cairn-s3", description="Serve the S3 API (boto3, the aws CLI, s3fs) on a cairn "
         "cluster. Buckets live in --index-pool (their index, replicated) and --data-pool "
-        "(objects' bytes, any kind); S3 keys come from 'cairn auth s3-key add client.NAME'.")
+        "(objects' bytes, any kind); S3 keys come from 'cairn auth s3-key add client.NAME'. "
+        "'cairn-s3 gc --help': collect data that no object names.")
     parser.add_argument("--bind", required=True, metavar="HOST:PORT",
                         help="listen here (port 0: any free port, written to --ready-file)")
     parser.add_argument("--cluster", default=os.environ.get("CAIRN_CLUSTER"),
@@ -90,7 +95,70 @@ async def ensure_pools(cluster, args):
         await asyncio.sleep(0.05)
 
 
+def build_gc_parser():
+    parser = argparse.ArgumentParser(
+        prog="cairn-s3 gc", description="Delete data objects that no bucket entry, upload "
+        "part or manifest names: what a gateway killed mid-PUT, or a commit whose outcome it "
+        "could not read, left behind. Safe beside running gateways: only objects older than "
+        "--min-age-s go, and only when nothing named them after they were listed.")
+    parser.add_argument("--cluster", default=os.environ.get("CAIRN_CLUSTER"),
+                        help="the cluster directory or cluster.json ($CAIRN_CLUSTER)")
+    parser.add_argument("--name", help="the entity to connect as (default $CAIRN_NAME or "
+                        "client.admin)")
+    parser.add_argument("--keyring", help="that entity's keyring")
+    parser.add_argument("--index-pool", default="s3.index")
+    parser.add_argument("--data-pool", default="s3.data")
+    parser.add_argument("--min-age-s", type=float, default=gc.MIN_AGE_S_DEFAULT,
+                        help="collect only objects written at least this long ago (default "
+                        f"{gc.MIN_AGE_S_DEFAULT:.0f}: a day; an upload must finish within it)")
+    parser.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def gc_main(argv):
+    args = build_gc_parser().parse_args(argv)
+    if args.min_age_s < 0:
+        build_gc_parser().error("--min-age-s must be 0 or more")
+    if args.name:
+        os.environ["CAIRN_NAME"] = args.name
+
+    def progress(text):
+        if not args.json:
+            print(f"  {text}", file=sys.stderr, flush=True)
+
+    async def run():
+        cluster = await Cluster.connect(args.cluster, keyring=args.keyring)
+        try:
+            if args.index_pool not in cluster.map.pools:
+                raise SystemExit(f"cairn-s3 gc: no pool {args.index_pool!r}: no buckets")
+            store = Store(cluster, args.index_pool, args.data_pool)
+            return await gc.collect(store, args.min_age_s, args.dry_run, progress)
+        finally:
+            await cluster.close()
+
+    try:
+        report = asyncio.run(run())
+    except (ClientError, MonitorsUnavailable, OSError, ValueError) as exc:
+        print(f"cairn-s3 gc: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    verb = "would delete" if args.dry_run else "deleted"
+    count = report["garbage"] if args.dry_run else report["deleted"]
+    print(f"{report['buckets']} buckets, {report['objects']} data objects in "
+          f"{', '.join(report['pools']) or 'no pool'}: {report['named']} named, "
+          f"{report['garbage']} unnamed and older than {args.min_age_s:g} s "
+          f"({report['bytes']} bytes, {report['orphaned']} of buckets that are gone), "
+          f"{report['young']} unnamed but younger; {verb} {count}")
+    return 0
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gc"]:
+        return gc_main(argv[1:])
     args = build_parser().parse_args(argv)
     host, sep, port = args.bind.rpartition(":")
     if not sep or not port.isdigit():

@@ -29,7 +29,7 @@ import time
 
 import msgpack
 
-from cairn.client.errors import ObjectNotFound, PreconditionFailed
+from cairn.client.errors import ClientError, ObjectNotFound, PreconditionFailed
 from cairn.native.checksum import crc32c
 
 REGISTRY = "s3.buckets"
@@ -50,6 +50,13 @@ LIST_SHARD_PAGE_MIN = 32
 # MD5 alone runs at about 630 MB/s here, a core's worth at the gateway's 4 MiB PUT rate.
 HASH_THREAD_BYTES = 1 << 20
 _HASHERS = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="s3-hash")
+# A complete or an abort claims its upload first; a claim this old belongs to a gateway that
+# died holding it, and the next request that meets it finishes or undoes what it began.
+CLAIM_STALE_S = 300.0
+# A replaced object's data is deleted this long after the entry that replaced it landed, so a
+# GET streaming it (a 10 GiB object at 100 MB/s: 100 s) is not cut by an overwrite. If the
+# gateway dies meanwhile, `cairn-s3 gc` collects it.
+REPLACED_GRACE_S = 120.0
 # Past every key with a given prefix: UTF-8 never holds 0xff.
 AFTER_ALL = b"\xff"
 
@@ -161,6 +168,7 @@ class Store:
         self.shards, self.bucket_cache_s = shards, bucket_cache_s
         self._buckets = {}
         self._background = set()
+        self._hurry = asyncio.Event()
 
     def index(self):
         return self.cluster.pool(self.index_pool)
@@ -168,13 +176,31 @@ class Store:
     def data(self, bucket):
         return self.cluster.pool(bucket.pool)
 
-    def later(self, coroutine):
-        """Run `coroutine` (a tidy-up: deleting replaced data) without waiting for it."""
-        task = asyncio.get_running_loop().create_task(coroutine)
+    def later(self, coroutine, delay_s=0.0):
+        """Run `coroutine` (a tidy-up: deleting replaced data) without waiting for it, after
+        `delay_s` (cut short by `drain`)."""
+        async def run():
+            try:
+                if delay_s > 0 and not self._hurry.is_set():
+                    try:
+                        await asyncio.wait_for(self._hurry.wait(), delay_s)
+                    except TimeoutError:
+                        pass
+                await coroutine
+            finally:
+                coroutine.close()       # never started (cancelled while waiting): no warning
+        task = asyncio.get_running_loop().create_task(run())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def replaced(self, bucket, key, old):
+        """Delete a replaced entry's data once REPLACED_GRACE_S have passed: a GET that began
+        streaming the old object (on any gateway) finishes it instead of being cut."""
+        self.later(self._delete_data(bucket, Entry(key, old)), REPLACED_GRACE_S)
+
     async def drain(self):
+        """Finish every tidy-up now (a stopping gateway), without the grace period."""
+        self._hurry.set()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
@@ -219,10 +245,15 @@ class Store:
         index = self.index()
         await asyncio.gather(*(index.omap_update(shard, create=True)
                                for shard in bucket.shard_names()))
+        value = msgpack.packb(record)
         try:
-            await index.omap_update(REGISTRY, set={name.encode(): msgpack.packb(record)},
+            await index.omap_update(REGISTRY, set={name.encode(): value},
                                     absent=[name.encode()], create=True)
         except PreconditionFailed:
+            now = (await index.omap_get(REGISTRY, [name.encode()])).get(name.encode())
+            if now == value:            # our own attempt, landed and retried
+                self._buckets[name] = bucket
+                return bucket
             await asyncio.gather(*(index.delete(shard, plain=True)
                                    for shard in bucket.shard_names()), return_exceptions=True)
             existing = await self.bucket(name)
@@ -259,8 +290,10 @@ class Store:
         try:
             await index.omap_update(REGISTRY, remove=[name.encode()],
                                     equals={name.encode(): raw})
-        except PreconditionFailed:
-            raise no_such_bucket(name) from None
+        except PreconditionFailed as exc:
+            if not exc.maybe_applied or (await index.omap_get(
+                    REGISTRY, [name.encode()])).get(name.encode()) is not None:
+                raise no_such_bucket(name) from None
         self._buckets.pop(name, None)
         await asyncio.gather(*(index.delete(shard, plain=True) for shard in
                                bucket.shard_names() + [bucket.uploads]), return_exceptions=True)
@@ -278,23 +311,38 @@ class Store:
         return Entry(key, raw)
 
     async def _commit(self, bucket, raw_key, value):
-        """Set the key's entry to `value`; the entry it replaced (raw) or None."""
+        """Set the key's entry to `value` (unique: it names fresh data); the entry it replaced
+        (raw) or None."""
         index, shard = self.index(), bucket.shard(raw_key)
+        expected = None                 # what the key holds, as far as we know: None, absent
         while True:
             try:
-                await index.omap_update(shard, set={raw_key: value}, absent=[raw_key],
-                                        create=True)
-                return None
+                if expected is None:
+                    await index.omap_update(shard, set={raw_key: value}, absent=[raw_key],
+                                            create=True)
+                else:
+                    await index.omap_update(shard, set={raw_key: value},
+                                            equals={raw_key: expected})
+                return expected
             except PreconditionFailed:
-                pass
-            old = (await index.omap_get(shard, [raw_key])).get(raw_key)
-            if old is None:
-                continue
-            try:
-                await index.omap_update(shard, set={raw_key: value}, equals={raw_key: old})
-                return old
-            except PreconditionFailed:
-                continue
+                current = (await index.omap_get(shard, [raw_key])).get(raw_key)
+            if current == value:
+                # An attempt the client library retried (its OSD died before answering) had
+                # landed: the key went from `expected` to our value. Answering from the retry
+                # alone would name our own data as the replaced object, and delete it.
+                return expected
+            expected = current
+
+    async def _landed(self, bucket, raw_key, value):
+        """Whether the key's entry is `value` now (after an error that leaves it unknown
+        whether an update landed); None if that cannot be read either."""
+        try:
+            return (await self.index().omap_get(bucket.shard(raw_key), [raw_key])
+                    ).get(raw_key) == value
+        except ObjectNotFound:
+            return False
+        except ClientError:
+            return None
 
     async def _delete_data(self, bucket, entry):
         """Delete an entry's data (its stripes, or its parts' and its manifest)."""
@@ -410,17 +458,34 @@ class Store:
         raw_key = check_key(key)
         data = f"s3.{bucket.id}.{secrets.token_hex(8)}"
         size, md5 = await self.write_data(bucket, data, body, digest=digest)
-        try:
-            if check is not None:
+        if check is not None:
+            try:
                 check(size, md5)
-            value = Entry.encode(size, md5, content_type, meta, data=data)
-            old = await self._commit(bucket, raw_key, value)
-        except BaseException:
-            self.later(_delete_all(self.data(bucket), stripe_names(data, size)))
-            raise
+            except BaseException:
+                self.later(_delete_all(self.data(bucket), stripe_names(data, size)))
+                raise
+        value = Entry.encode(size, md5, content_type, meta, data=data)
+        old = await self._commit_or_keep(bucket, raw_key, value, stripe_names(data, size))
         if old is not None:
-            self.later(self._delete_data(bucket, Entry(key, old)))
+            self.replaced(bucket, key, old)
         return md5
+
+    async def _commit_or_keep(self, bucket, raw_key, value, names):
+        """`_commit`, and if it fails, delete the data `names` only when the entry is known
+        not to name it: an update that timed out may have landed, and deleting the data of
+        a visible entry loses the object. (Data left when that is unknown is garbage that
+        `cairn-s3 gc` collects.) The replaced entry, or None."""
+        try:
+            return await self._commit(bucket, raw_key, value)
+        except BaseException as exc:
+            landed = await self._landed(bucket, raw_key, value)
+            if landed:
+                # It landed; what it replaced is unknown now: left for the collector.
+                if isinstance(exc, Exception):
+                    return None
+            elif landed is False:
+                self.later(_delete_all(self.data(bucket), names))
+            raise
 
     async def delete(self, bucket, key):
         """Delete the object (no error if there is none, as S3)."""
@@ -435,8 +500,17 @@ class Store:
                 return
             try:
                 await index.omap_update(shard, remove=[raw_key], equals={raw_key: old})
-            except PreconditionFailed:
-                continue
+            except PreconditionFailed as exc:
+                if not exc.maybe_applied:
+                    continue
+                # A retried attempt may have removed it: if the key is gone, `old` is named
+                # by nothing (whoever removed it, its data goes; deleting twice is harmless).
+                try:
+                    current = (await index.omap_get(shard, [raw_key])).get(raw_key)
+                except ObjectNotFound:
+                    current = None
+                if current is not None:
+                    continue
             await self._delete_data(bucket, Entry(key, old))
             return
 
@@ -571,20 +645,100 @@ class Store:
         return upload_id
 
     async def upload(self, bucket, key, upload_id):
-        """The upload's record; S3Error NoSuchUpload."""
+        """The upload's record; S3Error NoSuchUpload (also while a complete or an abort
+        holds it)."""
         raw_key = check_key(key)
         if not (isinstance(upload_id, str) and len(upload_id) == 32 and
                 all(c in "0123456789abcdef" for c in upload_id)):
             raise no_such_upload(upload_id)
+        record_key = raw_key + b"\0" + upload_id.encode()
         try:
-            raw = (await self.index().omap_get(bucket.uploads,
-                                               [raw_key + b"\0" + upload_id.encode()]))
+            raw = (await self.index().omap_get(bucket.uploads, [record_key])).get(record_key)
         except ObjectNotFound:
-            raw = {}
-        found = raw.get(raw_key + b"\0" + upload_id.encode())
-        if found is None:
+            raw = None
+        if raw is None:
             raise no_such_upload(upload_id)
-        return msgpack.unpackb(found)
+        record = msgpack.unpackb(raw)
+        if "end" in record:
+            if time.time() - record["end"]["t"] < CLAIM_STALE_S or \
+                    not await self._settle(bucket, raw_key, upload_id, raw, record):
+                raise no_such_upload(upload_id)
+            record = {k: v for k, v in record.items() if k != "end"}
+        return record
+
+    async def _claim(self, bucket, raw_key, upload_id, manifest=None):
+        """Mark the upload as ending (by a complete naming `manifest`, or an abort): from
+        then on uploads, parts and other completes and aborts find NoSuchUpload. (claimed
+        raw record, the record before). Retry-safe: the claim carries a token, so an attempt
+        the client library retried after it landed is recognised as ours."""
+        record_key = raw_key + b"\0" + upload_id.encode()
+        index = self.index()
+        record = await self.upload(bucket, raw_key.decode(), upload_id)
+        before = msgpack.packb(record)
+        claimed = msgpack.packb(dict(record, end={"t": time.time(), "mf": manifest,
+                                                  "tok": secrets.token_hex(8)}))
+        try:
+            await index.omap_update(bucket.uploads, set={record_key: claimed},
+                                    equals={record_key: before})
+        except PreconditionFailed:
+            try:
+                now = (await index.omap_get(bucket.uploads, [record_key])).get(record_key)
+            except ObjectNotFound:
+                now = None
+            if now != claimed:
+                raise no_such_upload(upload_id) from None
+        return claimed, before
+
+    async def _unclaim(self, bucket, raw_key, upload_id, claimed, before):
+        """Give the upload back (a complete that failed before its entry landed), so the
+        client may retry it."""
+        record_key = raw_key + b"\0" + upload_id.encode()
+        try:
+            await self.index().omap_update(bucket.uploads, set={record_key: before},
+                                           equals={record_key: claimed})
+        except ClientError:
+            pass                        # a stale claim: `upload()` settles it later
+
+    async def _release(self, bucket, raw_key, upload_id, claimed):
+        """Remove the claimed upload's record: the end of a complete or an abort."""
+        record_key = raw_key + b"\0" + upload_id.encode()
+        try:
+            await self.index().omap_update(bucket.uploads, remove=[record_key],
+                                           equals={record_key: claimed})
+        except PreconditionFailed:
+            pass                        # removed already (an attempt that was retried)
+
+    async def _settle(self, bucket, raw_key, upload_id, raw, record):
+        """Finish what a gateway that died holding an upload's claim had begun: an abort
+        is carried out; a complete whose entry landed is tidied up; one whose entry did not
+        land gives the upload back. True if the upload is open again."""
+        manifest = record["end"]["mf"]
+        if manifest is not None:
+            try:
+                entry = await self.entry(bucket, raw_key.decode())
+                landed = entry.manifest == manifest
+            except S3Error:
+                landed = False
+            if not landed:
+                await self._unclaim(bucket, raw_key, upload_id, raw,
+                                    msgpack.packb({k: v for k, v in record.items()
+                                                   if k != "end"}))
+                self.later(_delete_all(self.data(bucket), [manifest]))
+                return True
+            used = set(name for name, _ in msgpack.unpackb(
+                await self.data(bucket).get(manifest)))
+        else:
+            used = set()
+        have = await self._all_parts(bucket, upload_id)
+        await _delete_all(self.data(bucket), [
+            name for part in have.values() if part["d"] not in used
+            for name in stripe_names(part["d"], part["s"])])
+        try:
+            await self.index().delete(bucket.parts(upload_id), plain=True)
+        except ObjectNotFound:
+            pass
+        await self._release(bucket, raw_key, upload_id, raw)
+        return False
 
     async def put_part(self, bucket, key, upload_id, number, body, check=None, digest=None):
         await self.upload(bucket, key, upload_id)
@@ -609,6 +763,13 @@ class Store:
         if old is not None:
             old = msgpack.unpackb(old)
             if old["d"] != data:
+                # The replaced part's data goes only if no complete has claimed the upload
+                # since our entry landed: a complete reads the parts after its claim, so it
+                # names ours, not the old one. Otherwise the old data is left to the collector.
+                try:
+                    await self.upload(bucket, key, upload_id)
+                except S3Error:
+                    return md5
                 self.later(_delete_all(self.data(bucket), stripe_names(old["d"], old["s"])))
         return md5
 
@@ -632,53 +793,66 @@ class Store:
             after = page[-1][0]
 
     async def complete(self, bucket, key, upload_id, wanted):
-        """Complete the upload from `wanted` [(number, etag)] in order: the ETag."""
-        record = await self.upload(bucket, key, upload_id)
+        """Complete the upload from `wanted` [(number, etag)] in order: the ETag.
+
+        The upload is claimed first (a racing abort, part upload or complete then finds
+        NoSuchUpload), its parts read after the claim, the manifest written, the entry set;
+        only then is the record removed. A complete that fails before its entry lands gives
+        the upload back, so the client may retry it."""
         if not wanted:
             raise S3Error("MalformedXML", "CompleteMultipartUpload needs at least one part")
-        have = await self._all_parts(bucket, upload_id)
         numbers = [number for number, _ in wanted]
         if numbers != sorted(numbers) or len(set(numbers)) != len(numbers):
             raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.")
-        segments, digests, total = [], [], 0
-        for position, (number, etag) in enumerate(wanted):
-            part = have.get(number)
-            if part is None or etag.strip('"') != part["e"]:
-                raise S3Error("InvalidPart", "One or more of the specified parts could not be "
-                              "found or its ETag did not match.", 400, PartNumber=number)
-            if position < len(wanted) - 1 and part["s"] < PART_BYTES_MIN:
-                raise S3Error("EntityTooSmall", "Your proposed upload is smaller than the "
-                              "minimum allowed object size.", 400, PartNumber=number,
-                              ProposedSize=part["s"], MinSizeAllowed=PART_BYTES_MIN)
-            segments.append([part["d"], part["s"]])
-            digests.append(bytes.fromhex(part["e"]))
-            total += part["s"]
-        etag = f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(wanted)}"
-        pool = self.data(bucket)
-        manifest = f"s3.{bucket.id}.{upload_id}.manifest.{secrets.token_hex(4)}"
-        await pool.put(manifest, msgpack.packb(segments))
         raw_key = check_key(key)
+        manifest = f"s3.{bucket.id}.{upload_id}.manifest.{secrets.token_hex(4)}"
+        claimed, before = await self._claim(bucket, raw_key, upload_id, manifest)
+        record = msgpack.unpackb(before)
+        pool = self.data(bucket)
         try:
-            # The upload ends before the entry is set: a complete racing an abort either
-            # wins (the abort then finds no upload) or fails, never names deleted parts.
-            await self._end_upload(bucket, raw_key, upload_id)
-        except S3Error:
-            self.later(_delete_all(pool, [manifest]))
+            have = await self._all_parts(bucket, upload_id)
+            segments, digests, total = [], [], 0
+            for position, (number, etag) in enumerate(wanted):
+                part = have.get(number)
+                if part is None or etag.strip('"') != part["e"]:
+                    raise S3Error("InvalidPart", "One or more of the specified parts could "
+                                  "not be found or its ETag did not match.", 400,
+                                  PartNumber=number)
+                if position < len(wanted) - 1 and part["s"] < PART_BYTES_MIN:
+                    raise S3Error("EntityTooSmall", "Your proposed upload is smaller than the "
+                                  "minimum allowed object size.", 400, PartNumber=number,
+                                  ProposedSize=part["s"], MinSizeAllowed=PART_BYTES_MIN)
+                segments.append([part["d"], part["s"]])
+                digests.append(bytes.fromhex(part["e"]))
+                total += part["s"]
+            etag = f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(wanted)}"
+            await pool.put(manifest, msgpack.packb(segments))
+        except BaseException:
+            await self._unclaim(bucket, raw_key, upload_id, claimed, before)
             raise
-        old = await self._commit(bucket, raw_key, Entry.encode(
-            total, etag, record.get("ct"), record.get("md"), manifest=manifest))
+        value = Entry.encode(total, etag, record.get("ct"), record.get("md"),
+                             manifest=manifest)
+        try:
+            old = await self._commit(bucket, raw_key, value)
+        except BaseException:
+            landed = await self._landed(bucket, raw_key, value)
+            if landed is False:
+                await self._unclaim(bucket, raw_key, upload_id, claimed, before)
+                self.later(_delete_all(pool, [manifest]))
+            raise                       # unknown: the claim goes stale and is settled then
         used = {data for data, _ in segments}
         unused = [name for part in have.values() if part["d"] not in used
                   for name in stripe_names(part["d"], part["s"])]
+        await self._release(bucket, raw_key, upload_id, claimed)
         self.later(_delete_all(pool, unused))
         self.later(self.index().delete(bucket.parts(upload_id), plain=True))
         if old is not None:
-            self.later(self._delete_data(bucket, Entry(key, old)))
+            self.replaced(bucket, key, old)
         return etag
 
     async def abort(self, bucket, key, upload_id):
-        await self.upload(bucket, key, upload_id)
-        await self._end_upload(bucket, check_key(key), upload_id)
+        raw_key = check_key(key)
+        claimed, _ = await self._claim(bucket, raw_key, upload_id)
         have = await self._all_parts(bucket, upload_id)
         await _delete_all(self.data(bucket), [name for part in have.values()
                                               for name in stripe_names(part["d"], part["s"])])
@@ -686,14 +860,7 @@ class Store:
             await self.index().delete(bucket.parts(upload_id), plain=True)
         except ObjectNotFound:
             pass
-
-    async def _end_upload(self, bucket, raw_key, upload_id):
-        """Remove the upload's record (once: NoSuchUpload if it is gone already)."""
-        record = raw_key + b"\0" + upload_id.encode()
-        try:
-            await self.index().omap_update(bucket.uploads, remove=[record], present=[record])
-        except PreconditionFailed:
-            raise no_such_upload(upload_id) from None
+        await self._release(bucket, raw_key, upload_id, claimed)
 
     async def uploads(self, bucket, prefix="", after=b"", limit=1000):
         """([(key, upload id, record)], more) of the bucket's uploads in progress."""
@@ -702,10 +869,13 @@ class Store:
                 bucket.uploads, start_after=after or None, prefix=prefix.encode(), limit=limit)
         except ObjectNotFound:
             return [], False
-        found = []
+        found, now = [], time.time()
         for raw, value in entries:
             key, _, upload_id = raw.rpartition(b"\0")
-            found.append((key.decode(), upload_id.decode(), msgpack.unpackb(value)))
+            record = msgpack.unpackb(value)
+            if "end" in record and now - record["end"]["t"] < CLAIM_STALE_S:
+                continue                # being completed or aborted right now
+            found.append((key.decode(), upload_id.decode(), record))
         return found, more
 
 

@@ -28,6 +28,34 @@ def pytest_collection_modifyitems(config, items):
                                     f"{TIERS} (has {tiers})")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the item: fixtures read `item.failed_call` to leave
+    evidence behind when the test itself failed."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        item.failed_call = True
+
+
+def _print_daemon_warnings(directory, lines=40):
+    """The last warning and error lines of every daemon log of a cluster: printed in the
+    failed test's captured output, since CI keeps nothing else of a cluster it tears down."""
+    logs = Path(directory) / "logs"
+    if not logs.is_dir():
+        return
+    for log in sorted(logs.glob("*.log")):
+        try:
+            text = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        found = [line for line in text
+                 if any(word in line for word in ("WARNING", "ERROR", "Traceback", "Error"))]
+        if found:
+            print(f"--- {log.name}: last {min(lines, len(found))} of {len(found)} warning lines")
+            print("\n".join(found[-lines:]))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Drop what the tests left behind while the interpreter is whole.
 
@@ -129,7 +157,7 @@ def open_twin(disk_dir, device_kind):
 
 
 @pytest.fixture
-def local_cluster(disk_dir):
+def local_cluster(disk_dir, request):
     """`local_cluster(hosts=3, osds_per_host=1, ...)` brings up a cluster of real processes with
     `cairn-cluster up`; every daemon is stopped by pid afterwards, even if the test failed."""
     import subprocess
@@ -153,6 +181,8 @@ def local_cluster(disk_dir):
     yield up
     os.environ.pop("CAIRN_TEST_CLUSTER", None)
     for directory in made:
+        if getattr(request.node, "failed_call", False):
+            _print_daemon_warnings(directory)
         subprocess.run([sys.executable, "-m", "cairn.cluster.cli", "down", "--dir", directory],
                        capture_output=True, timeout=120)
         kill_leftovers(directory)
