@@ -59,6 +59,11 @@ CLAIM_STALE_S = 300.0
 REPLACED_GRACE_S = 120.0
 # Past every key with a given prefix: UTF-8 never holds 0xff.
 AFTER_ALL = b"\xff"
+# A shard's omap key while a DeleteBucket seals it (no object key can be it: 0xff), and how
+# long a PUT waits for such a delete to end, and when a seal is a dead gateway's.
+SEAL = b"\xff"
+SEAL_WAIT_S = 5.0
+SEAL_STALE_S = 60.0
 
 
 class S3Error(Exception):
@@ -152,6 +157,13 @@ class Entry:
         if manifest is not None:
             value["mf"] = manifest
         return msgpack.packb(value)
+
+
+def _seal_stale(seal):
+    try:
+        return time.time() - msgpack.unpackb(seal)["t"] > SEAL_STALE_S
+    except (ValueError, KeyError, TypeError):
+        return True
 
 
 def stripe_names(data, size):
@@ -267,16 +279,12 @@ class Store:
         return bucket
 
     async def delete_bucket(self, name):
+        """Delete an empty bucket. Each index shard is first sealed, atomically with the
+        check that it is empty (an omap `empty` condition), so a PUT racing the delete either
+        lands first (the delete then finds the bucket not empty) or finds the seal (and then
+        no bucket): never an acknowledged object in a deleted bucket."""
         bucket = await self.bucket(name)
         index = self.index()
-        for shard in bucket.shard_names():
-            try:
-                entries, _ = await index.omap_list(shard, limit=1)
-            except ObjectNotFound:
-                continue
-            if entries:
-                raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty",
-                              409, BucketName=name)
         try:
             uploads, _ = await index.omap_list(bucket.uploads, limit=1)
         except ObjectNotFound:
@@ -284,6 +292,17 @@ class Store:
         if uploads:
             raise S3Error("BucketNotEmpty", "The bucket has multipart uploads in progress "
                           "(abort them first)", 409, BucketName=name)
+        seal = msgpack.packb({"t": time.time(), "tok": secrets.token_hex(8)})
+        outcomes = await asyncio.gather(*(self._seal(bucket, shard, seal)
+                                          for shard in bucket.shard_names()),
+                                        return_exceptions=True)
+        failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if failed:
+            await asyncio.gather(*(self._unseal(shard, seal) for shard, outcome in
+                                   zip(bucket.shard_names(), outcomes)
+                                   if not isinstance(outcome, BaseException)),
+                                 return_exceptions=True)
+            raise failed[0]
         raw = (await index.omap_get(REGISTRY, [name.encode()])).get(name.encode())
         if raw is None:
             raise no_such_bucket(name)
@@ -297,6 +316,50 @@ class Store:
         self._buckets.pop(name, None)
         await asyncio.gather(*(index.delete(shard, plain=True) for shard in
                                bucket.shard_names() + [bucket.uploads]), return_exceptions=True)
+
+    async def _seal(self, bucket, shard, seal):
+        index = self.index()
+        try:
+            await index.omap_update(shard, set={SEAL: seal}, empty=[b""], create=True)
+            return
+        except PreconditionFailed:
+            entries, _ = await index.omap_list(shard, limit=2)
+        if entries and entries[0][0] != SEAL:
+            raise S3Error("BucketNotEmpty", "The bucket you tried to delete is not empty", 409,
+                          BucketName=bucket.name)
+        if entries == [(SEAL, seal)]:
+            return                      # our own seal, landed and retried
+        if entries and _seal_stale(entries[0][1]):
+            try:                        # a DeleteBucket whose gateway died: take its seal over
+                await index.omap_update(shard, set={SEAL: seal}, equals={SEAL: entries[0][1]})
+                return
+            except PreconditionFailed:
+                pass
+        raise S3Error("OperationAborted", "A conflicting conditional operation is currently "
+                      "in progress against this resource. Please try again.", 409)
+
+    async def _unseal(self, shard, seal):
+        try:
+            await self.index().omap_update(shard, remove=[SEAL], equals={SEAL: seal})
+        except PreconditionFailed:
+            pass
+
+    async def _wait_unsealed(self, bucket, shard, seal):
+        """A PUT met a DeleteBucket's seal: wait for it to go (the delete failed: the bucket
+        holds something) or the shard with it (NoSuchBucket); take a stale one away."""
+        deadline = time.monotonic() + SEAL_WAIT_S
+        while time.monotonic() < deadline:
+            if _seal_stale(seal):
+                await self._unseal(shard, seal)
+                return
+            await asyncio.sleep(0.05)
+            try:
+                seal = (await self.index().omap_get(shard, [SEAL])).get(SEAL)
+            except ObjectNotFound:
+                raise no_such_bucket(bucket.name) from None
+            if seal is None:
+                return
+        raise S3Error("ServiceUnavailable", "the bucket is being deleted; retry", 503)
 
     # -- entries --------------------------------------------------------------------------------
 
@@ -312,20 +375,29 @@ class Store:
 
     async def _commit(self, bucket, raw_key, value):
         """Set the key's entry to `value` (unique: it names fresh data); the entry it replaced
-        (raw) or None."""
+        (raw) or None. NoSuchBucket if the bucket was deleted (its shard sealed or gone)."""
         index, shard = self.index(), bucket.shard(raw_key)
         expected = None                 # what the key holds, as far as we know: None, absent
         while True:
             try:
                 if expected is None:
-                    await index.omap_update(shard, set={raw_key: value}, absent=[raw_key],
-                                            create=True)
-                else:
                     await index.omap_update(shard, set={raw_key: value},
+                                            absent=[raw_key, SEAL])
+                else:
+                    await index.omap_update(shard, set={raw_key: value}, absent=[SEAL],
                                             equals={raw_key: expected})
                 return expected
             except PreconditionFailed:
-                current = (await index.omap_get(shard, [raw_key])).get(raw_key)
+                try:
+                    found = await index.omap_get(shard, [raw_key, SEAL])
+                except ObjectNotFound:
+                    raise no_such_bucket(bucket.name) from None
+            except ObjectNotFound:
+                raise no_such_bucket(bucket.name) from None
+            current = found.get(raw_key)
+            if SEAL in found and current != value:
+                await self._wait_unsealed(bucket, shard, found[SEAL])
+                continue
             if current == value:
                 # An attempt the client library retried (its OSD died before answering) had
                 # landed: the key went from `expected` to our value. Answering from the retry
@@ -613,7 +685,7 @@ class Store:
                 await refill(n)
             if buffers[n]:
                 heapq.heappush(heap, (buffers[n][-1][0], n))
-            if skipped:
+            if skipped or raw_key[:1] == SEAL:
                 continue
             key = raw_key.decode()
             if visible is not None and not visible(key):
@@ -832,6 +904,13 @@ class Store:
             raise
         value = Entry.encode(total, etag, record.get("ct"), record.get("md"),
                              manifest=manifest)
+        if time.time() - msgpack.unpackb(claimed)["end"]["t"] > CLAIM_STALE_S / 2:
+            # So slow (a cluster that barely answers) that another gateway may soon take
+            # the claim for a dead one's and give the upload back: stop before the entry.
+            await self._unclaim(bucket, raw_key, upload_id, claimed, before)
+            self.later(_delete_all(pool, [manifest]))
+            raise S3Error("ServiceUnavailable", "completing the upload took too long; retry",
+                          503)
         try:
             old = await self._commit(bucket, raw_key, value)
         except BaseException:

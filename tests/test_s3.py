@@ -523,3 +523,51 @@ def test_an_overwrite_does_not_cut_a_get_in_flight(s3):
     time.sleep(0.5)                             # time for a deletion that is not deferred
     assert hashlib.sha256(first + stream.read()).digest() == hashlib.sha256(old).digest()
     assert c.get_object(Bucket="ovw", Key="latest.pt")["Body"].read() == new
+
+
+def test_delete_bucket_racing_puts_never_drops_an_acknowledged_object(s3):
+    """Writers put and delete keys while DeleteBucket is retried until it succeeds: no PUT is
+    acknowledged into a bucket that is then deleted under it (a writer would find its
+    acknowledged object's bucket gone before it deleted the object)."""
+    import threading
+
+    _, endpoint, _, (key, secret) = s3
+    c = client(endpoint, key, secret, retries={"max_attempts": 1})
+    c.create_bucket(Bucket="racedel")
+    stop, lost, deleted = threading.Event(), [], []
+
+    def writer(n):
+        w = client(endpoint, key, secret, retries={"max_attempts": 1})
+        i = 0
+        while not stop.is_set():
+            name = f"w{n}/{i}"
+            i += 1
+            try:
+                w.put_object(Bucket="racedel", Key=name, Body=b"x" * 100)
+            except ClientError:
+                continue                        # refused: the bucket is gone or going
+            try:
+                w.delete_object(Bucket="racedel", Key=name)
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] == "NoSuchBucket":
+                    lost.append(name)           # acknowledged, then its bucket vanished
+                    return
+
+    def deleter():
+        while not stop.is_set():
+            if code_of(c.delete_bucket, Bucket="racedel") is None:
+                deleted.append(time.monotonic())
+                return
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    threads.append(threading.Thread(target=deleter))
+    for thread in threads:
+        thread.start()
+    threads[-1].join(20)
+    time.sleep(3)                               # past the gateway's bucket cache
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert deleted, "DeleteBucket never found the bucket empty in 20 s"
+    assert lost == []
+    assert code_of(c.head_bucket, Bucket="racedel") == "404"
