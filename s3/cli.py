@@ -61,6 +61,11 @@ def build_parser():
                         help=f"index objects per new bucket (1..{SHARDS_MAX}; "
                         f"default {SHARDS_DEFAULT})")
     parser.add_argument("--region", default="us-east-1", help="the region clients sign for")
+    parser.add_argument("--domain", action="append", default=[], metavar="NAME",
+                        help="serve virtual-host requests: Host BUCKET.NAME names the bucket "
+                        "(boto3's default style for an endpoint with a DNS name; point "
+                        "*.NAME at the gateways). Repeat for more names. Path-style requests "
+                        "work either way")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this "
                         "port (0: any free port)")
     parser.add_argument("--ready-file", help="write {addr, url, pid, metrics} as JSON here "
@@ -180,7 +185,7 @@ def main(argv=None):
         try:
             await ensure_pools(cluster, args)
             store = Store(cluster, args.index_pool, args.data_pool, args.index_shards)
-            gateway = Gateway(cluster, store, args.region)
+            gateway = Gateway(cluster, store, args.region, args.domain)
             server = web.Server(gateway.handle, handler_cancellation=False)
             runner = web.ServerRunner(server, handle_signals=False, access_log=None,
                                       shutdown_timeout=SHUTDOWN_GRACE_S)

@@ -109,8 +109,10 @@ class Metrics:
 
 
 class Gateway:
-    def __init__(self, cluster, store, region="us-east-1"):
+    def __init__(self, cluster, store, region="us-east-1", domains=()):
         self.cluster, self.store, self.region = cluster, store, region
+        # Virtual-host addressing: a request to BUCKET.DOMAIN names the bucket in its Host.
+        self.domains = tuple(domain.lower().strip(".") for domain in domains)
         self.keys = Keys(cluster)
         self.metrics = Metrics()
         self._audit = collections.deque()
@@ -183,7 +185,12 @@ class Gateway:
         query = s3req.query_pairs(request.query_string)
         q = dict(query)
         path = unquote(raw_path)
-        bucket, _, key = path.lstrip("/").partition("/")
+        virtual = self._virtual_bucket(request.host)
+        if virtual is None:
+            bucket, _, key = path.lstrip("/").partition("/")
+        else:
+            bucket, key = virtual, path[1:] if path.startswith("/") else path
+        request["virtual_bucket"] = virtual
         method = request.method
         op = s3req.operation(method, bucket, key, q, request.headers)
         try:
@@ -219,6 +226,20 @@ class Gateway:
             self._record(caller, caller.ip, op, f"{bucket}/{key}" if key else bucket, "ok")
         return op, response
 
+    def _virtual_bucket(self, host):
+        """The bucket a Host of BUCKET.DOMAIN names (one of --domain), else None (path-style:
+        the bucket is the path's first segment)."""
+        if not self.domains or not host:
+            return None
+        name = host.lower()
+        if name.startswith("["):
+            return None                             # an IPv6 literal
+        name = name.rpartition(":")[0] if ":" in name else name
+        for domain in self.domains:
+            if name.endswith("." + domain) and len(name) > len(domain) + 1:
+                return name[:-len(domain) - 1]
+        return None
+
     async def _run(self, op, request, caller, bucket, key, q):
         handler = getattr(self, "op_" + op, None)
         if handler is None:
@@ -241,7 +262,8 @@ class Gateway:
             err.entity = f"unknown S3 key {signed.access_key[:32]}"
             raise
         try:
-            key = sigv4.verify(signed, secret, request.method, raw_path, query, request.headers)
+            key = sigv4.verify(signed, secret, request.method, raw_path, query, request.headers,
+                               v2_bucket=request.get("virtual_bucket"))
         except sigv4.SigError as err:
             err.entity = entity
             raise

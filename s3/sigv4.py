@@ -225,10 +225,14 @@ def _signature(key, signed, canonical_request):
     return hmac.digest(key, to_sign.encode(), "sha256").hex()
 
 
-def verify(signed, secret, method, raw_path, query, headers, now=None):
+def verify(signed, secret, method, raw_path, query, headers, now=None, v2_bucket=None):
     """Check `signed` against the request with the key's `secret`; the signing key (chunk
-    signatures chain from it; None for V2). `raw_path` is the path as sent (percent-encoded)."""
+    signatures chain from it; None for V2). `raw_path` is the path as sent (percent-encoded);
+    `v2_bucket`: the bucket a virtual-host request named in its Host, which a V2 signature's
+    resource starts with."""
     if isinstance(signed, SignedV2):
+        if v2_bucket is not None:
+            raw_path = f"/{v2_bucket}{raw_path}"
         return _verify_v2(signed, secret, method, raw_path, query, headers, now)
     if signed.service != "s3":
         raise _malformed(f"the credential's service must be s3, not {signed.service!r}",

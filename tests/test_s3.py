@@ -571,3 +571,59 @@ def test_delete_bucket_racing_puts_never_drops_an_acknowledged_object(s3):
     assert deleted, "DeleteBucket never found the bucket empty in 20 s"
     assert lost == []
     assert code_of(c.head_bucket, Bucket="racedel") == "404"
+
+
+def test_virtual_host_addressing_with_a_domain(s3, tmp_path):
+    """`cairn-s3 --domain NAME`: boto3 in virtual-host style (its default for an endpoint with
+    a DNS name) reaches BUCKET.NAME; path-style requests keep working on the same gateway.
+    The names resolve to 127.0.0.1 through a getaddrinfo wrapper, as an /etc/hosts line or a
+    wildcard DNS record would make them."""
+    import signal
+    import socket
+
+    cluster, _, c, (key, secret) = s3
+    ready = tmp_path / "vh.ready"
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "cairn.s3.cli", "--bind", "127.0.0.1:0", "--cluster",
+         cluster.dir, "--domain", "s3.cairn.test", "--ready-file", str(ready)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    real = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if isinstance(host, str) and (host == "s3.cairn.test" or
+                                      host.endswith(".s3.cairn.test")):
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    socket.getaddrinfo = resolve
+    try:
+        cluster.wait_for("the second gateway ready", ready.exists, 30)
+        port = json.loads(ready.read_text())["url"].rpartition(":")[2]
+        v = client(f"http://s3.cairn.test:{port}", key, secret,
+                   s3={"addressing_style": "virtual"})
+        v.create_bucket(Bucket="vhost")
+        v.put_object(Bucket="vhost", Key="a/b.txt", Body=b"by host")
+        assert v.get_object(Bucket="vhost", Key="a/b.txt")["Body"].read() == b"by host"
+        assert [o["Key"] for o in v.list_objects_v2(Bucket="vhost")["Contents"]] == ["a/b.txt"]
+        assert "vhost" in [b["Name"] for b in v.list_buckets()["Buckets"]]
+        url = v.generate_presigned_url("get_object", Params={"Bucket": "vhost",
+                                                             "Key": "a/b.txt"})
+        assert "//vhost.s3.cairn.test:" in url                 # V2, signed over /vhost/a/b.txt
+        assert urllib.request.urlopen(url, timeout=10).read() == b"by host"
+        p = client(f"http://s3.cairn.test:{port}", key, secret)   # path-style, same gateway
+        assert p.get_object(Bucket="vhost", Key="a/b.txt")["Body"].read() == b"by host"
+        assert c.get_object(Bucket="vhost", Key="a/b.txt")["Body"].read() == b"by host"
+        v.delete_object(Bucket="vhost", Key="a/b.txt")
+        v.delete_bucket(Bucket="vhost")
+        assert code_of(v.head_bucket, Bucket="vhost") == "404"
+        # (the other gateway may know the bucket for its 2 s cache)
+        cluster.wait_for("the bucket gone on the other gateway",
+                         lambda: code_of(c.head_bucket, Bucket="vhost") == "404", 10)
+    finally:
+        socket.getaddrinfo = real
+        gateway.send_signal(signal.SIGTERM)
+        try:
+            gateway.wait(15)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait(5)
