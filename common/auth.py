@@ -151,8 +151,8 @@ class Grant:
     prefix: str = ""            # osd grants: an object-name prefix ("" for every name)
 
     def text(self):
-        if self.kind == "admin":
-            return "admin"
+        if self.kind in ("admin", "s3gw"):
+            return self.kind
         words = [f"{self.kind}={''.join(sorted(self.perms))}"]
         if self.pool is not None:
             words.append(f"pool={self.pool}")
@@ -170,9 +170,11 @@ def parse_cap(text):
     head, sep, perms = words[0].partition("=")
     if head == "admin" and (not sep or perms in ("*", "rw")) and len(words) == 1:
         return Grant("admin", frozenset("rw"))
+    if head == "s3gw" and not sep and len(words) == 1:
+        return Grant("s3gw", frozenset("rw"))   # an S3 gateway: key lookups, its audit
     if head not in ("mon", "osd") or perms not in ("r", "rw", "wr"):
         raise AuthError(f"cap {text!r}: it starts with mon=r, mon=rw, osd=r, osd=rw or is "
-                        "admin")
+                        "admin or s3gw")
     pool, prefix = None, ""
     for word in words[1:]:
         key, sep, value = word.partition("=")
@@ -193,6 +195,7 @@ class Caps:
         self.grants = tuple(grants)
         # Asked on every request: worked out once (a Caps is never changed).
         self.admin = any(grant.kind == "admin" for grant in self.grants)
+        self.s3_gateway = self.admin or any(grant.kind == "s3gw" for grant in self.grants)
 
     @classmethod
     def parse(cls, texts):

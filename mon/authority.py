@@ -30,15 +30,16 @@ DAEMON_OPS = frozenset({"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop",
                         "pg_last_active", "pg_set_active", "auth_service_keys"})
 MON_OPS = frozenset({"raft", "auth_change"})
 ADMIN_OPS = frozenset({"auth_add", "auth_get", "auth_ls", "auth_rm", "auth_caps",
-                       "audit_read", "auth_s3_key_add", "auth_s3_key_rm", "auth_s3_key_ls",
-                       "auth_s3_key_get", "audit_report"})
+                       "audit_read", "auth_s3_key_add", "auth_s3_key_rm", "auth_s3_key_ls"})
+# An S3 gateway's: an S3 key's secret and its entity's caps (wrapped under the gateway's
+# session key), and the gateway's own audit events. The `s3gw` cap (or admin).
+GATEWAY_OPS = frozenset({"auth_s3_key_get", "audit_report"})
 ANY_OPS = frozenset({"auth_get_ticket"})
 MON_OPS = MON_OPS | {"audit_append", "peer_invalid_report"}
 # Recorded in the audit log (with refusals of anything): changes, and reads of keys.
 # An S3 gateway's key lookups (auth_s3_key_get, cached) and its own events (audit_report)
 # are not events themselves.
-AUDITED_OPS = WRITE_OPS | (ADMIN_OPS - {"auth_ls", "audit_read", "auth_s3_key_ls",
-                                        "auth_s3_key_get", "audit_report"})
+AUDITED_OPS = WRITE_OPS | (ADMIN_OPS - {"auth_ls", "audit_read", "auth_s3_key_ls"})
 # Audit events a monitor queues for Raft; beyond, the oldest are dropped (and counted).
 AUDIT_QUEUED_MAX = 1000
 
@@ -66,6 +67,9 @@ def check(peer, op, header):
     elif op in ADMIN_OPS:
         if not caps.admin:
             raise refuse(peer, op, "admin")
+    elif op in GATEWAY_OPS:
+        if not caps.s3_gateway:
+            raise refuse(peer, op, "s3gw or admin")
     elif op in DAEMON_OPS:
         if not (entity.startswith("osd.") or caps.admin):
             raise refuse(peer, op, "an osd. key")

@@ -21,6 +21,7 @@ from aiohttp import web
 from cairn.client.cluster import Cluster
 from cairn.client.errors import ClientError
 from cairn.common import daemon, metrics
+from cairn.common.codes import Code
 from cairn.common.messenger import RequestFailed
 from cairn.common.monclient import MonitorsUnavailable
 from cairn.s3 import gc
@@ -49,7 +50,8 @@ def build_parser():
     parser.add_argument("--cluster", default=os.environ.get("CAIRN_CLUSTER"),
                         help="the cluster directory or cluster.json ($CAIRN_CLUSTER)")
     parser.add_argument("--name", help="the entity the gateway connects as (default "
-                        "$CAIRN_NAME or client.admin); it needs admin caps")
+                        "$CAIRN_NAME or client.admin); it needs the caps s3gw, mon=r and "
+                        "osd=rw on the pools it serves (or admin)")
     parser.add_argument("--keyring", help="that entity's keyring (default: the cluster "
                         "directory's)")
     parser.add_argument("--index-pool", default="s3.index")
@@ -91,13 +93,30 @@ async def ensure_pools(cluster, args):
         try:
             await cluster.monc.request(request)
         except RequestFailed as exc:
-            if exc.code != "exists":
+            if exc.code != Code.EXISTS:
                 raise
         log.info("made pool %s (replicated, %d copies)", name, min(3, hosts))
     for _ in range(200):
         if all(name in cluster.map.pools for name in missing):
             return
         await asyncio.sleep(0.05)
+
+
+async def may_serve(cluster):
+    """Whether the gateway's entity may look S3 keys up (the `s3gw` cap, or admin): asked
+    once at start with a key no one has, so a gateway that could only answer 503s refuses
+    to start and says why."""
+    try:
+        await cluster.monc.request_with_session({"op": "auth_s3_key_get",
+                                                 "key": "CK" + "0" * 18})
+    except RequestFailed as exc:
+        if exc.code == Code.PERMISSION_DENIED:
+            log.error("%s may not look S3 keys up: give the gateway's entity the s3gw cap "
+                      "('cairn auth caps %s --caps s3gw --caps mon=r --caps osd=rw', or "
+                      "osd=rw per pool it serves)", os.environ.get("CAIRN_NAME", "its entity"),
+                      os.environ.get("CAIRN_NAME", "client.NAME"))
+            return False
+    return True
 
 
 def build_gc_parser():
@@ -184,6 +203,8 @@ def main(argv=None):
         runner = metrics_runner = None
         try:
             await ensure_pools(cluster, args)
+            if not await may_serve(cluster):
+                return 2
             store = Store(cluster, args.index_pool, args.data_pool, args.index_shards)
             gateway = Gateway(cluster, store, args.region, args.domain)
             server = web.Server(gateway.handle, handler_cancellation=False)

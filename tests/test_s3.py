@@ -627,3 +627,55 @@ def test_virtual_host_addressing_with_a_domain(s3, tmp_path):
         except subprocess.TimeoutExpired:
             gateway.kill()
             gateway.wait(5)
+
+
+def _gateway(cluster, tmp_path, name, keyring, *extra):
+    ready = tmp_path / f"{name}.ready"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cairn.s3.cli", "--bind", "127.0.0.1:0", "--cluster",
+         cluster.dir, "--name", name, "--keyring", keyring, "--ready-file", str(ready),
+         *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return process, ready
+
+
+def _stop(process):
+    import signal
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def test_a_gateway_needs_the_s3gw_cap_not_admin(s3, tmp_path):
+    """A gateway whose entity holds `s3gw`, `mon=r` and `osd=rw` (no admin) serves and audits;
+    one without `s3gw` refuses to start and says which cap it lacks."""
+    cluster, _, c, (key, secret) = s3
+    narrow, plain = str(tmp_path / "gw.keyring"), str(tmp_path / "plain.keyring")
+    cluster.cairn("auth", "add", "client.gw", "--caps", "s3gw", "--caps", "mon=r", "--caps",
+                  "osd=rw", "--keyring-out", narrow)
+    cluster.cairn("auth", "add", "client.plain", "--caps", "mon=r", "--caps", "osd=rw",
+                  "--keyring-out", plain)
+    refused, _ = _gateway(cluster, tmp_path, "client.plain", plain)
+    try:
+        assert refused.wait(60) == 2
+        assert "s3gw cap" in refused.stderr.read()
+    finally:
+        _stop(refused)
+    gateway, ready = _gateway(cluster, tmp_path, "client.gw", narrow)
+    try:
+        cluster.wait_for("the s3gw gateway ready", ready.exists, 30)
+        g = client(json.loads(ready.read_text())["url"], key, secret)
+        g.create_bucket(Bucket="narrow")
+        g.put_object(Bucket="narrow", Key="k", Body=b"through a narrow gateway")
+        assert c.get_object(Bucket="narrow", Key="k")["Body"].read() == \
+            b"through a narrow gateway"
+        assert code_of(g.put_object, Bucket="narrow", Key="k", Body=b"x",
+                       ContentMD5="AAAAAAAAAAAAAAAAAAAAAA==") == "BadDigest"
+        cluster.wait_for("the narrow gateway's events in the audit log", lambda: any(
+            event.get("op") == "s3:PutObject" and event.get("target") == "narrow/k"
+            for event in cluster.cairn("audit", "--entity", "client.s3user")[1]["events"]), 15)
+    finally:
+        _stop(gateway)
