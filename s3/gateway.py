@@ -37,6 +37,7 @@ AUDIT_QUEUED_MAX = 1000
 SMALL_BODY_BYTES = 1 << 20
 WRITE_OPS = frozenset({"CreateBucket", "DeleteBucket", "PutObject", "CopyObject",
                        "DeleteObject", "DeleteObjects", "CreateMultipartUpload", "UploadPart",
+                       "UploadPartCopy",
                        "CompleteMultipartUpload", "AbortMultipartUpload"})
 
 
@@ -552,8 +553,9 @@ class Gateway:
                            f"{xmlio.element('Message', err.message)}</Error>")
         return _xml("DeleteResult", "".join(out))
 
-    async def op_CopyObject(self, request, caller, bucket, key, q):
-        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+    async def _copy_source(self, request, caller):
+        """(bucket, entry) of `x-amz-copy-source`, readable by the caller and meeting the
+        `x-amz-copy-source-if-*` conditions."""
         source = unquote(request.headers["x-amz-copy-source"]).lstrip("/")
         source_bucket_name, _, source_key = source.partition("/")
         source_key = source_key.partition("?versionId=")[0]
@@ -570,6 +572,12 @@ class Gateway:
                 entry) is not None:
             raise S3Error("PreconditionFailed", "At least one of the pre-conditions you "
                           "specified did not hold", 412)
+        return source_bucket, entry
+
+    async def op_CopyObject(self, request, caller, bucket, key, q):
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        source_bucket, entry = await self._copy_source(request, caller)
+        source_key = entry.key
         directive = request.headers.get("x-amz-metadata-directive", "COPY").upper()
         if directive not in ("COPY", "REPLACE"):
             raise S3Error("InvalidArgument", "x-amz-metadata-directive is COPY or REPLACE")
@@ -597,10 +605,23 @@ class Gateway:
         return _xml("InitiateMultipartUploadResult", xmlio.element("Bucket", bucket.name) +
                     xmlio.element("Key", key) + xmlio.element("UploadId", upload_id))
 
+    async def op_UploadPartCopy(self, request, caller, bucket, key, q):
+        """A part made of (a range of) another object: what `aws s3 cp s3://... s3://...`
+        and boto3's managed copy send for objects past their multipart threshold."""
+        self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
+        number = s3req.part_number(q.get("partNumber"))
+        source_bucket, entry = await self._copy_source(request, caller)
+        start, end = 0, entry.size
+        wanted = request.headers.get("x-amz-copy-source-range")
+        if wanted is not None:
+            start, end = s3req.copy_range(wanted, entry.size)
+        etag = await self.store.put_part(bucket, key, q["uploadId"], number,
+                                         self.store.read(source_bucket, entry, start, end))
+        return _xml("CopyPartResult", xmlio.element("LastModified", xmlio.iso(time.time())) +
+                    f"<ETag>&quot;{etag}&quot;</ETag>")
+
     async def op_UploadPart(self, request, caller, bucket, key, q):
         self._allow(caller, "w", bucket, f"{bucket.name}/{key}")
-        if "x-amz-copy-source" in request.headers:
-            raise S3Error("NotImplemented", "UploadPartCopy is not supported", 501)
         number = s3req.part_number(q.get("partNumber"))
         body = s3req.Body(request)
         etag = await self.store.put_part(bucket, key, q["uploadId"], number, body.pieces(),

@@ -239,7 +239,7 @@ def operation(method, bucket, key, q, headers):
         return "Unsupported"
     if method == "PUT":
         if "uploadId" in q:
-            return "UploadPart"
+            return "UploadPartCopy" if "x-amz-copy-source" in headers else "UploadPart"
         return "CopyObject" if "x-amz-copy-source" in headers else "PutObject"
     if method == "GET":
         return "ListParts" if "uploadId" in q else "GetObject"
@@ -341,6 +341,25 @@ def byte_range(text, size):
         raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
                       RangeRequested=text, ActualObjectSize=size)
     return start, min(end, size)
+
+
+def copy_range(text, size):
+    """(start, end) of an `x-amz-copy-source-range` header: `bytes=FIRST-LAST`, both given,
+    within the source (S3 refuses any other form)."""
+    unit, _, spec = text.strip().partition("=")
+    first, dash, last = spec.strip().partition("-")
+    try:
+        start, end = int(first), int(last) + 1
+    except ValueError:
+        start = end = -1
+    if unit.strip() != "bytes" or not dash or start < 0 or end <= start:
+        raise S3Error("InvalidArgument", "The x-amz-copy-source-range value must be of the "
+                      "form bytes=first-last where first and last are the zero-based offsets "
+                      "of the first and last bytes to copy", 400)
+    if end > size:
+        raise S3Error("InvalidRange", "The requested range is not satisfiable", 416,
+                      RangeRequested=text, ActualObjectSize=size)
+    return start, end
 
 
 def part_number(text):

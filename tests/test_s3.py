@@ -342,6 +342,11 @@ def test_aws_cli_and_s3fs(s3, tmp_path):
                             "synced/"))
     assert sorted(o["Key"] for o in listed["Contents"]) == ["synced/back.bin",
                                                             "synced/model.bin"]
+    # bucket to bucket: past 8 MiB the CLI copies in parts (UploadPartCopy)
+    run("s3", "mb", "s3://cli-copy")
+    run("s3", "cp", "s3://cli/models/model.bin", "s3://cli-copy/model.bin")
+    assert c.get_object(Bucket="cli-copy", Key="model.bin")["Body"].read() == \
+        source.read_bytes()
     s3fs = pytest.importorskip("s3fs", reason="s3fs is a test dependency")
     fs = s3fs.S3FileSystem(key=key, secret=secret, client_kwargs={
         "endpoint_url": endpoint, "region_name": "us-east-1"})
@@ -679,3 +684,39 @@ def test_a_gateway_needs_the_s3gw_cap_not_admin(s3, tmp_path):
             for event in cluster.cairn("audit", "--entity", "client.s3user")[1]["events"]), 15)
     finally:
         _stop(gateway)
+
+
+def test_upload_part_copy(s3):
+    """UploadPartCopy: parts copied from ranges of other objects (boto3's managed copy sends
+    them past its threshold), with S3's errors for a malformed or too long range."""
+    from boto3.s3.transfer import TransferConfig
+
+    _, _, c, _ = s3
+    c.create_bucket(Bucket="upc")
+    source = os.urandom((12 << 20) + 5)
+    c.put_object(Bucket="upc", Key="src", Body=source)
+    c.copy({"Bucket": "upc", "Key": "src"}, "upc", "dst",
+           Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+    got = c.get_object(Bucket="upc", Key="dst")
+    assert got["Body"].read() == source and got["ETag"].endswith('-3"')
+
+    upload = c.create_multipart_upload(Bucket="upc", Key="mix")["UploadId"]
+    copied = c.upload_part_copy(Bucket="upc", Key="mix", UploadId=upload, PartNumber=1,
+                                CopySource={"Bucket": "upc", "Key": "src"},
+                                CopySourceRange=f"bytes=100-{100 + (5 << 20) - 1}")
+    assert copied["CopyPartResult"]["ETag"] == \
+        f'"{hashlib.md5(source[100:100 + (5 << 20)]).hexdigest()}"'
+    tail = c.upload_part(Bucket="upc", Key="mix", UploadId=upload, PartNumber=2,
+                         Body=b"own bytes")["ETag"]
+    for bad, code in (("bytes=5-", "InvalidArgument"), ("items=0-4", "InvalidArgument"),
+                      (f"bytes=0-{len(source)}", "InvalidRange")):
+        assert code_of(c.upload_part_copy, Bucket="upc", Key="mix", UploadId=upload,
+                       PartNumber=3, CopySource={"Bucket": "upc", "Key": "src"},
+                       CopySourceRange=bad) == code, bad
+    assert code_of(c.upload_part_copy, Bucket="upc", Key="mix", UploadId=upload, PartNumber=3,
+                   CopySource={"Bucket": "upc", "Key": "nope"}) == "NoSuchKey"
+    c.complete_multipart_upload(Bucket="upc", Key="mix", UploadId=upload, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": copied["CopyPartResult"]["ETag"]},
+                  {"PartNumber": 2, "ETag": tail}]})
+    assert c.get_object(Bucket="upc", Key="mix")["Body"].read() == \
+        source[100:100 + (5 << 20)] + b"own bytes"
