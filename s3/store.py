@@ -801,6 +801,12 @@ class Store:
                 await self.data(bucket).get(manifest)))
         else:
             used = set()
+        await self._drop_parts(bucket, raw_key, upload_id, raw, used)
+        return False
+
+    async def _drop_parts(self, bucket, raw_key, upload_id, claimed, used=()):
+        """The end of a claimed upload: its parts' data (but the `used` data names), its
+        parts table, then its record."""
         have = await self._all_parts(bucket, upload_id)
         await _delete_all(self.data(bucket), [
             name for part in have.values() if part["d"] not in used
@@ -809,8 +815,7 @@ class Store:
             await self.index().delete(bucket.parts(upload_id), plain=True)
         except ObjectNotFound:
             pass
-        await self._release(bucket, raw_key, upload_id, raw)
-        return False
+        await self._release(bucket, raw_key, upload_id, claimed)
 
     async def put_part(self, bucket, key, upload_id, number, body, check=None, digest=None):
         await self.upload(bucket, key, upload_id)
@@ -932,14 +937,7 @@ class Store:
     async def abort(self, bucket, key, upload_id):
         raw_key = check_key(key)
         claimed, _ = await self._claim(bucket, raw_key, upload_id)
-        have = await self._all_parts(bucket, upload_id)
-        await _delete_all(self.data(bucket), [name for part in have.values()
-                                              for name in stripe_names(part["d"], part["s"])])
-        try:
-            await self.index().delete(bucket.parts(upload_id), plain=True)
-        except ObjectNotFound:
-            pass
-        await self._release(bucket, raw_key, upload_id, claimed)
+        await self._drop_parts(bucket, raw_key, upload_id, claimed)
 
     async def uploads(self, bucket, prefix="", after=b"", limit=1000):
         """([(key, upload id, record)], more) of the bucket's uploads in progress."""

@@ -583,15 +583,12 @@ def test_virtual_host_addressing_with_a_domain(s3, tmp_path):
     a DNS name) reaches BUCKET.NAME; path-style requests keep working on the same gateway.
     The names resolve to 127.0.0.1 through a getaddrinfo wrapper, as an /etc/hosts line or a
     wildcard DNS record would make them."""
-    import signal
     import socket
 
     cluster, _, c, (key, secret) = s3
-    ready = tmp_path / "vh.ready"
-    gateway = subprocess.Popen(
-        [sys.executable, "-m", "cairn.s3.cli", "--bind", "127.0.0.1:0", "--cluster",
-         cluster.dir, "--domain", "s3.cairn.test", "--ready-file", str(ready)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    gateway, ready = _gateway(cluster, tmp_path, "client.admin",
+                              os.path.join(cluster.dir, "client.admin.keyring"),
+                              "--domain", "s3.cairn.test")
     real = socket.getaddrinfo
 
     def resolve(host, *args, **kwargs):
@@ -626,12 +623,7 @@ def test_virtual_host_addressing_with_a_domain(s3, tmp_path):
                          lambda: code_of(c.head_bucket, Bucket="vhost") == "404", 10)
     finally:
         socket.getaddrinfo = real
-        gateway.send_signal(signal.SIGTERM)
-        try:
-            gateway.wait(15)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
-            gateway.wait(5)
+        _stop(gateway)
 
 
 def _gateway(cluster, tmp_path, name, keyring, *extra):
