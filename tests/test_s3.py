@@ -712,3 +712,70 @@ def test_upload_part_copy(s3):
                   {"PartNumber": 2, "ETag": tail}]})
     assert c.get_object(Bucket="upc", Key="mix")["Body"].read() == \
         source[100:100 + (5 << 20)] + b"own bytes"
+
+
+def test_a_stale_claim_is_settled_by_the_next_request(s3):
+    """A gateway that died holding an upload's claim (a complete or an abort begun): after
+    CLAIM_STALE_S the next request that meets the upload finishes or undoes what it began. The
+    claims are planted in the uploads table as a dead gateway leaves them."""
+    import asyncio
+
+    from cairn.client.cluster import Cluster
+    from cairn.s3.store import CLAIM_STALE_S
+
+    _, _, c, _ = s3
+    c.create_bucket(Bucket="claims")
+    uploads = {}
+    for key in ("aborting", "completing", "completed"):
+        upload = c.create_multipart_upload(Bucket="claims", Key=key)["UploadId"]
+        etag = c.upload_part(Bucket="claims", Key=key, UploadId=upload, PartNumber=1,
+                             Body=key.encode() * 1000)["ETag"]
+        uploads[key] = (upload, etag)
+    done, done_etag = uploads["completed"]
+    c.complete_multipart_upload(Bucket="claims", Key="completed", UploadId=done,
+                                MultipartUpload={"Parts": [{"PartNumber": 1,
+                                                            "ETag": done_etag}]})
+
+    async def plant():
+        async with await Cluster.connect(cluster.dir) as admin:
+            index = admin.pool("s3.index")
+            registry = dict([item async for item in index.omap_items("s3.buckets")])
+            bucket_id = msgpack.unpackb(registry[b"claims"])["id"]
+            table = f"s3.uploads.{bucket_id}"
+            entry_shards = [f"s3.index.{bucket_id}.{n}" for n in range(16)]
+            manifest = None
+            for shard in entry_shards:
+                found = await index.omap_get(shard, [b"completed"])
+                if found:
+                    manifest = msgpack.unpackb(found[b"completed"])["mf"]
+            old = time.time() - CLAIM_STALE_S - 10
+            for key, claim in (("aborting", None),
+                               ("completing", f"s3.{bucket_id}.x.manifest.deadbeef"),
+                               ("completed", manifest)):
+                upload = uploads[key][0]
+                record = {"i": old, "o": "client.s3user",
+                          "end": {"t": old, "mf": claim, "tok": "0" * 16}}
+                await index.omap_update(table, set={key.encode() + b"\0" + upload.encode():
+                                                    msgpack.packb(record)})
+
+    cluster = s3[0]
+    asyncio.run(plant())
+    # the abort is carried out; the complete that never landed gives the upload back; the
+    # complete that landed is tidied away
+    assert code_of(c.list_parts, Bucket="claims", Key="aborting",
+                   UploadId=uploads["aborting"][0]) == "NoSuchUpload"
+    parts = c.list_parts(Bucket="claims", Key="completing", UploadId=uploads["completing"][0])
+    assert [p["ETag"] for p in parts["Parts"]] == [uploads["completing"][1]]
+    assert code_of(c.list_parts, Bucket="claims", Key="completed", UploadId=done) == \
+        "NoSuchUpload"
+    assert [u["Key"] for u in c.list_multipart_uploads(Bucket="claims")["Uploads"]] == \
+        ["completing"]
+    c.complete_multipart_upload(Bucket="claims", Key="completing",
+                                UploadId=uploads["completing"][0], MultipartUpload={
+                                    "Parts": [{"PartNumber": 1,
+                                               "ETag": uploads["completing"][1]}]})
+    assert c.get_object(Bucket="claims", Key="completing")["Body"].read() == \
+        b"completing" * 1000
+    assert c.get_object(Bucket="claims", Key="completed")["Body"].read() == b"completed" * 1000
+    # nothing left that no object names: the aborted upload's part went with it
+    assert _gc(cluster, "--min-age-s", "0", "--dry-run")["garbage"] == 0
