@@ -166,6 +166,11 @@ def _seal_stale(seal):
         return True
 
 
+def upload_key(raw_key, upload_id):
+    """An upload's record key in the bucket's uploads table."""
+    return raw_key + b"\0" + upload_id.encode()
+
+
 def stripe_names(data, size):
     return [f"{data}.{index:x}" for index in range((size + STRIPE_BYTES - 1) // STRIPE_BYTES)]
 
@@ -187,6 +192,14 @@ class Store:
 
     def data(self, bucket):
         return self.cluster.pool(bucket.pool)
+
+    async def _value(self, name, key):
+        """Index object `name`'s omap value at `key`; None if the key or the object is
+        absent."""
+        try:
+            return (await self.index().omap_get(name, [key])).get(key)
+        except ObjectNotFound:
+            return None
 
     def later(self, coroutine, delay_s=0.0):
         """Run `coroutine` (a tidy-up: deleting replaced data) without waiting for it, after
@@ -365,10 +378,7 @@ class Store:
 
     async def entry(self, bucket, key):
         raw_key = check_key(key)
-        try:
-            raw = (await self.index().omap_get(bucket.shard(raw_key), [raw_key])).get(raw_key)
-        except ObjectNotFound:
-            raw = None
+        raw = await self._value(bucket.shard(raw_key), raw_key)
         if raw is None:
             raise no_such_key(key)
         return Entry(key, raw)
@@ -409,10 +419,7 @@ class Store:
         """Whether the key's entry is `value` now (after an error that leaves it unknown
         whether an update landed); None if that cannot be read either."""
         try:
-            return (await self.index().omap_get(bucket.shard(raw_key), [raw_key])
-                    ).get(raw_key) == value
-        except ObjectNotFound:
-            return False
+            return await self._value(bucket.shard(raw_key), raw_key) == value
         except ClientError:
             return None
 
@@ -564,10 +571,7 @@ class Store:
         raw_key = check_key(key)
         index, shard = self.index(), bucket.shard(raw_key)
         while True:
-            try:
-                old = (await index.omap_get(shard, [raw_key])).get(raw_key)
-            except ObjectNotFound:
-                return
+            old = await self._value(shard, raw_key)
             if old is None:
                 return
             try:
@@ -577,11 +581,7 @@ class Store:
                     continue
                 # A retried attempt may have removed it: if the key is gone, `old` is named
                 # by nothing (whoever removed it, its data goes; deleting twice is harmless).
-                try:
-                    current = (await index.omap_get(shard, [raw_key])).get(raw_key)
-                except ObjectNotFound:
-                    current = None
-                if current is not None:
+                if await self._value(shard, raw_key) is not None:
                     continue
             await self._delete_data(bucket, Entry(key, old))
             return
@@ -712,7 +712,7 @@ class Store:
         if meta:
             record["md"] = meta
         await self.index().omap_update(bucket.uploads,
-                                       set={raw_key + b"\0" + upload_id.encode():
+                                       set={upload_key(raw_key, upload_id):
                                             msgpack.packb(record)}, create=True)
         return upload_id
 
@@ -723,11 +723,7 @@ class Store:
         if not (isinstance(upload_id, str) and len(upload_id) == 32 and
                 all(c in "0123456789abcdef" for c in upload_id)):
             raise no_such_upload(upload_id)
-        record_key = raw_key + b"\0" + upload_id.encode()
-        try:
-            raw = (await self.index().omap_get(bucket.uploads, [record_key])).get(record_key)
-        except ObjectNotFound:
-            raw = None
+        raw = await self._value(bucket.uploads, upload_key(raw_key, upload_id))
         if raw is None:
             raise no_such_upload(upload_id)
         record = msgpack.unpackb(raw)
@@ -743,7 +739,7 @@ class Store:
         then on uploads, parts and other completes and aborts find NoSuchUpload. (claimed
         raw record, the record before). Retry-safe: the claim carries a token, so an attempt
         the client library retried after it landed is recognised as ours."""
-        record_key = raw_key + b"\0" + upload_id.encode()
+        record_key = upload_key(raw_key, upload_id)
         index = self.index()
         record = await self.upload(bucket, raw_key.decode(), upload_id)
         before = msgpack.packb(record)
@@ -753,18 +749,14 @@ class Store:
             await index.omap_update(bucket.uploads, set={record_key: claimed},
                                     equals={record_key: before})
         except PreconditionFailed:
-            try:
-                now = (await index.omap_get(bucket.uploads, [record_key])).get(record_key)
-            except ObjectNotFound:
-                now = None
-            if now != claimed:
+            if await self._value(bucket.uploads, record_key) != claimed:
                 raise no_such_upload(upload_id) from None
         return claimed, before
 
     async def _unclaim(self, bucket, raw_key, upload_id, claimed, before):
         """Give the upload back (a complete that failed before its entry landed), so the
         client may retry it."""
-        record_key = raw_key + b"\0" + upload_id.encode()
+        record_key = upload_key(raw_key, upload_id)
         try:
             await self.index().omap_update(bucket.uploads, set={record_key: before},
                                            equals={record_key: claimed})
@@ -773,7 +765,7 @@ class Store:
 
     async def _release(self, bucket, raw_key, upload_id, claimed):
         """Remove the claimed upload's record: the end of a complete or an abort."""
-        record_key = raw_key + b"\0" + upload_id.encode()
+        record_key = upload_key(raw_key, upload_id)
         try:
             await self.index().omap_update(bucket.uploads, remove=[record_key],
                                            equals={record_key: claimed})
@@ -827,11 +819,7 @@ class Store:
                 check(size, md5)
             await self.upload(bucket, key, upload_id)   # not aborted or completed meanwhile
             index = self.index()
-            old = None
-            try:
-                old = (await index.omap_get(bucket.parts(upload_id), [part_key])).get(part_key)
-            except ObjectNotFound:
-                pass
+            old = await self._value(bucket.parts(upload_id), part_key)
             await index.omap_update(bucket.parts(upload_id), set={part_key: msgpack.packb(
                 {"s": size, "e": md5, "d": data, "m": time.time()})}, create=True)
         except BaseException:
