@@ -77,6 +77,11 @@ def add_parsers(commands, common):
                         "one of these (default host)")
     create.add_argument("--osds-per-domain", type=int, help="erasure: shards per failure domain "
                         "(e.g. 3 to put 18+6 on 8 hosts; at most M)")
+    create.add_argument("--fast-read", action="store_true", help="erasure: every read asks "
+                        "all k+m members and decodes from the first k to answer (Ceph's "
+                        "fast_read): no wait on one slow disk, at m/k more disk reads and a "
+                        "decode per read. Without it a shard late past the hedge delay is "
+                        "read around instead (default: off, measured in docs/perf/hedged.md)")
     create.add_argument("--pg-num", type=int, default=128, help="placement groups, a power of "
                         "two (default 128)")
     quota = pool_commands.add_parser(
@@ -303,6 +308,11 @@ def _pool_create_request(args):
             request["backend"] = args.backend
     if args.backend is not None and args.replicated is not None:
         raise ValueError("--backend applies to erasure pools")
+    if args.fast_read:
+        if args.replicated is not None:
+            raise ValueError("--fast-read applies to erasure pools (replicated reads are hedged "
+                             "by the client)")
+        request["fast_read"] = True
     if args.osds_per_domain is not None:
         if args.replicated is not None:
             raise ValueError("--osds-per-domain applies to erasure pools")
@@ -546,6 +556,8 @@ def _describe_pool(pool):
         if pool.get("osds_per_domain", 1) > 1:
             kind += f" ({pool['osds_per_domain']} per {pool['failure_domain']})"
         kind += f" {pool.get('backend', 'isa_l_rs_cauchy')} min_size {pool['min_size']}"
+        if pool.get("fast_read"):
+            kind += " fast_read"
     quota = _quota_words(pool, "objects")
     return f"{pool['name']} (id {pool['id']}): {kind}, failure domain " \
            f"{pool['failure_domain']}, {pool['pg_num']} PGs" + \

@@ -70,6 +70,9 @@ def add_parser(kinds):
     bench.add_argument("--run-name", type=_run_name, default=None, metavar="NAME",
                        help="record the run as bench.last.NAME, not bench.last: benches run at "
                        "once on one pool each read back (and clean up) their own objects")
+    bench.add_argument("--no-hedge", action="store_true",
+                       help="seq/rand on a replicated pool: never send a late read to another "
+                       "member (common/hedge.py); the JSON's `hedges` counts them otherwise")
     bench.add_argument("--size-dist", type=_size_range, default=None, metavar="LO-HI",
                        help="object sizes drawn uniformly from LO..HI (e.g. 10K-100K) instead "
                        "of --size")
@@ -138,6 +141,7 @@ async def run(args, say):
         raise SystemExit(f"cairn bench cluster: --concurrency must be 1 or more (was "
                          f"{args.concurrency})")
     cluster = await Cluster.connect(args.cluster)
+    cluster.hedging = not args.no_hedge
     cpu = CpuMeter(args.cluster)
     try:
         pool = cluster.pool(args.pool)
@@ -180,6 +184,8 @@ async def run(args, say):
             cpu.start()
             result = await _read(pool, args, names, sizes, "names" not in last)
             result.update(cpu.per_1000(result["ops"]))
+            if cluster.map.pools[args.pool]["kind"] == "replicated":
+                result["hedges"] = cluster.hedger.counts() if cluster.hedging else None
             if args.cleanup:
                 await _delete_all(pool, names)
                 await _forget_run(pool, _last_run_object(args))

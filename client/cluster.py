@@ -18,9 +18,12 @@ import asyncio
 import os
 import collections
 import dataclasses
+import functools
 import secrets
+import time
 
 from cairn.client import striping
+from cairn.common.hedge import Hedger
 from cairn.client.omap_batch import OmapBatcher
 from cairn.client.errors import (ObjectNotFound, PermissionDenied, PoolNotFound, PreconditionFailed,
                                  ProtocolError, Timeout)
@@ -73,6 +76,10 @@ class Cluster:
         self.direct_reads = True
         self.direct_reads_total = 0
         self.direct_fallbacks_total = 0
+        # Reads of replicated objects are hedged to another member when their primary is late
+        # (common/hedge.py, `_read_replicated`).
+        self.hedging = True
+        self.hedger = Hedger(time.monotonic)
         # The loop its connections live on, kept: asyncio.get_running_loop() makes a getpid
         # system call on Python 3.11 (3.3% of a client's samples at 64 KiB gets, once per op).
         try:
@@ -164,6 +171,9 @@ class Cluster:
         of twice through the primary. If any of that fails (a member moved on, was written
         meanwhile, is unreachable) the read goes through the primary as usual."""
         pool = self.map.pools.get(pool_name)
+        if self.hedging and pool is not None and pool.get("kind") == "replicated":
+            reply = await self._read_replicated(pool, name, header)
+            return reply if reply is not None else await self._op(pool_name, name, header)
         if not (self.direct_reads and pool is not None and pool.get("kind") == "erasure"):
             return await self._op(pool_name, name, header)
         reply = await self._op(pool_name, name, dict(header, direct=True))
@@ -178,6 +188,109 @@ class Cluster:
             return await self._op(pool_name, name, header)
         self.direct_reads_total += 1
         return reply.replace(payload=payload)
+
+    async def _read_replicated(self, pool, name, header):
+        """A read of a replicated object (common/hedge.py): at its primary, hedged to another
+        member if the primary is late; at another member first while the primary is steered
+        around. None when this did not answer it (the first attempt met something `_send`
+        retries: a map change, a closed connection, a refusal): the caller then reads the
+        usual way. A typed error (not found, ...) is raised as `_send` would."""
+        cmap, hedger = self.map, self.hedger
+        pg_index = stable_pg(name, pool["pg_num"])
+        acting = self._acting(pool["name"], pg_index)
+        primary = acting.primary
+        if primary is None:
+            return None
+        others = [osd for osd in acting.members if osd is not None and osd != primary]
+        request = dict(header, name=name, pool=pool["id"], pg=pg_index, epoch=cmap.epoch)
+        loop = self._loop or asyncio.get_running_loop()
+        started = loop.time()
+        if others and hedger.steering(primary):
+            hedger.note_steered(primary)
+            try:
+                at_replica = await self._start_replica_read(others, pg_index, request)
+                reply = await at_replica
+            except (RequestFailed, ConnectionClosed, RequestTimeout, OSError):
+                hedger.note_refused(primary)
+                return None
+            hedger.record(loop.time() - started)
+            return reply
+        connection = self._connections.ready(primary, cmap.osds[primary]["addr"])
+        if connection is None:
+            return None                 # `_send` opens it
+        try:
+            at_primary = connection.start_request(request, b"", timeout_s=self.op_timeout_s)
+        except ConnectionClosed:
+            return None
+        try:
+            if others:
+                reply = await self._hedged(at_primary, primary, others, pg_index, request, loop)
+                if reply is not None:
+                    hedger.record(loop.time() - started)
+                    return reply
+            reply = await at_primary
+        except RequestFailed as exc:
+            self._raise_typed(exc)
+            return None
+        except (ConnectionClosed, RequestTimeout):
+            return None
+        except asyncio.CancelledError:
+            at_primary.cancel()
+            raise
+        hedger.record(loop.time() - started)
+        return reply
+
+    async def _hedged(self, at_primary, primary, others, pg_index, request, loop):
+        """Wait for `at_primary` up to the hedge delay; then, if the budget allows, ask
+        another member too. The replica's reply if it answered first (the primary's request
+        is cancelled), else None (the caller awaits the primary's)."""
+        hedger = self.hedger
+        waiter = loop.create_future()
+        wake = functools.partial(_wake, waiter)
+        at_primary.add_done_callback(wake)
+        timer = loop.call_later(hedger.delay(), wake, None)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+        if at_primary.done() or not hedger.may_hedge(primary):
+            return None
+        try:
+            at_replica = await self._start_replica_read(others, pg_index, request)
+        except (RequestFailed, ConnectionClosed, RequestTimeout, OSError):
+            hedger.note_refused(primary)
+            return None
+        waiter = loop.create_future()
+        wake = functools.partial(_wake, waiter)
+        at_primary.add_done_callback(wake)
+        at_replica.add_done_callback(wake)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            at_replica.cancel()
+            raise
+        if not at_replica.done():
+            at_replica.cancel()
+            hedger.note_wasted(primary)
+            return None
+        if at_replica.exception() is not None:
+            hedger.note_refused(primary)
+            return None
+        at_primary.cancel()
+        hedger.note_won(primary)
+        return at_replica.result()
+
+    async def _start_replica_read(self, others, pg_index, request):
+        """A future of `request` sent as a replica read (osd/hedged.py) to one of `others`,
+        one the hedger is not steering around where there is one, spread by PG."""
+        usable = [osd for osd in others if not self.hedger.steering(osd)] or others
+        replica = usable[pg_index % len(usable)]
+        connection = self._connections.ready(replica, self.map.osds[replica]["addr"]) \
+            or await self._connection(replica)
+        future = connection.start_request(dict(request, replica=True), b"",
+                                          timeout_s=self.op_timeout_s)
+        future.add_done_callback(_retrieved)
+        return future
 
     async def _fetch_direct(self, pool, name, reply, plan):
         """The bytes a direct read plan describes (see `_read`); raises on any problem."""
@@ -632,6 +745,17 @@ class Pool:
         errors = [r for r in results if isinstance(r, Exception)]
         if errors and not quiet:
             raise errors[0]
+
+
+def _wake(waiter, _=None):
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _retrieved(future):
+    """Mark a hedged request's failure seen (asyncio logs one nobody retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def new_event_loop():

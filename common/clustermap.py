@@ -23,7 +23,7 @@ Operations (each a dict with "op"):
     osd_weight   id, weight           (its placement weight: a new host's OSDs join at 0 and
                                        are raised in steps, cairn-cluster add-host)
     pool_create  name, kind (replicated|erasure), size, min_size | k, m, failure_domain, pg_num,
-                 [osds_per_domain]
+                 [osds_per_domain], [backend], [fast_read]
     pool_delete  name
     pool_set_quota name, [max_objects], [max_bytes]   (0: no limit; a field left out stays)
     pool_quota_full name, full        (the leader: the pool reached its quota; writes refused)
@@ -363,8 +363,13 @@ def _pool_create(new, op):
         if backend == "isa_l_rs_vand" and m > 4:
             raise MapError("pool_create: isa_l_rs_vand cannot decode every loss of more than 4 "
                            "shards (not MDS for m > 4); use isa_l_rs_cauchy")
+        fast_read = op.get("fast_read", False)
+        if not isinstance(fast_read, bool):
+            raise MapError(f"pool_create: fast_read is true or false (was {fast_read!r})")
         pool.update(size=k + m, min_size=min_size, k=k, m=m, osds_per_domain=per_domain,
                     backend=backend)
+        if fast_read:
+            pool["fast_read"] = True    # reads ask every member, decode the first k
     else:
         raise MapError(f"pool_create: kind must be replicated or erasure (was {kind!r})")
     new.pools[name] = pool

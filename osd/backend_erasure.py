@@ -15,9 +15,11 @@ import asyncio
 import collections
 import logging
 import struct
+import time
 
 from cairn.common import pg as pgs
 from cairn.common.codes import Code
+from cairn.common.hedge import Hedger
 from cairn.common.limits import BLOCK_SIZE_BYTES
 from cairn.common.messenger import RequestFailed
 from cairn.common.server import received_checksums
@@ -51,6 +53,10 @@ class ErasureBackend(PgBackend):
         self.degraded_reads_total = 0
         self.damaged_shards_total = 0
         self.direct_plans_total = 0
+        # Shards late past the hedge delay are read around (decoded from other members'), and
+        # their members steered around for a while (common/hedge.py, `_read_healthy`).
+        self.hedger = Hedger(time.monotonic)
+        self.fast_reads_total = 0
 
     def codec(self, pg):
         pool = pgs.pool_by_id(self.port.map, pg.key[0])
@@ -216,14 +222,28 @@ class ErasureBackend(PgBackend):
         if length == 0:
             return info, b""
         avoided = self.avoided_shards(pg, codec_k=layout.k)
-        if avoided and avoided & {index for index, _, _ in layout.data_extents(offset, length)}:
+        late = {}
+        around = avoided & {index for index, _, _ in layout.data_extents(offset, length)}
+        if around:
             self.avoided_reads_total += 1
+            for index in around:
+                self.hedger.note_steered(pg.core.acting.members[index])
             data, failed = None, avoided
+        elif pgs.pool_by_id(self.port.map, pg.key[0]).get("fast_read"):
+            self.fast_reads_total += 1
+            return info, await self._read_degraded(pg, name, version, layout, offset, length,
+                                                   (), fast=True)
         else:
-            data, failed = await self._read_healthy(pg, name, version, layout, offset, length)
+            data, failed, late = await self._read_healthy(pg, name, version, layout, offset,
+                                                          length)
         if data is None:
             self.degraded_reads_total += 1
             data = await self._read_degraded(pg, name, version, layout, offset, length, failed)
+        for osd, fetch in late.items():     # hedged: did the decode beat the late shard?
+            if fetch.done():
+                self.hedger.note_wasted(osd)
+            else:
+                self.hedger.note_won(osd)
         return info, data
 
     async def stat(self, pg, name):
@@ -385,8 +405,10 @@ class ErasureBackend(PgBackend):
                     "shards, queued for repair", *pg.key, shard_index, name, osd, reason)
 
     async def _read_healthy(self, pg, name, version, layout, offset, length):
-        """(the range from the data shards alone, None) or (None, the shard indices that
-        failed) if one of them did."""
+        """(the range from the data shards alone, None, {}) or (None, the shard indices that
+        failed, {}) if one of them did, or (None, the late shard indices, {osd: its fetch})
+        when shards were still due after the hedge delay and the other members can stand in
+        for them (common/hedge.py): the caller decodes around them."""
         extents = layout.data_extents(offset, length)
         ranges = collections.defaultdict(list)
         for shard_index, start, size in extents:
@@ -394,11 +416,23 @@ class ErasureBackend(PgBackend):
         members = pg.core.acting.members
         holes = {index for index in ranges if members[index] is None}
         if holes:
-            return None, holes
+            return None, holes, {}
         shards = list(ranges)
-        results = await asyncio.gather(*(self._fetch(pg, members[index], index, name, version,
-                                                     ranges[index]) for index in shards),
-                                       return_exceptions=True)
+        started = time.monotonic()
+        fetches = [asyncio.ensure_future(self._fetch(pg, members[index], index, name, version,
+                                                     ranges[index])) for index in shards]
+        done, due = await asyncio.wait(fetches, timeout=self.hedger.delay())
+        if due:
+            late = {members[index]: fetch for index, fetch in zip(shards, fetches)
+                    if fetch in due}
+            others = sum(1 for osd in members if osd is not None and osd not in late)
+            if others >= layout.k and all(self.hedger.may_hedge(osd) for osd in late):
+                for fetch in fetches:
+                    fetch.add_done_callback(_retrieved)
+                return None, {index for index in shards if members[index] in late}, late
+            await asyncio.wait(due)
+        self.hedger.record(time.monotonic() - started)
+        results = [fetch.exception() or fetch.result() for fetch in fetches]
         pieces, failed = {}, set()
         for index, result in zip(shards, results):
             if isinstance(result, ShardUnavailable):
@@ -408,24 +442,27 @@ class ErasureBackend(PgBackend):
             else:
                 pieces[index] = memoryview(result)
         if failed:
-            return None, failed
+            return None, failed, {}
         if len(extents) == 1:
-            return pieces[extents[0][0]], None
+            return pieces[extents[0][0]], None, {}
         # The pieces go out one after another as they are (frame.encode takes a tuple): no
         # join, which cost a memset and a copy of every byte of a multi-shard read.
         out, cursors = [], collections.Counter()
         for index, _, size in extents:
             out.append(pieces[index][cursors[index]:cursors[index] + size])
             cursors[index] += size
-        return tuple(out), None
+        return tuple(out), None, {}
 
     def avoided_shards(self, pg, codec_k):
-        """Shard indices on members the map flags slow, when the others that are up still
-        number k (a read then decodes from them rather than wait on a slow disk); else none."""
-        slow = slow_osds(self.port.map)
+        """Shard indices on members the map flags slow or that reads are steered around
+        (a late shard was read around lately: common/hedge.py), when the others that are up
+        still number k (a read then decodes from them rather than wait on a slow disk); else
+        none."""
+        members = pg.core.acting.members
+        slow = slow_osds(self.port.map) | {osd for osd in members if osd is not None and
+                                           self.hedger.steering(osd)}
         if not slow:
             return set()
-        members = pg.core.acting.members
         avoided = {index for index, osd in enumerate(members) if osd in slow}
         usable = sum(1 for osd in members if osd is not None and osd not in slow)
         return avoided if avoided and usable >= codec_k else set()
@@ -437,11 +474,14 @@ class ErasureBackend(PgBackend):
         up = [index for index, osd in enumerate(members) if osd is not None]
         return sorted(up, key=lambda index: (members[index] != self.port.me, index))
 
-    async def _gather(self, pg, name, version, layout, ranges, exclude=(), extra=()):
+    async def _gather(self, pg, name, version, layout, ranges, exclude=(), extra=(),
+                      fast=False):
         """{shard index: bytes} of `ranges` from k shards of `version` (never mixing versions),
-        asking k members at a time and more when some fail. `extra`: (osd, shard index) of
-        holders outside the acting set (a past authority). Raises RequestFailed(Code.UNAVAILABLE)
-        naming the shards found when fewer than k can be read."""
+        asking k members at a time and more when some fail; `fast` (the pool's fast_read):
+        asking every member at once and taking the first k to answer. `extra`: (osd, shard
+        index) of holders outside the acting set (a past authority). Raises
+        RequestFailed(Code.UNAVAILABLE) naming the shards found when fewer than k can be
+        read."""
         members = pg.core.acting.members
         candidates = [(members[index], index) for index in self._preference(pg)
                       if index not in exclude]
@@ -449,30 +489,40 @@ class ErasureBackend(PgBackend):
                        if index not in exclude and (osd, index) not in candidates]
         got, failures = {}, []
         while len(got) < layout.k and candidates:
-            wanted = layout.k - len(got)
+            wanted = len(candidates) if fast else layout.k - len(got)
             batch = [c for c in candidates if c[1] not in got][:wanted]
             candidates = [c for c in candidates if c not in batch]
             if not batch:
                 break
-            results = await asyncio.gather(*(self._fetch(pg, osd, index, name, version, ranges)
-                                              for osd, index in batch),
-                                           return_exceptions=True)
-            for (osd, index), result in zip(batch, results):
-                if isinstance(result, ShardUnavailable):
-                    failures.append(result.reason)
-                elif isinstance(result, BaseException):
-                    raise result
-                else:
-                    got[index] = result
+            fetches = {asyncio.ensure_future(self._fetch(pg, osd, index, name, version,
+                                                         ranges)): index
+                       for osd, index in batch}
+            due = set(fetches)
+            while due and len(got) < layout.k:
+                done, due = await asyncio.wait(due, return_when=asyncio.FIRST_COMPLETED)
+                for fetch in done:
+                    error = fetch.exception()
+                    if isinstance(error, ShardUnavailable):
+                        failures.append(error.reason)
+                    elif error is not None:
+                        for other in due:
+                            other.add_done_callback(_retrieved)
+                        raise error
+                    elif len(got) < layout.k:
+                        got[fetches[fetch]] = fetch.result()
+            for fetch in due:               # fast: the slowest, not needed
+                fetch.add_done_callback(_retrieved)
         if len(got) < layout.k:
             raise RequestFailed(Code.UNAVAILABLE, f"pg {pg.key[0]}.{pg.key[1]:x}: object {name!r} "
                                 f"(version {version:x}) has {len(got)} readable shards "
                                 f"{sorted(got)}, {layout.k} needed ({'; '.join(failures)})")
         return got
 
-    async def _read_degraded(self, pg, name, version, layout, offset, length, failed):
+    async def _read_degraded(self, pg, name, version, layout, offset, length, failed,
+                             fast=False):
         first, last, start, span = layout.stripe_span(offset, length)
-        spans = await self._gather(pg, name, version, layout, [(start, span)], exclude=failed)
+        spans = await self._gather(pg, name, version, layout, [(start, span)], exclude=failed,
+                                   fast=fast)
         codec = self.codec(pg)
         try:
             data = await self._in_thread_if_large(span * layout.k, ecstripe.decode_span, codec,
@@ -526,3 +576,10 @@ class ErasureBackend(PgBackend):
                                      ec=[size, unit]),
                    shard if target == self.port.me else padded((shard,)))  # a local call: no wire
         return "copied"
+
+
+def _retrieved(fetch):
+    """A shard fetch nobody waits for any more: its failure is seen (asyncio logs one that
+    nobody retrieved), its bytes dropped."""
+    if not fetch.cancelled():
+        fetch.exception()

@@ -226,6 +226,7 @@ class OsdDaemon:
                     "fast_ops": self.service.fast_ops,
                     "omap_reads_beside_writes": self.service.omap_reads_beside_writes,
                     "direct_plans": self.service.backends["erasure"].direct_plans_total,
+                    "hedges": self._hedge_counts(),
                     "repairs": self.scrubber.repairs_total,
                     "store": store,
                     # the device's pool is the receive pool (start): the same figures
@@ -268,6 +269,16 @@ class OsdDaemon:
         """[total, used] bytes of the data area (for OSD_NEARFULL/OSD_FULL and `cairn df`)."""
         statfs = self.store.statfs()
         return [statfs["total_bytes"], statfs["used_bytes"]]
+
+    def _hedge_counts(self):
+        """Hedged reads (common/hedge.py) this OSD took part in: as a replica serving clients'
+        hedged reads, as a primary confirming them (reads sent around it), and as an
+        erasure-coded primary reading around late shards (by the member it read around)."""
+        erasure = self.service.backends["erasure"]
+        return {"replica_reads_served": self.service.hedge_reads_served,
+                "reads_sent_around": self.service.hedged_away_total,
+                "fast_reads": erasure.fast_reads_total,
+                "shards": erasure.hedger.counts()}
 
     def _interval_s(self):
         return config.value(self.monc.map.config, "osd.heartbeat_interval_s")

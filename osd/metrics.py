@@ -77,6 +77,23 @@ def collect(daemon):
     avoided.add_metric([labels["osd"]], sum(backend.avoided_reads_total
                                             for backend in daemon.service.backends.values()))
     yield avoided
+    hedges = daemon._hedge_counts()
+    served = CounterMetricFamily("cairn_osd_hedged_reads", "clients' reads of replicated "
+                                 "objects taken by a replica: `served` here as the replica, "
+                                 "`around` this OSD (it confirmed them as their slow primary)",
+                                 labels=["osd", "role"])
+    served.add_metric([labels["osd"], "served"], hedges["replica_reads_served"])
+    served.add_metric([labels["osd"], "around"], hedges["reads_sent_around"])
+    yield served
+    shards = CounterMetricFamily("cairn_osd_shard_hedges", "erasure-coded reads by this "
+                                 "primary that stopped waiting for a member's late shard: "
+                                 "sent, won (decoded before it came), wasted, steered (read "
+                                 "around it without asking), by that member",
+                                 labels=["osd", "member", "outcome"])
+    for member, counts in hedges["shards"]["by_osd"].items():
+        for outcome, count in counts.items():
+            shards.add_metric([labels["osd"], member, outcome], count)
+    yield shards
     states = GaugeMetricFamily("cairn_osd_pgs", "PGs this OSD is primary of, by state",
                                labels=["osd", "state"])
     for state, count in daemon.pgs.states().items():

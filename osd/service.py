@@ -48,7 +48,7 @@ from cairn.common.limits import OBJECT_SIZE_BYTES_MAX
 from cairn.common.messenger import RequestFailed
 from cairn.common.metrics import OpLatency
 from cairn.native.errors import DeviceError, DeviceNoSpace
-from cairn.osd import access, member_ops, omap
+from cairn.osd import access, hedged, member_ops, omap
 from cairn.osd.backend import ZERO_COPY_READ_BYTES_MIN, slow_osds
 from cairn.osd.backend_erasure import ErasureBackend
 from cairn.osd.errors import (ChecksumError, CollectionNotFound, InvalidArgument, NoSpace,
@@ -113,6 +113,8 @@ class ObjectService:
         self.direct_reads_total = 0     # shard reads served to clients (`_shard_read`)
         self.fast_ops = {"get": 0, "put": 0, "rep_put": 0}  # answered from callbacks (`fast`)
         self.omap_reads_beside_writes = 0   # omap_gets answered beside an update in flight
+        self.hedge_reads_served = 0     # clients' hedged reads served as a replica (osd/hedged.py)
+        self.hedged_away_total = 0      # ... confirmed as the primary: reads sent around us
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -343,6 +345,8 @@ class ObjectService:
         return name, offset, length
 
     async def _get(self, header, payload):
+        if header.get("replica"):
+            return await hedged.replica_get(self, header)
         pool, pg = await self.pg_of(header)
         name, offset, length = self._admit_read(header)
         pg = await self.registry.wait_active(pg.key)
@@ -499,7 +503,7 @@ class ObjectService:
         `_admit_read`): a fast get and a usual one cannot tell apart."""
         header = received.header
         try:
-            if header.get("direct"):
+            if header.get("direct") or header.get("replica"):
                 return False
             found = self._fast_pg(connection, header, as_primary=True)
             if found is None or self.port.me in slow_osds(self.port.map):
@@ -732,4 +736,5 @@ OPS = _ops(
     ("pg_scrub", member_ops.pg_scrub, False, False),
     ("pg_scrub_local", member_ops.pg_scrub_local, False, False),
     ("pg_versions", member_ops.pg_versions, False, True),
+    ("pg_settled", hedged.pg_settled, False, True),
 )

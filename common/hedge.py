@@ -1,0 +1,107 @@
+"""Hedged reads (pure): when a read stops waiting on one OSD and asks another. Used by a
+client reading a replicated object (client/cluster.py `_read_replicated`: the read goes to
+another member; the replica's side is osd/hedged.py) and by an erasure-coded PG's primary
+reading shards (osd/backend_erasure.py: it decodes from other members' shards instead).
+
+- **Hedge**: a read that has waited `delay()` at the primary is sent to another member too;
+  the first answer wins and the other is cancelled (its reply, if it comes, is dropped). The
+  delay is HEDGE_FACTOR times the 90th percentile of this client's recent reads (all OSDs:
+  a slow OSD's own latency would raise its own threshold), at least HEDGE_FLOOR_S.
+- **Budget**: hedges are paid from a token bucket that every read fills by HEDGE_SHARE, so a
+  cluster that is slow everywhere is never sent more than that share of extra reads
+  (HEDGE_BURST tokens at most, for the first reads of a fresh client).
+- **Steering**: a primary whose read lost to a hedge is avoided for STEER_S: reads of its PGs
+  go to another member first (no duplicate, so no budget), and it gets one read again after
+  that. A disk that went slow costs a client one late read per STEER_S, not one in every few.
+
+Counters (`counts()`), in all and by the OSD a read was hedged or steered around: hedges sent,
+won (the other answered first), wasted (the OSD did), refused (the other would not serve it:
+not settled, not a member, ...), and reads steered around it.
+"""
+
+import collections
+
+HEDGE_FACTOR = 3.0
+HEDGE_FLOOR_S = 0.002
+HEDGE_CAP_S = 0.1
+HEDGE_SHARE = 0.05
+HEDGE_BURST = 20.0
+STEER_S = 1.0
+# Read latencies kept, and how often the delay is recomputed from them.
+WINDOW = 512
+RECOMPUTE_EVERY = 128
+OUTCOMES = ("sent", "won", "wasted", "refused", "steered")
+
+
+class Hedger:
+    def __init__(self, clock):
+        self._clock = clock                 # loop.time
+        self._latencies = [0.0] * WINDOW
+        self._filled = 0
+        self._next = 0
+        self._delay = HEDGE_FLOOR_S
+        self._tokens = HEDGE_BURST
+        self._steer_until = {}              # osd id -> clock time
+        self.totals = collections.Counter()         # outcome (OUTCOMES) -> count
+        self.by_osd = collections.defaultdict(collections.Counter)  # osd id -> the same
+
+    def delay(self):
+        """How long a read waits at its primary before it is hedged."""
+        return self._delay
+
+    def record(self, seconds):
+        """A read answered in `seconds` (by whoever answered first)."""
+        self._latencies[self._next] = seconds
+        self._next = (self._next + 1) % WINDOW
+        self._filled += 1
+        self._tokens = min(HEDGE_BURST, self._tokens + HEDGE_SHARE)
+        if self._filled % RECOMPUTE_EVERY == 0:
+            recent = sorted(self._latencies[:min(self._filled, WINDOW)])
+            p90 = recent[int(len(recent) * 0.9)]
+            self._delay = min(HEDGE_CAP_S, max(HEDGE_FLOOR_S, HEDGE_FACTOR * p90))
+
+    def may_hedge(self, osd):
+        """Take a token for one hedge around `osd`, if the budget has one."""
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        self._count(osd, "sent")
+        return True
+
+    def steering(self, osd):
+        """Whether reads that would wait on `osd` go around it first now."""
+        until = self._steer_until.get(osd)
+        if until is None:
+            return False
+        if self._clock() < until:
+            return True
+        del self._steer_until[osd]          # its next read goes to it (and may be hedged)
+        return False
+
+    def note_won(self, osd):
+        """A hedge answered before `osd` did: steer reads around it for a while."""
+        self._count(osd, "won")
+        self._steer_until[osd] = self._clock() + STEER_S
+
+    def note_wasted(self, osd):
+        """`osd` answered before its hedge did."""
+        self._count(osd, "wasted")
+
+    def note_refused(self, osd):
+        """The hedge around `osd` was refused or failed; the read waits for `osd`."""
+        self._count(osd, "refused")
+
+    def note_steered(self, osd):
+        """A read went around `osd` without asking it (it is being steered around)."""
+        self._count(osd, "steered")
+
+    def _count(self, osd, what):
+        self.totals[what] += 1
+        self.by_osd[osd][what] += 1
+
+    def counts(self):
+        """{sent, won, wasted, refused, steered, delay_ms, by_osd: {"osd.N": {...}}}."""
+        return {**{what: self.totals[what] for what in OUTCOMES},
+                "delay_ms": round(self._delay * 1000, 3),
+                "by_osd": {f"osd.{osd}": {what: counts[what] for what in OUTCOMES}
+                           for osd, counts in sorted(self.by_osd.items())}}
