@@ -65,6 +65,10 @@ OPTIONS = {option.name: option for option in [
     Option("osd.avoid_slow_reads", int, 1, 0, 1,
            "1: reads avoid an OSD that SLOW_DISK names (another copy, or the other shards, "
            "serve them) until the check clears; 0: reads go where they always do"),
+    Option("osd.hedge_shard_reads", int, 1, 0, 1,
+           "1: an erasure-coded read whose shard is late past the hedge delay decodes from "
+           "the other members' shards instead, and steers around that member for a while "
+           "(common/hedge.py); 0: it waits for the shard"),
     # Ceph: mon_osd_nearfull_ratio 0.85, mon_osd_full_ratio 0.95.
     Option("osd.nearfull_ratio", float, 0.85, 0.1, 1.0,
            "OSD_NEARFULL: an OSD's data area is at least this fraction used"),

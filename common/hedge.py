@@ -34,12 +34,13 @@ OUTCOMES = ("sent", "won", "wasted", "refused", "steered")
 
 
 class Hedger:
-    def __init__(self, clock):
-        self._clock = clock                 # loop.time
+    def __init__(self, clock, *, factor=HEDGE_FACTOR, floor_s=HEDGE_FLOOR_S, share=HEDGE_SHARE):
+        self._clock = clock                 # e.g. time.monotonic
+        self._factor, self._floor_s, self._share = factor, floor_s, share
         self._latencies = [0.0] * WINDOW
         self._filled = 0
         self._next = 0
-        self._delay = HEDGE_FLOOR_S
+        self._delay = floor_s
         self._tokens = HEDGE_BURST
         self._steer_until = {}              # osd id -> clock time
         self.totals = collections.Counter()         # outcome (OUTCOMES) -> count
@@ -49,16 +50,21 @@ class Hedger:
         """How long a read waits at its primary before it is hedged."""
         return self._delay
 
+    def count_read(self):
+        """A read done that gives no latency sample (it was hedged or steered): it adds to
+        the budget like any other."""
+        self._tokens = min(HEDGE_BURST, self._tokens + self._share)
+
     def record(self, seconds):
         """A read answered in `seconds` (by whoever answered first)."""
         self._latencies[self._next] = seconds
         self._next = (self._next + 1) % WINDOW
         self._filled += 1
-        self._tokens = min(HEDGE_BURST, self._tokens + HEDGE_SHARE)
+        self._tokens = min(HEDGE_BURST, self._tokens + self._share)
         if self._filled % RECOMPUTE_EVERY == 0:
             recent = sorted(self._latencies[:min(self._filled, WINDOW)])
             p90 = recent[int(len(recent) * 0.9)]
-            self._delay = min(HEDGE_CAP_S, max(HEDGE_FLOOR_S, HEDGE_FACTOR * p90))
+            self._delay = min(HEDGE_CAP_S, max(self._floor_s, self._factor * p90))
 
     def may_hedge(self, osd):
         """Take a token for one hedge around `osd`, if the budget has one."""

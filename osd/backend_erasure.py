@@ -17,7 +17,7 @@ import logging
 import struct
 import time
 
-from cairn.common import pg as pgs
+from cairn.common import config, pg as pgs
 from cairn.common.codes import Code
 from cairn.common.hedge import Hedger
 from cairn.common.limits import BLOCK_SIZE_BYTES
@@ -239,6 +239,8 @@ class ErasureBackend(PgBackend):
         if data is None:
             self.degraded_reads_total += 1
             data = await self._read_degraded(pg, name, version, layout, offset, length, failed)
+        if late or around:
+            self.hedger.count_read()
         for osd, fetch in late.items():     # hedged: did the decode beat the late shard?
             if fetch.done():
                 self.hedger.note_wasted(osd)
@@ -421,7 +423,8 @@ class ErasureBackend(PgBackend):
         started = time.monotonic()
         fetches = [asyncio.ensure_future(self._fetch(pg, members[index], index, name, version,
                                                      ranges[index])) for index in shards]
-        done, due = await asyncio.wait(fetches, timeout=self.hedger.delay())
+        hedging = config.value(self.port.map.config, "osd.hedge_shard_reads")
+        done, due = await asyncio.wait(fetches, timeout=self.hedger.delay() if hedging else None)
         if due:
             late = {members[index]: fetch for index, fetch in zip(shards, fetches)
                     if fetch in due}
@@ -459,8 +462,10 @@ class ErasureBackend(PgBackend):
         still number k (a read then decodes from them rather than wait on a slow disk); else
         none."""
         members = pg.core.acting.members
-        slow = slow_osds(self.port.map) | {osd for osd in members if osd is not None and
-                                           self.hedger.steering(osd)}
+        slow = slow_osds(self.port.map)
+        if config.value(self.port.map.config, "osd.hedge_shard_reads"):
+            slow = slow | {osd for osd in members if osd is not None and
+                           self.hedger.steering(osd)}
         if not slow:
             return set()
         avoided = {index for index, osd in enumerate(members) if osd in slow}

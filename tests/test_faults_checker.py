@@ -10,6 +10,8 @@ the OSDs just killed: DataUnavailable, counted, never wrong bytes). An op that f
 *uncertain*: either the old or the new value may be there, as for any unacknowledged write. Every
 read must return the model's value (or one of the candidates while uncertain): never wrong bytes.
 At the end every OSD is up, every PG active, and every object reads back as the model says.
+A third shape hedges every replicated read at once (osd/hedged.py): a replica answers whenever
+it is faster, so a replica that missed a write would be caught serving it.
 """
 
 import asyncio
@@ -22,6 +24,7 @@ import pytest
 
 from cairn.client import errors
 from cairn.client.cluster import Cluster
+from cairn.common.hedge import Hedger
 from tests.helpers import run
 
 pytestmark = pytest.mark.faults
@@ -118,6 +121,10 @@ async def worker(index, pool, model, rng, stop_at, stats):
 
 SHAPES = {
     "replicated": dict(osds_per_host=1, pool=("--replicated", "3", "--min-size", "2")),
+    # Every read hedged at once (common/hedge.py with no delay and a budget of one hedge a
+    # read): each read races a replica (osd/hedged.py) against its primary while OSDs die.
+    "replicated-hedged": dict(osds_per_host=1, pool=("--replicated", "3", "--min-size", "2"),
+                              hedge_all=True),
     "erasure-4+2": dict(osds_per_host=2, pool=("--erasure", "4+2", "--osds-per-domain", "2",
                                                "--min-size", "4")),
 }
@@ -133,6 +140,7 @@ def test_checker_survives_osd_kills(local_cluster, shape):
     rng = random.Random(20261122)
     model = Model()
     stats = {"puts": 0, "deletes": 0, "reads": 0, "failed": 0, "kills": 0}
+    hedges = {}
 
     async def faults(stop_at):
         two_from = stop_at - RUN_S / 3
@@ -151,6 +159,8 @@ def test_checker_survives_osd_kills(local_cluster, shape):
 
     async def main():
         async with await Cluster.connect(cluster.dir, op_timeout_s=15) as client:
+            if SHAPES[shape].get("hedge_all"):
+                client.hedger = Hedger(time.monotonic, factor=0.0, floor_s=0.0, share=1.0)
             pool = client.pool("data")
             stop_at = time.monotonic() + RUN_S
             await asyncio.gather(faults(stop_at),
@@ -165,6 +175,10 @@ def test_checker_survives_osd_kills(local_cluster, shape):
                 except errors.ObjectNotFound:
                     got = None
                 assert got in model.possible(name), f"{name}: final read is wrong"
+            hedges.update(client.hedger.counts())
     run(main())
     print(stats)
     assert stats["kills"] >= 3 and stats["puts"] > 50 and stats["reads"] > 50, stats
+    if SHAPES[shape].get("hedge_all"):
+        print(hedges)
+        assert hedges["sent"] > 20 and hedges["won"] + hedges["steered"] > 10, hedges
