@@ -41,10 +41,19 @@ def add_parsers(commands, common):
     health.add_argument("--limit", type=int, default=50, help="history: how many of the newest "
                         "events (default 50)")
 
-    osd = commands.add_parser("osd", help="OSD commands: tree, out, in, down, reweight, "
+    osd = commands.add_parser("osd", help="OSD commands: tree, perf, out, in, down, reweight, "
                               "weight")
     osd_commands = osd.add_subparsers(dest="osd_command", required=True, metavar="SUBCOMMAND")
     osd_commands.add_parser("tree", parents=[common], help="OSDs by host and rack, with up/in")
+    osd_commands.add_parser(
+        "perf", parents=[common], help="each OSD's device latency and its hedged reads",
+        description="Per OSD, from its heartbeats: its device's read and write latency (mean, "
+        "over the slow-disk window of 10 s), how many reads a second went around it lately "
+        "(clients steered away from it, erasure-coded primaries decoded around its late "
+        "shards: READS_HEDGED names it at health.hedged_reads_per_s), and its hedge counters "
+        "since it started: reads it served as a replica for a client's hedge, reads "
+        "hedged/steered around it as their primary, and, as an erasure-coded primary, shard "
+        "hedges sent, won (decoded before the late shard came) and wasted.")
     for state, text in (("out", "take an OSD out of placement (stays out until 'osd in')"),
                         ("in", "put an OSD back into placement"),
                         ("down", "mark an OSD down (a running OSD boots again at once)")):
@@ -217,6 +226,8 @@ def _request_for(args):
         return {"op": "health"}, lambda reply: _format_health(reply, bool(args.detail))
     if args.command == "osd" and args.osd_command == "tree":
         return {"op": "osd_tree"}, _format_tree
+    if args.command == "osd" and args.osd_command == "perf":
+        return {"op": "osd_perf"}, _format_perf
     if args.command == "osd" and args.osd_command in ("reweight", "weight"):
         osd_id, field = _osd_id(args.osd), args.osd_command
         value = getattr(args, field)
@@ -545,6 +556,28 @@ def _format_tree(reply):
                      f"{' full' if osd.get('full') else ''}"
                      f"{' slow' if osd.get('slow') else ''}")
     lines.append(f"{len(osds)} OSDs, epoch {reply['epoch']}")
+    return "\n".join(lines)
+
+
+def _format_perf(reply):
+    lines = [f"{'ID':>4}  {'HOST':12} {'STATUS':9} {'READ ms':>8} {'WRITE ms':>8} "
+             f"{'AROUND/s':>9} {'SERVED':>8} {'HEDGED':>8} {'STEERED':>8} "
+             f"{'SHARD sent/won/wasted':>22}"]
+    for osd in reply["osds"]:
+        device, hedges = osd["device"], osd["hedges"]
+        latency = [f"{device[kind]['mean_ms']:.2f}" if device.get(kind, {}).get("ops") else "-"
+                   for kind in ("read", "write")]
+        shards = "/".join(str(hedges.get(f"shard_{what}", 0)) for what in ("sent", "won",
+                                                                           "wasted"))
+        status = ("up" if osd["up"] else "down") + (" slow" if osd["slow"] else "")
+        lines.append(f"{osd['id']:>4}  {osd['host'] or '-':12} {status:9} {latency[0]:>8} "
+                     f"{latency[1]:>8} {osd['reads_around_per_s']:>9.1f} "
+                     f"{hedges.get('served', 0):>8} {hedges.get('hedged_around', 0):>8} "
+                     f"{hedges.get('steered_around', 0):>8} {shards:>22}")
+    lines.append(f"{len(reply['osds'])} OSDs, epoch {reply['epoch']}; AROUND/s: reads sent "
+                 "around the OSD lately; SERVED: clients' hedged reads it served as a replica; "
+                 "HEDGED, STEERED: reads raced or sent around it as their primary; SHARD: its "
+                 "shard hedges as an erasure-coded primary")
     return "\n".join(lines)
 
 

@@ -46,6 +46,9 @@ LIST_PAGE_DEFAULT = 1000
 # PGs at once (each on its own primary).
 SCRUB_PG_TIMEOUT_S = 600.0
 SCRUB_CONCURRENCY = 4
+# A read steered to a replica (common/hedge.py) that has no answer in this long goes to its
+# primary after all: the replica may have died or hung since the client chose it.
+STEERED_READ_TIMEOUT_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +211,8 @@ class Cluster:
         if others and hedger.steering(primary):
             hedger.note_steered(primary)
             try:
-                at_replica = await self._start_replica_read(others, pg_index, request)
+                at_replica = await self._start_replica_read(
+                    others, pg_index, dict(request, steered=True), STEERED_READ_TIMEOUT_S)
                 reply = await at_replica
             except (RequestFailed, ConnectionClosed, RequestTimeout, OSError):
                 hedger.note_refused(primary)
@@ -276,11 +280,11 @@ class Cluster:
         if at_replica.exception() is not None:
             hedger.note_refused(primary)
             return None
-        at_primary.cancel()
-        hedger.note_won(primary)
+        at_primary.add_done_callback(_retrieved)
+        hedger.note_won(primary, at_primary, loop, cancel=True)
         return at_replica.result()
 
-    async def _start_replica_read(self, others, pg_index, request):
+    async def _start_replica_read(self, others, pg_index, request, timeout_s=None):
         """A future of `request` sent as a replica read (osd/hedged.py) to one of `others`,
         one the hedger is not steering around where there is one, spread by PG."""
         usable = [osd for osd in others if not self.hedger.steering(osd)] or others
@@ -288,7 +292,7 @@ class Cluster:
         connection = self._connections.ready(replica, self.map.osds[replica]["addr"]) \
             or await self._connection(replica)
         future = connection.start_request(dict(request, replica=True), b"",
-                                          timeout_s=self.op_timeout_s)
+                                          timeout_s=timeout_s or self.op_timeout_s)
         future.add_done_callback(_retrieved)
         return future
 

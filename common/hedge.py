@@ -10,9 +10,10 @@ reading shards (osd/backend_erasure.py: it decodes from other members' shards in
 - **Budget**: hedges are paid from a token bucket that every read fills by HEDGE_SHARE, so a
   cluster that is slow everywhere is never sent more than that share of extra reads
   (HEDGE_BURST tokens at most, for the first reads of a fresh client).
-- **Steering**: a primary whose read lost to a hedge is avoided for STEER_S: reads of its PGs
-  go to another member first (no duplicate, so no budget), and it gets one read again after
-  that. A disk that went slow costs a client one late read per STEER_S, not one in every few.
+- **Steering**: an OSD whose read lost to a hedge, and was still unanswered a while after
+  (STEER_EVIDENCE_*), is avoided for STEER_S: reads that would wait on it go around it first
+  (no duplicate, so no budget), and it gets one read again after that. A disk that went slow
+  costs a client one late read per STEER_S, not one in every few.
 
 Counters (`counts()`), in all and by the OSD a read was hedged or steered around: hedges sent,
 won (the other answered first), wasted (the OSD did), refused (the other would not serve it:
@@ -27,6 +28,11 @@ HEDGE_CAP_S = 0.1
 HEDGE_SHARE = 0.05
 HEDGE_BURST = 20.0
 STEER_S = 1.0
+# A primary a hedge beat is steered around only if its own answer is still due this long after
+# (STEER_EVIDENCE_FACTOR hedge delays, at least STEER_EVIDENCE_S_MIN): on a busy host a healthy
+# OSD loses a race now and then by a fraction of a millisecond, a slow disk by hundreds.
+STEER_EVIDENCE_FACTOR = 4.0
+STEER_EVIDENCE_S_MIN = 0.01
 # Read latencies kept, and how often the delay is recomputed from them.
 WINDOW = 512
 RECOMPUTE_EVERY = 128
@@ -84,9 +90,23 @@ class Hedger:
         del self._steer_until[osd]          # its next read goes to it (and may be hedged)
         return False
 
-    def note_won(self, osd):
-        """A hedge answered before `osd` did: steer reads around it for a while."""
+    def note_won(self, osd, late, loop, cancel):
+        """A hedge answered before `osd` did; `late` is osd's request (a future, still due).
+        If it is still due when the evidence time has passed (a disk that is slow, not a
+        moment's scheduling), reads are steered around `osd` for STEER_S. `cancel`: then
+        cancel `late` (the client's request; an OSD's own shard reads run to their end)."""
         self._count(osd, "won")
+        loop.call_later(max(STEER_EVIDENCE_S_MIN, STEER_EVIDENCE_FACTOR * self._delay),
+                        self._judge, osd, late, cancel)
+
+    def _judge(self, osd, late, cancel):
+        if not late.done():
+            self.steer(osd)
+            if cancel:
+                late.cancel()
+
+    def steer(self, osd):
+        """Send reads around `osd` for STEER_S."""
         self._steer_until[osd] = self._clock() + STEER_S
 
     def note_wasted(self, osd):

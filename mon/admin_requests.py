@@ -175,6 +175,10 @@ async def osd_tree(monitor, peer, header):
     return {"epoch": monitor.map.epoch, "osds": monitor.map.osd_tree()}, b""
 
 
+async def osd_perf(monitor, peer, header):
+    return views.osd_perf(monitor), b""
+
+
 REQUESTS = {
     "pool_create": pool_create,
     "pool_delete": pool_delete,
@@ -190,4 +194,5 @@ REQUESTS = {
     "mon_add": mon_add,
     "mon_remove": mon_remove,
     "osd_tree": osd_tree,
+    "osd_perf": osd_perf,
 }

@@ -22,7 +22,7 @@ from cairn.common.frame import Frame, Kind
 from cairn.common.messenger import RequestFailed
 
 READ_OPS = frozenset({"hello", "get_map", "subscribe", "status", "health", "health_history",
-                      "df", "osd_tree", "pool_ls", "config_get"})
+                      "df", "osd_tree", "pool_ls", "config_get", "osd_perf"})
 WRITE_OPS = frozenset({"pool_create", "pool_delete", "pool_set_quota", "pool_allow_from",
                        "config_set",
                        "osd_mark", "mon_add", "mon_remove"})

@@ -13,6 +13,10 @@ Checks (name: severity):
   or writes stay several times slower than their peers'.
 - SLOW_OPS (WARN; from the OSDs' heartbeats): OSDs with client ops in progress for longer than
   `osd.op_complaint_s`.
+- READS_HEDGED (WARN; from the OSDs' heartbeats): OSDs that reads went around (clients steered
+  away from them, erasure-coded primaries decoded around their late shards) at least
+  `health.hedged_reads_per_s` times a second: slow to answer, seconds before SLOW_DISK can say
+  why.
 - NETWORK_PACKET_LOSS, NETWORK_SLOW_PING (WARN; from the OSDs' UDP probes, judged by
   mon/netloss.py): host pairs that lose packets or answer slowly; a host that loses packets to
   every peer is named as the host.
@@ -94,6 +98,56 @@ def slow_ops_check(cmap, counts, complaint_s):
              f"{complaint_s:g} s" for osd_id in sorted(counts)]
     return check(WARN, f"{sum(counts.values())} client ops older than {complaint_s:g} s on "
                  f"{_ids(sorted(counts))}", lines)
+
+
+def clean_around(report):
+    """{osd id: reads sent around it} from an OSD's heartbeat (`reads_around`: {"ID": count});
+    anything malformed is dropped."""
+    if not isinstance(report, dict):
+        return {}
+    return {int(key): value for key, value in list(report.items())[:4096]
+            if isinstance(key, str) and key.isdigit() and type(value) is int and value >= 0}
+
+
+HEDGE_FIELDS = ("served", "hedged_around", "steered_around", "fast_reads", "shard_sent",
+                "shard_won", "shard_wasted", "shard_steered")
+
+
+def clean_hedges(report):
+    """An OSD's hedge counters from its heartbeat (`hedges`, HEDGE_FIELDS: counts since it
+    started); anything malformed is dropped."""
+    if not isinstance(report, dict):
+        return {}
+    return {field: report[field] for field in HEDGE_FIELDS
+            if type(report.get(field)) is int and report[field] >= 0}
+
+
+def reads_around_rates(reports):
+    """{osd id: reads per second sent around it} over each reporter's last heartbeat interval,
+    from {reporter: (previous, latest)}, each None or (when, {osd id: count since it
+    started}). A count that went down (the reporter restarted) counts from zero."""
+    rates = {}
+    for previous, latest in reports.values():
+        if previous is None or latest is None or latest[0] - previous[0] < 0.5:
+            continue
+        elapsed = latest[0] - previous[0]
+        for osd_id, count in latest[1].items():
+            before = previous[1].get(osd_id, 0)
+            moved = count - before if count >= before else count
+            if moved:
+                rates[osd_id] = rates.get(osd_id, 0.0) + moved / elapsed
+    return rates
+
+
+def reads_hedged_check(cmap, rates, per_s):
+    """READS_HEDGED from {osd id: reads per second sent around it}: those at `per_s` or more."""
+    named = sorted(osd_id for osd_id, rate in rates.items() if rate >= per_s)
+    if not named:
+        return None
+    return check(WARN, f"reads go around {_ids(named)} (slow to answer: hedged or steered "
+                 "away by clients and erasure-coded primaries; SLOW_DISK may follow)",
+                 [f"{_where(cmap, osd_id)}: {rates[osd_id]:.1f} reads/s went around it"
+                  for osd_id in named])
 
 
 def network_checks(pairs, hosts, slow):

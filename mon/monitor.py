@@ -41,7 +41,7 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     df                                    -> raw, osds, pools, ratios (mon/capacity.py)
     pool_set_quota {name, [max_objects], [max_bytes]}
     pool_allow_from {name, [prefix], networks}   ([]: remove the prefix's allowlist)
-    osd_tree, pool_ls                     -> views for the CLI
+    osd_tree, pool_ls, osd_perf           -> views for the CLI
     osd_mark {id, state: out|in|down|reweight|weight, [reweight], [weight]}, pool_create {...},
     pool_delete {name},
     config_set {key, value}, config_get {key}
@@ -117,7 +117,7 @@ assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
               "mon_remove", "peer_invalid_report", "status", "health", "health_history", "df",
-              "pool_set_quota", "pool_allow_from", "auth_change"}
+              "pool_set_quota", "pool_allow_from", "auth_change", "osd_perf"}
 
 
 def no_quorum(message):
@@ -151,6 +151,9 @@ class Monitor:
         self._slow_found = {}               # osd id -> slowdisk.Finding, judged once a second
         self._slow_judged_at = 0.0
         self._slow_ops = {}                 # osd id -> client ops older than the complaint time
+        self._around = {}                   # osd id -> its last two (when, {osd id: reads
+        #                                     sent around that OSD}) reports (READS_HEDGED)
+        self._hedges = {}                   # osd id -> its hedge counters (`cairn osd perf`)
         self._device_paths = {}             # osd id -> its device, as it reports it
         self._net = {}                      # osd id -> its probe report (mon/netloss.py)
         self._capacity = {}                 # osd id -> (total, used) bytes (mon/capacity.py)

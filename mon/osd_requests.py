@@ -18,7 +18,7 @@ import msgpack
 from cairn.common import config
 from cairn.common.codes import Code
 from cairn.common.messenger import RequestFailed
-from cairn.mon import capacity, netloss, slowdisk
+from cairn.mon import capacity, health, netloss, slowdisk
 
 log = logging.getLogger("cairn.mon")
 
@@ -118,6 +118,10 @@ async def osd_heartbeat(monitor, peer, header):
     monitor._reported_at[osd_id] = time.monotonic()
     slow_ops = header.get("slow_ops")
     monitor._slow_ops[osd_id] = slow_ops if type(slow_ops) is int and slow_ops > 0 else 0
+    monitor._hedges[osd_id] = health.clean_hedges(header.get("hedges"))
+    around = health.clean_around(header.get("reads_around"))
+    monitor._around[osd_id] = (monitor._around.get(osd_id, (None, None))[1],
+                               (time.monotonic(), around))
     if isinstance(header.get("device_path"), str):
         monitor._device_paths[osd_id] = header["device_path"][:256]
     now = time.monotonic()

@@ -43,6 +43,12 @@ def health_report(monitor, mons):
     if slow_ops:
         checks["SLOW_OPS"] = health.slow_ops_check(
             monitor.map, slow_ops, config.value(monitor.map.config, "osd.op_complaint_s"))
+    around = {osd_id: rate for osd_id, rate in reads_around(monitor).items() if osd_id in up}
+    hedged = health.reads_hedged_check(monitor.map, around,
+                                       config.value(monitor.map.config,
+                                                    "health.hedged_reads_per_s"))
+    if hedged is not None:
+        checks["READS_HEDGED"] = hedged
     checks.update(network_checks(monitor, up))
     peer_invalid = monitor._peer_findings.check(time.monotonic())
     if peer_invalid is not None:
@@ -56,6 +62,29 @@ def health_report(monitor, mons):
         entry["since"] = round(monitor._check_since[name], 3)
     return {"status": health.worst(entry["severity"] for entry in checks.values()),
             "checks": checks}
+
+
+def reads_around(monitor):
+    """{osd id: reads per second sent around it lately} (READS_HEDGED's figures)."""
+    up = {osd_id for osd_id, osd in monitor.map.osds.items() if osd["up"]}
+    return health.reads_around_rates({osd_id: reports for osd_id, reports
+                                      in monitor._around.items() if osd_id in up})
+
+
+def osd_perf(monitor):
+    """`cairn osd perf`: per OSD, its device's latency over the slow-disk window, the reads
+    sent around it lately, and its hedge counters, from the OSDs' heartbeats."""
+    latency = monitor._slow.latency(time.monotonic())
+    around = reads_around(monitor)
+    rows = []
+    for osd_id in sorted(monitor.map.osds):
+        osd = monitor.map.osds[osd_id]
+        rows.append({"id": osd_id, "host": osd.get("location", {}).get("host"),
+                     "up": osd["up"], "slow": bool(osd.get("slow")),
+                     "device": latency.get(osd_id, {}),
+                     "reads_around_per_s": round(around.get(osd_id, 0.0), 2),
+                     "hedges": monitor._hedges.get(osd_id, {})})
+    return {"epoch": monitor.map.epoch, "osds": rows}
 
 
 def ratios(monitor):

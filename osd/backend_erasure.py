@@ -245,7 +245,7 @@ class ErasureBackend(PgBackend):
             if fetch.done():
                 self.hedger.note_wasted(osd)
             else:
-                self.hedger.note_won(osd)
+                self.hedger.note_won(osd, fetch, asyncio.get_running_loop(), cancel=False)
         return info, data
 
     async def stat(self, pg, name):

@@ -12,6 +12,7 @@ Object ops (put, get, stat, delete, list and their replication) are served by
 """
 
 import asyncio
+import collections
 import logging
 import time
 
@@ -276,9 +277,31 @@ class OsdDaemon:
         erasure-coded primary reading around late shards (by the member it read around)."""
         erasure = self.service.backends["erasure"]
         return {"replica_reads_served": self.service.hedge_reads_served,
-                "reads_sent_around": self.service.hedged_away_total,
+                "reads_hedged_around": self.service.reads_hedged_around,
+                "reads_steered_around": self.service.reads_steered_around,
                 "fast_reads": erasure.fast_reads_total,
                 "shards": erasure.hedger.counts()}
+
+    def _hedge_totals(self):
+        """The heartbeat's `hedges` (mon/health.py HEDGE_FIELDS)."""
+        shards = self.service.backends["erasure"].hedger.totals
+        return {"served": self.service.hedge_reads_served,
+                "hedged_around": self.service.reads_hedged_around,
+                "steered_around": self.service.reads_steered_around,
+                "fast_reads": self.service.backends["erasure"].fast_reads_total,
+                "shard_sent": shards["sent"], "shard_won": shards["won"],
+                "shard_wasted": shards["wasted"], "shard_steered": shards["steered"]}
+
+    def _reads_around(self):
+        """{osd id (str): reads sent around it since this OSD started}, for READS_HEDGED:
+        clients' reads steered around this OSD (it confirmed them as their primary) and this
+        OSD's erasure-coded reads that decoded around a member's late shard or steered
+        around it."""
+        around = collections.Counter()
+        around[str(self.id)] += self.service.reads_steered_around
+        for osd, counts in self.service.backends["erasure"].hedger.by_osd.items():
+            around[str(osd)] += counts["won"] + counts["steered"]
+        return {osd: count for osd, count in around.items() if count}
 
     def _interval_s(self):
         return config.value(self.monc.map.config, "osd.heartbeat_interval_s")
@@ -298,6 +321,8 @@ class OsdDaemon:
                                                  "net": self.prober.report(),
                                                  "slow_ops": self.service.ops_older_than(
                                                      complaint_s),
+                                                 "reads_around": self._reads_around(),
+                                                 "hedges": self._hedge_totals(),
                                                  "pg_states": self.pgs.states(),
                                                  "objects": self.pgs.object_counts(),
                                                  "inconsistent": self.pgs.inconsistent(),

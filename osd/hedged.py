@@ -48,7 +48,8 @@ async def replica_get(service, header):
         raise _refuse(f"osd.{me} is not a replica of pg {header['pool']}.{header['pg']:x} at "
                       f"epoch {service.port.map.epoch}")
     asked = asyncio.ensure_future(service.port.call(interval[1].primary, service.port.header(
-        pg, "pg_settled", service.port.map.epoch, name=name)))
+        pg, "pg_settled", service.port.map.epoch, name=name,
+        steered=bool(header.get("steered")))))
     record = data = None
     try:
         await server.reserve_reply(pg.backend.reply_bytes(pg, name, offset, length))
@@ -90,7 +91,10 @@ async def pg_settled(service, header, payload):
                             "and clean here")
     if name in core.missing or name in core.unsettled.values():
         raise RequestFailed(Code.AGAIN, f"{name!r} has a write or recovery in flight")
-    service.hedged_away_total += 1
+    if header.get("steered"):
+        service.reads_steered_around += 1
+    else:
+        service.reads_hedged_around += 1
     record = service.local.local_record(pg, name)
     return {"version": pgs.version_of(record.attrs) if record is not None else None}, b""
 

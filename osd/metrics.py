@@ -79,11 +79,13 @@ def collect(daemon):
     yield avoided
     hedges = daemon._hedge_counts()
     served = CounterMetricFamily("cairn_osd_hedged_reads", "clients' reads of replicated "
-                                 "objects taken by a replica: `served` here as the replica, "
-                                 "`around` this OSD (it confirmed them as their slow primary)",
-                                 labels=["osd", "role"])
+                                 "objects taken by a replica: `served` here as the replica; "
+                                 "`hedged` and `steered` around this OSD as their primary (it "
+                                 "confirmed them: a hedge raced it, or the client found it "
+                                 "slow and did not ask it)", labels=["osd", "role"])
     served.add_metric([labels["osd"], "served"], hedges["replica_reads_served"])
-    served.add_metric([labels["osd"], "around"], hedges["reads_sent_around"])
+    served.add_metric([labels["osd"], "hedged"], hedges["reads_hedged_around"])
+    served.add_metric([labels["osd"], "steered"], hedges["reads_steered_around"])
     yield served
     shards = CounterMetricFamily("cairn_osd_shard_hedges", "erasure-coded reads by this "
                                  "primary that stopped waiting for a member's late shard: "

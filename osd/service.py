@@ -114,7 +114,8 @@ class ObjectService:
         self.fast_ops = {"get": 0, "put": 0, "rep_put": 0}  # answered from callbacks (`fast`)
         self.omap_reads_beside_writes = 0   # omap_gets answered beside an update in flight
         self.hedge_reads_served = 0     # clients' hedged reads served as a replica (osd/hedged.py)
-        self.hedged_away_total = 0      # ... confirmed as the primary: reads sent around us
+        self.reads_hedged_around = 0    # ... confirmed as their primary: hedges of reads here,
+        self.reads_steered_around = 0   # and reads sent around us (a client found us slow)
 
     # -- dispatch ---------------------------------------------------------------------------------
 

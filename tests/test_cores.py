@@ -195,7 +195,8 @@ def test_journal_scan_takes_whole_consecutive_records_across_a_wrap():
 
 FORBIDDEN = {"asyncio", "socket", "os", "random", "time", "subprocess"}
 CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock", "cairn.osd.journal",
-         "cairn.common.units", "cairn.common.hedge", "cairn.common.limits", "cairn.common.placement",
+         "cairn.common.units", "cairn.common.hedge", "cairn.common.limits",
+         "cairn.common.placement",
          "cairn.common.clustermap", "cairn.common.config", "cairn.common.frame",
          "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat", "cairn.mon.raft",
          "cairn.osd.peering", "cairn.osd.ecstripe", "cairn.native.erasure", "cairn.osd.pg",

@@ -4,8 +4,10 @@ and a 2+1 erasure pool, healthy first, then at once under the throttle with hedg
 first 5 s, and 30 s), then with it off (`bench cluster --no-hedge`; `osd.hedge_shard_reads 0`),
 with `osd.avoid_slow_reads 0` throughout (the SLOW_DISK detector's avoidance is not tested
 here), all in the same test and compared with the healthy figures measured in it. While the disk is
-throttled, writers overwrite objects that hedged readers read: no read may return a value older
-than one acknowledged before it began (no stale read).
+throttled, writers overwrite objects that hedged readers read while another OSD is SIGKILLed and
+restarted: no read may return a value older than one acknowledged before it began (no stale
+read). READS_HEDGED must name the throttled OSD,
+and only it, before SLOW_DISK does.
 
 The bounds asserted are the issue's for p99 (at most 3x healthy, or healthy + 5 ms) and a
 looser one for IOPS (at least half of healthy: this machine's two cores are shared by the
@@ -14,8 +16,10 @@ client, four OSDs and three monitors); the benchmark target (0.7x) is checked by
 far worse, so the test would fail if hedging did nothing."""
 
 import asyncio
+import json
 import os
 import struct
+import threading
 import time
 
 from cairn.client.cluster import Cluster
@@ -33,9 +37,10 @@ def within(healthy, slow, iops_share):
         and slow["iops"] >= iops_share * healthy["iops"]
 
 
-async def no_stale_reads(directory, seconds):
+async def no_stale_reads(directory, seconds, kill, restart):
     """Writers overwrite 16 objects with a counter; readers (hedged, the default) check that
-    each read is at least the counter acknowledged before the read began. (reads, hedged)"""
+    each read is at least the counter acknowledged before the read began; a third of the way
+    in `kill` SIGKILLs an OSD, two thirds in `restart` starts it again. (reads, hedges)"""
     acknowledged = {}
     reads = 0
     async with await Cluster.connect(directory) as client:
@@ -64,9 +69,29 @@ async def no_stale_reads(directory, seconds):
                 assert got >= floor, f"{name}: read {got} after {floor} was acknowledged"
                 reads += 1
 
-        await asyncio.gather(*(writer(name) for name in names[:4]),
+        async def faults():
+            await asyncio.sleep(seconds / 3)
+            await asyncio.to_thread(kill)
+            await asyncio.sleep(seconds / 3)
+            await asyncio.to_thread(restart)
+
+        await asyncio.gather(faults(), *(writer(name) for name in names[:4]),
                              *(reader(offset) for offset in range(8)))
         return reads, client.hedger.counts()
+
+
+def watch_checks(directory, since, seen, seconds):
+    """Record in `seen` when (seconds after `since`) READS_HEDGED and SLOW_DISK first show,
+    and the OSDs each names."""
+    while time.monotonic() < since + seconds:
+        checks = json.loads(cli(directory, "cairn.client.cli", "health", "detail",
+                                "--json"))["checks"]
+        for check in ("READS_HEDGED", "SLOW_DISK"):
+            if check in checks and check not in seen:
+                text = checks[check]["summary"]
+                seen[check] = (time.monotonic() - since,
+                               [f"osd.{n}" for n in range(4) if f"osd.{n}" in text])
+        time.sleep(0.25)
 
 
 def test_reads_do_not_wait_on_a_disk_throttled_from_time_zero(disk_dir):
@@ -76,22 +101,31 @@ def test_reads_do_not_wait_on_a_disk_throttled_from_time_zero(disk_dir):
                                   directory, *args)
         # Hedging alone: reads do not avoid an OSD that SLOW_DISK names (it would, 6 s in).
         cli(directory, "cairn.client.cli", "config", "set", "osd.avoid_slow_reads", "0")
-        found = {}
+        found, seen = {}, {}
         for name, victim, kind in POOLS:
             cli(directory, "cairn.client.cli", "pool", "create", name, *kind, "--pg-num", "32")
             bench(directory, "--pool", name, "--op", "write", "--size", "64K", "--objects",
                   "1000", "--fill", "--concurrency", "16", "--seconds", "120")
             healthy = bench(directory, "--pool", name, *READS, "--seconds", "5")
             fault("throttle", victim, "--bps", "1M")
+            throttled_at = time.monotonic()
             try:
+                if name == "rep":               # the checks, watched while the reads run
+                    watcher = threading.Thread(target=watch_checks,
+                                               args=(directory, throttled_at, seen, 12))
+                    watcher.start()
                 first = bench(directory, "--pool", name, *READS, "--seconds", "5")
                 longer = bench(directory, "--pool", name, *READS, "--seconds", "30")
                 # (SLOW_DISK names the OSD by now; with avoid_slow_reads 0 nothing reads
                 # around it but the hedges.)
                 if name == "rep":
+                    watcher.join()
                     off = bench(directory, "--pool", name, *READS, "--seconds", "5",
                                 "--no-hedge")
-                    stale_reads, hedges = run(no_stale_reads(directory, 10))
+                    stale_reads, hedges = run(no_stale_reads(directory, 12, kill=lambda: cli(
+                        directory, "cairn.cluster.cli", "kill", "--dir", directory, "osd.1"),
+                        restart=lambda: cli(directory, "cairn.cluster.cli", "restart", "--dir",
+                                            directory, "osd.1")))
                 else:
                     cli(directory, "cairn.client.cli", "config", "set",
                         "osd.hedge_shard_reads", "0")
@@ -107,6 +141,11 @@ def test_reads_do_not_wait_on_a_disk_throttled_from_time_zero(disk_dir):
                   f"IOPS; not hedged p99 {off['lat_ms_p99']} ms {off['iops']} IOPS; "
                   f"hedges {first.get('hedges')}")
         print(f"no stale read in {stale_reads} hedged reads under overwrites; hedges {hedges}")
+        print("after the throttle: " + ", ".join(f"{check} at {when:.1f} s naming {names}"
+                                                 for check, (when, names) in seen.items()))
+        # READS_HEDGED names osd.2, and only it, before SLOW_DISK (which needs 6 s of evidence).
+        assert "READS_HEDGED" in seen and seen["READS_HEDGED"][1] == ["osd.2"], seen
+        assert seen["READS_HEDGED"][0] < seen.get("SLOW_DISK", (1e9,))[0], seen
         for name, (healthy, first, longer, off) in found.items():
             assert within(healthy, first, 0.5), (name, healthy, first)
             assert within(healthy, longer, 0.5), (name, healthy, longer)

@@ -6,8 +6,34 @@ import pytest
 
 from cairn.common import hedge
 from cairn.common.hedge import Hedger
+from cairn.mon import health
 
 pytestmark = pytest.mark.unit
+
+
+class Loop:
+    """call_later, run by hand."""
+    def __init__(self):
+        self.calls = []
+
+    def call_later(self, delay, function, *args):
+        self.calls.append((delay, function, args))
+
+    def run(self):
+        calls, self.calls = self.calls, []
+        for _, function, args in calls:
+            function(*args)
+
+
+class Future:
+    def __init__(self, done=False):
+        self._done, self.cancelled = done, False
+
+    def done(self):
+        return self._done
+
+    def cancel(self):
+        self.cancelled = True
 
 
 class Clock:
@@ -45,10 +71,16 @@ def test_the_budget_holds_when_every_read_is_late():
 
 
 def test_a_primary_a_hedge_beat_is_steered_around_then_asked_again():
-    clock = Clock()
+    clock, loop = Clock(), Loop()
     hedger = Hedger(clock)
     assert not hedger.steering(1)
-    hedger.note_won(1)
+    hedger.note_won(1, Future(), loop, cancel=True)
+    assert not hedger.steering(1)                           # not before the evidence time
+    assert loop.calls[0][0] >= hedge.STEER_EVIDENCE_S_MIN
+    blip = Future()
+    hedger.note_won(2, blip, loop, cancel=True)
+    blip._done = True                                       # osd.2 answered just after
+    loop.run()
     assert hedger.steering(1) and not hedger.steering(2)
     clock.now += hedge.STEER_S / 2
     assert hedger.steering(1)
@@ -60,5 +92,24 @@ def test_a_primary_a_hedge_beat_is_steered_around_then_asked_again():
     counts = hedger.counts()
     assert counts["by_osd"] == {
         "osd.1": {"sent": 0, "won": 1, "wasted": 0, "refused": 0, "steered": 1},
-        "osd.2": {"sent": 0, "won": 0, "wasted": 1, "refused": 1, "steered": 0}}
-    assert (counts["won"], counts["wasted"], counts["refused"], counts["steered"]) == (1, 1, 1, 1)
+        "osd.2": {"sent": 0, "won": 1, "wasted": 1, "refused": 1, "steered": 0}}
+    assert (counts["won"], counts["wasted"], counts["refused"], counts["steered"]) == (2, 1, 1, 1)
+
+
+def test_reads_hedged_names_the_osd_reads_go_around_at_the_rate_set():
+    class Map:
+        osds = {1: {"location": {"host": "h1"}}, 2: {"location": {"host": "h2"}}}
+    assert health.clean_around({"1": 5, "x": 3, "2": -1, "3": 2.5}) == {1: 5}
+    assert health.clean_around(["1"]) == {}
+    reports = {
+        0: ((10.0, {1: 100}), (12.0, {1: 160, 2: 4})),      # 30/s around osd.1, 2/s osd.2
+        3: ((10.5, {2: 7}), (12.5, {2: 3})),                # restarted: 3 in 2 s
+        4: (None, (12.0, {1: 10_000})),                     # one report: no rate yet
+    }
+    rates = health.reads_around_rates(reports)
+    assert rates == {1: 30.0, 2: pytest.approx(2.0 + 1.5)}
+    found = health.reads_hedged_check(Map(), rates, 5.0)
+    assert found["severity"] == health.WARN and "osd.1" in found["summary"]
+    assert "osd.2" not in found["summary"]
+    assert found["detail"] == ["osd.1 (host h1): 30.0 reads/s went around it"]
+    assert health.reads_hedged_check(Map(), rates, 50.0) is None

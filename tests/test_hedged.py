@@ -1,9 +1,12 @@
 """Hedged reads on a real cluster (cluster tier; the throttled-disk tests are in
 test_faults_hedged.py): a replica serves a `replica` get at the version its primary names
 settled, and refuses one when it is not a member of the object's PG; a healthy cluster under
-load sends hedges for at most the budget's share of its reads."""
+load sends hedges for at most the budget's share of its reads, and `cairn osd perf` shows the
+reads and the hedges the replicas served."""
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +15,7 @@ from cairn.common import hedge
 from cairn.common.codes import Code
 from cairn.common.messenger import RequestFailed
 from cairn.common.placement import stable_pg
+from cairn.mon import health
 from tests.helpers import run
 
 pytestmark = pytest.mark.cluster
@@ -68,3 +72,24 @@ def test_a_healthy_cluster_under_load_stays_within_the_hedge_budget(local_cluste
     print(f"{reads} reads at 16 in flight, hedges {counts}")
     assert reads > 500
     assert counts["sent"] <= hedge.HEDGE_SHARE * reads + hedge.HEDGE_BURST, (reads, counts)
+
+    # `cairn osd perf` shows the reads on the devices and, once the OSDs' next heartbeats are
+    # in, every hedge and steered read a replica served.
+    served = counts["won"] + counts["steered"] - counts["refused"]
+    seen = {}
+
+    def reported():
+        seen["perf"] = cluster.cairn("osd", "perf")[1]
+        osds = seen["perf"]["osds"]
+        return sum(osd["hedges"].get("served", 0) for osd in osds) >= served and \
+            any(osd["device"].get("read", {}).get("ops") for osd in osds)
+    cluster.wait_for(f"osd perf with the reads and {served} served hedges", reported, 15)
+    perf = seen["perf"]
+    assert [osd["id"] for osd in perf["osds"]] == [0, 1, 2]
+    for osd in perf["osds"]:
+        assert osd["up"] and not osd["slow"] and osd["reads_around_per_s"] >= 0
+        assert set(osd["hedges"]) == set(health.HEDGE_FIELDS), osd
+    text = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
+                           "osd", "perf"], capture_output=True, text=True, timeout=60).stdout
+    assert text.splitlines()[0].split()[:5] == ["ID", "HOST", "STATUS", "READ", "ms"], text
+    assert len(text.splitlines()) == 5 and "3 OSDs" in text.splitlines()[-1], text
