@@ -49,6 +49,8 @@ SCRUB_CONCURRENCY = 4
 # A read steered to a replica (common/hedge.py) that has no answer in this long goes to its
 # primary after all: the replica may have died or hung since the client chose it.
 STEERED_READ_TIMEOUT_S = 2.0
+# The hedge sweep takes reads due this close to now (a timer may fire a little early).
+HEDGE_SWEEP_SLACK_S = 0.0002
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +85,8 @@ class Cluster:
         # (common/hedge.py, `_read_replicated`).
         self.hedging = True
         self.hedger = Hedger(time.monotonic)
+        self._hedge_watch = collections.deque()     # (deadline, a primary's reply, hedge)
+        self._hedge_timer = None
         # The loop its connections live on, kept: asyncio.get_running_loop() makes a getpid
         # system call on Python 3.11 (3.3% of a client's samples at 64 KiB gets, once per op).
         try:
@@ -204,11 +208,11 @@ class Cluster:
         primary = acting.primary
         if primary is None:
             return None
-        others = [osd for osd in acting.members if osd is not None and osd != primary]
         request = dict(header, name=name, pool=pool["id"], pg=pg_index, epoch=cmap.epoch)
         loop = self._loop or asyncio.get_running_loop()
         started = loop.time()
-        if others and hedger.steering(primary):
+        if len(acting.members) > 1 and hedger.steering(primary):
+            others = [osd for osd in acting.members if osd is not None and osd != primary]
             hedger.note_steered(primary)
             try:
                 at_replica = await self._start_replica_read(
@@ -226,13 +230,11 @@ class Cluster:
             at_primary = connection.start_request(request, b"", timeout_s=self.op_timeout_s)
         except ConnectionClosed:
             return None
+        if len(acting.members) > 1:
+            self._watch(at_primary, started + hedger.delay(), connection, acting, pg_index,
+                        request)
         try:
-            if others:
-                reply = await self._hedged(at_primary, primary, others, pg_index, request, loop)
-                if reply is not None:
-                    hedger.record(loop.time() - started)
-                    return reply
-            reply = await at_primary
+            reply = await at_primary    # the primary's reply, or a hedge's (`_hedge_answered`)
         except RequestFailed as exc:
             self._raise_typed(exc)
             return None
@@ -244,51 +246,88 @@ class Cluster:
         hedger.record(loop.time() - started)
         return reply
 
-    async def _hedged(self, at_primary, primary, others, pg_index, request, loop):
-        """Wait for `at_primary` up to the hedge delay; then, if the budget allows, ask
-        another member too. The replica's reply if it answered first (the primary's request
-        is cancelled), else None (the caller awaits the primary's)."""
+    def _watch(self, at_primary, deadline, *hedge):
+        """Hedge `at_primary` (`_hedge`) if it is still due at `deadline`. One timer for all
+        the reads watched, not one each (`_hedge_sweep`); they are watched in the order
+        they started, so their deadlines come in that order too (the delay moves slowly)."""
+        self._hedge_watch.append((deadline, at_primary, hedge))
+        if self._hedge_timer is None:
+            self._loop = self._loop or asyncio.get_running_loop()
+            self._hedge_timer = self._loop.call_at(deadline, self._hedge_sweep)
+
+    def _hedge_sweep(self):
+        """Hedge the watched reads past their deadline; forget those answered."""
+        self._hedge_timer = None
+        watch, now = self._hedge_watch, self._loop.time() + HEDGE_SWEEP_SLACK_S
+        while watch:
+            deadline, at_primary, hedge = watch[0]
+            if not at_primary.done():
+                if deadline > now:
+                    self._hedge_timer = self._loop.call_at(deadline, self._hedge_sweep)
+                    return
+                self._hedge(at_primary, *hedge)
+            watch.popleft()
+
+    def _hedge(self, at_primary, at, acting, pg_index, request):
+        """Send a late read to another member too, if the budget allows; the first answer
+        is the read's (`_hedge_answered`)."""
+        hedger, primary = self.hedger, acting.primary
+        others = [osd for osd in acting.members if osd is not None and osd != primary]
+        if not others or not hedger.may_hedge(primary):
+            return
+        replica = self._replica_for(others, pg_index)
+        connection = self._connections.ready(replica, self.map.osds[replica]["addr"])
+        if connection is None:          # open it for the next time; this read waits
+            hedger.note_refused(primary)
+            opening = asyncio.ensure_future(self._connection(replica))
+            opening.add_done_callback(_retrieved)
+            return
+        try:
+            at_replica = connection.start_request(dict(request, replica=True), b"",
+                                                  timeout_s=self.op_timeout_s)
+        except ConnectionClosed:
+            hedger.note_refused(primary)
+            return
+        at_replica.add_done_callback(
+            functools.partial(self._hedge_answered, at_primary, at, primary))
+        at_primary.add_done_callback(functools.partial(_cancel, at_replica))
+
+    def _hedge_answered(self, at_primary, at, primary, at_replica):
+        """The hedge's reply (or its cancellation, once the primary answered): the read's
+        answer if the primary has not given one yet. Then, if the primary (on connection
+        `at`) still has not answered a while later, it is steered around (common/hedge.py)."""
         hedger = self.hedger
-        waiter = loop.create_future()
-        wake = functools.partial(_wake, waiter)
-        at_primary.add_done_callback(wake)
-        timer = loop.call_later(hedger.delay(), wake, None)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-        if at_primary.done() or not hedger.may_hedge(primary):
-            return None
-        try:
-            at_replica = await self._start_replica_read(others, pg_index, request)
-        except (RequestFailed, ConnectionClosed, RequestTimeout, OSError):
-            hedger.note_refused(primary)
-            return None
-        waiter = loop.create_future()
-        wake = functools.partial(_wake, waiter)
-        at_primary.add_done_callback(wake)
-        at_replica.add_done_callback(wake)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            at_replica.cancel()
-            raise
-        if not at_replica.done():
-            at_replica.cancel()
+        if at_replica.cancelled():
             hedger.note_wasted(primary)
-            return None
-        if at_replica.exception() is not None:
-            hedger.note_refused(primary)
-            return None
-        at_primary.add_done_callback(_retrieved)
-        hedger.note_won(primary, at_primary, loop, cancel=True)
-        return at_replica.result()
+            return
+        error = at_replica.exception()
+        if at_primary.done():
+            hedger.note_wasted(primary)
+        elif error is not None:
+            hedger.note_refused(primary)    # the read waits for the primary
+        else:
+            at_primary.set_result(at_replica.result())  # its own reply, when it comes, is dropped
+            hedger.note_won(primary)
+            if at.longest_wait_s() >= hedger.evidence_s():
+                hedger.steer(primary)       # an earlier read is still due: evidence enough
+            else:
+                self._loop.call_later(hedger.evidence_s(), self._judge, at, at_primary,
+                                      primary)
+
+    def _judge(self, at, at_primary, primary):
+        if at.waiting_for(at_primary):
+            self.hedger.steer(primary)
+
+    def _replica_for(self, others, pg_index):
+        """One of `others` (members but the primary), one the hedger is not steering around
+        where there is one, spread by PG."""
+        usable = [osd for osd in others if not self.hedger.steering(osd)] or others
+        return usable[pg_index % len(usable)]
 
     async def _start_replica_read(self, others, pg_index, request, timeout_s=None):
-        """A future of `request` sent as a replica read (osd/hedged.py) to one of `others`,
-        one the hedger is not steering around where there is one, spread by PG."""
-        usable = [osd for osd in others if not self.hedger.steering(osd)] or others
-        replica = usable[pg_index % len(usable)]
+        """A future of `request` sent as a replica read (osd/hedged.py) to one of `others`
+        (`_replica_for`)."""
+        replica = self._replica_for(others, pg_index)
         connection = self._connections.ready(replica, self.map.osds[replica]["addr"]) \
             or await self._connection(replica)
         future = connection.start_request(dict(request, replica=True), b"",
@@ -751,9 +790,8 @@ class Pool:
             raise errors[0]
 
 
-def _wake(waiter, _=None):
-    if not waiter.done():
-        waiter.set_result(None)
+def _cancel(future, _=None):
+    future.cancel()
 
 
 def _retrieved(future):

@@ -93,8 +93,8 @@ OPTIONS = {option.name: option for option in [
            "without evidence"),
     Option("health.hedged_reads_per_s", float, 5.0, 0.1, 1e9,
            "READS_HEDGED: an OSD that reads went around (steered away from it, or decoded "
-           "around its late shard) at least this often per second over the last heartbeat "
-           "interval is named"),
+           "around its late shard) at least this often per second over each of the last three "
+           "heartbeat intervals is named"),
     Option("recovery.windows", str, [], None, None,
            "recovery budgets by time of day: a JSON list of {days, start, end, "
            "max_bytes_per_s, max_active}; the first matching window wins",

@@ -10,9 +10,9 @@ reading shards (osd/backend_erasure.py: it decodes from other members' shards in
 - **Budget**: hedges are paid from a token bucket that every read fills by HEDGE_SHARE, so a
   cluster that is slow everywhere is never sent more than that share of extra reads
   (HEDGE_BURST tokens at most, for the first reads of a fresh client).
-- **Steering**: an OSD whose read lost to a hedge, and was still unanswered a while after
-  (STEER_EVIDENCE_*), is avoided for STEER_S: reads that would wait on it go around it first
-  (no duplicate, so no budget), and it gets one read again after that. A disk that went slow
+- **Steering**: an OSD whose read a hedge beat, and that still had not answered
+  `evidence_s()` later, is avoided for STEER_S: reads that would wait on it go around it first
+  (no duplicate, so no budget), and it gets reads again after that. A disk that went slow
   costs a client one late read per STEER_S, not one in every few.
 
 Counters (`counts()`), in all and by the OSD a read was hedged or steered around: hedges sent,
@@ -28,10 +28,9 @@ HEDGE_CAP_S = 0.1
 HEDGE_SHARE = 0.05
 HEDGE_BURST = 20.0
 STEER_S = 1.0
-# A primary a hedge beat is steered around only if its own answer is still due this long after
-# (STEER_EVIDENCE_FACTOR hedge delays, at least STEER_EVIDENCE_S_MIN): on a busy host a healthy
-# OSD loses a race now and then by a fraction of a millisecond, a slow disk by hundreds.
-STEER_EVIDENCE_FACTOR = 4.0
+# An OSD a hedge beat is steered around if its own answer is still due this long after
+# (`evidence_s`: STEER_EVIDENCE_FACTOR hedge delays, at least STEER_EVIDENCE_S_MIN).
+STEER_EVIDENCE_FACTOR = 2.0
 STEER_EVIDENCE_S_MIN = 0.01
 # Read latencies kept, and how often the delay is recomputed from them.
 WINDOW = 512
@@ -64,10 +63,13 @@ class Hedger:
     def record(self, seconds):
         """A read answered in `seconds` (by whoever answered first)."""
         self._latencies[self._next] = seconds
-        self._next = (self._next + 1) % WINDOW
+        self._next += 1
+        if self._next == WINDOW:
+            self._next = 0
+        if self._tokens < HEDGE_BURST:
+            self._tokens += self._share
         self._filled += 1
-        self._tokens = min(HEDGE_BURST, self._tokens + self._share)
-        if self._filled % RECOMPUTE_EVERY == 0:
+        if not self._filled % RECOMPUTE_EVERY:
             recent = sorted(self._latencies[:min(self._filled, WINDOW)])
             p90 = recent[int(len(recent) * 0.9)]
             self._delay = min(HEDGE_CAP_S, max(self._floor_s, self._factor * p90))
@@ -90,20 +92,16 @@ class Hedger:
         del self._steer_until[osd]          # its next read goes to it (and may be hedged)
         return False
 
-    def note_won(self, osd, late, loop, cancel):
-        """A hedge answered before `osd` did; `late` is osd's request (a future, still due).
-        If it is still due when the evidence time has passed (a disk that is slow, not a
-        moment's scheduling), reads are steered around `osd` for STEER_S. `cancel`: then
-        cancel `late` (the client's request; an OSD's own shard reads run to their end)."""
+    def note_won(self, osd):
+        """A hedge answered before `osd` did. The caller steers around `osd` (`steer`) if
+        osd's own answer is still due `evidence_s()` later."""
         self._count(osd, "won")
-        loop.call_later(max(STEER_EVIDENCE_S_MIN, STEER_EVIDENCE_FACTOR * self._delay),
-                        self._judge, osd, late, cancel)
 
-    def _judge(self, osd, late, cancel):
-        if not late.done():
-            self.steer(osd)
-            if cancel:
-                late.cancel()
+    def evidence_s(self):
+        """How long after a hedge won the beaten OSD's answer must still be due for the OSD
+        to be steered around: a healthy OSD on a busy host loses a race now and then by a
+        fraction of a millisecond, a slow disk by hundreds."""
+        return max(STEER_EVIDENCE_S_MIN, STEER_EVIDENCE_FACTOR * self._delay)
 
     def steer(self, osd):
         """Send reads around `osd` for STEER_S."""

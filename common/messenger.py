@@ -229,6 +229,20 @@ class Connection:
                                      f"not send in {timeout_s:g} s") from None
         return await future
 
+    def waiting_for(self, future):
+        """Whether the request `future` came from (`start_request`) still has no reply, even
+        if its caller has settled the future itself (a hedged read takes another's answer)."""
+        return any(entry[0] is future for entry in self._waiting.values())
+
+    def longest_wait_s(self):
+        """How long the oldest request still without a reply has waited (0.0: none; requests
+        sent without a timeout are not counted)."""
+        now, longest = self._loop.time(), 0.0
+        for _, deadline, _, timeout_s in self._waiting.values():
+            if deadline is not None:
+                longest = max(longest, now - (deadline - timeout_s))
+        return longest
+
     def _sweep(self):
         """Fail the requests whose deadline has come; set the timer for the next one."""
         self._sweeper = self._sweep_at = None

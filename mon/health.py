@@ -15,8 +15,8 @@ Checks (name: severity):
   `osd.op_complaint_s`.
 - READS_HEDGED (WARN; from the OSDs' heartbeats): OSDs that reads went around (clients steered
   away from them, erasure-coded primaries decoded around their late shards) at least
-  `health.hedged_reads_per_s` times a second: slow to answer, seconds before SLOW_DISK can say
-  why.
+  `health.hedged_reads_per_s` times a second over each of the last three heartbeat
+  intervals (HEDGED_INTERVALS): slow to answer, before SLOW_DISK can say why.
 - NETWORK_PACKET_LOSS, NETWORK_SLOW_PING (WARN; from the OSDs' UDP probes, judged by
   mon/netloss.py): host pairs that lose packets or answer slowly; a host that loses packets to
   every peer is named as the host.
@@ -109,6 +109,10 @@ def clean_around(report):
             if isinstance(key, str) and key.isdigit() and type(value) is int and value >= 0}
 
 
+# READS_HEDGED holds for this many heartbeat intervals in a row before it names an OSD: a
+# client steers around an OSD for 1 s after one stall, which can touch two intervals of 2 s.
+HEDGED_INTERVALS = 3
+
 HEDGE_FIELDS = ("served", "hedged_around", "steered_around", "fast_reads", "shard_sent",
                 "shard_won", "shard_wasted", "shard_steered")
 
@@ -122,26 +126,32 @@ def clean_hedges(report):
             if type(report.get(field)) is int and report[field] >= 0}
 
 
-def reads_around_rates(reports):
-    """{osd id: reads per second sent around it} over each reporter's last heartbeat interval,
-    from {reporter: (previous, latest)}, each None or (when, {osd id: count since it
-    started}). A count that went down (the reporter restarted) counts from zero."""
+def reads_around_rates(reports, back=0):
+    """{osd id: reads per second sent around it} over each reporter's last heartbeat interval
+    (`back` 1: the interval before that), from {reporter: [(when, {osd id: count since the
+    reporter started}), ... oldest first]}. A count that went down (the reporter restarted)
+    counts from zero."""
     rates = {}
-    for previous, latest in reports.values():
-        if previous is None or latest is None or latest[0] - previous[0] < 0.5:
+    for samples in reports.values():
+        if len(samples) < back + 2:
             continue
-        elapsed = latest[0] - previous[0]
-        for osd_id, count in latest[1].items():
-            before = previous[1].get(osd_id, 0)
+        (start, before_counts), (end, counts) = samples[-2 - back], samples[-1 - back]
+        if end - start < 0.5:
+            continue
+        for osd_id, count in counts.items():
+            before = before_counts.get(osd_id, 0)
             moved = count - before if count >= before else count
             if moved:
-                rates[osd_id] = rates.get(osd_id, 0.0) + moved / elapsed
+                rates[osd_id] = rates.get(osd_id, 0.0) + moved / (end - start)
     return rates
 
 
-def reads_hedged_check(cmap, rates, per_s):
-    """READS_HEDGED from {osd id: reads per second sent around it}: those at `per_s` or more."""
-    named = sorted(osd_id for osd_id, rate in rates.items() if rate >= per_s)
+def reads_hedged_check(cmap, rates, per_s, earlier=()):
+    """READS_HEDGED from {osd id: reads per second sent around it}: those at `per_s` or more,
+    and at that rate in each of the `earlier` intervals' rates too (one burst, such as a
+    second's steering after one stall, names nobody)."""
+    named = sorted(osd_id for osd_id, rate in rates.items() if rate >= per_s and
+                   all(before.get(osd_id, 0.0) >= per_s for before in earlier))
     if not named:
         return None
     return check(WARN, f"reads go around {_ids(named)} (slow to answer: hedged or steered "

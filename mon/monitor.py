@@ -151,8 +151,8 @@ class Monitor:
         self._slow_found = {}               # osd id -> slowdisk.Finding, judged once a second
         self._slow_judged_at = 0.0
         self._slow_ops = {}                 # osd id -> client ops older than the complaint time
-        self._around = {}                   # osd id -> its last two (when, {osd id: reads
-        #                                     sent around that OSD}) reports (READS_HEDGED)
+        self._around = {}                   # osd id -> its last (when, {osd id: reads sent
+        #                                     around that OSD}) reports (READS_HEDGED)
         self._hedges = {}                   # osd id -> its hedge counters (`cairn osd perf`)
         self._device_paths = {}             # osd id -> its device, as it reports it
         self._net = {}                      # osd id -> its probe report (mon/netloss.py)

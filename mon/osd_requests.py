@@ -120,8 +120,9 @@ async def osd_heartbeat(monitor, peer, header):
     monitor._slow_ops[osd_id] = slow_ops if type(slow_ops) is int and slow_ops > 0 else 0
     monitor._hedges[osd_id] = health.clean_hedges(header.get("hedges"))
     around = health.clean_around(header.get("reads_around"))
-    monitor._around[osd_id] = (monitor._around.get(osd_id, (None, None))[1],
-                               (time.monotonic(), around))
+    monitor._around.setdefault(osd_id, collections.deque(
+        maxlen=health.HEDGED_INTERVALS + 1)).append(
+        (time.monotonic(), around))
     if isinstance(header.get("device_path"), str):
         monitor._device_paths[osd_id] = header["device_path"][:256]
     now = time.monotonic()

@@ -43,10 +43,10 @@ def health_report(monitor, mons):
     if slow_ops:
         checks["SLOW_OPS"] = health.slow_ops_check(
             monitor.map, slow_ops, config.value(monitor.map.config, "osd.op_complaint_s"))
-    around = {osd_id: rate for osd_id, rate in reads_around(monitor).items() if osd_id in up}
-    hedged = health.reads_hedged_check(monitor.map, around,
-                                       config.value(monitor.map.config,
-                                                    "health.hedged_reads_per_s"))
+    hedged = health.reads_hedged_check(
+        monitor.map, reads_around(monitor),
+        config.value(monitor.map.config, "health.hedged_reads_per_s"),
+        [reads_around(monitor, back) for back in range(1, health.HEDGED_INTERVALS)])
     if hedged is not None:
         checks["READS_HEDGED"] = hedged
     checks.update(network_checks(monitor, up))
@@ -64,11 +64,13 @@ def health_report(monitor, mons):
             "checks": checks}
 
 
-def reads_around(monitor):
-    """{osd id: reads per second sent around it lately} (READS_HEDGED's figures)."""
+def reads_around(monitor, back=0):
+    """{up osd id: reads per second sent around it} over the OSDs' last heartbeat interval
+    (`back` 1: the one before, ...), from the up OSDs' reports (READS_HEDGED's figures)."""
     up = {osd_id for osd_id, osd in monitor.map.osds.items() if osd["up"]}
-    return health.reads_around_rates({osd_id: reports for osd_id, reports
-                                      in monitor._around.items() if osd_id in up})
+    return {osd_id: rate for osd_id, rate in health.reads_around_rates(
+        {osd_id: list(reports) for osd_id, reports in monitor._around.items()
+         if osd_id in up}, back).items() if osd_id in up}
 
 
 def osd_perf(monitor):

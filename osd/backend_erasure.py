@@ -245,7 +245,9 @@ class ErasureBackend(PgBackend):
             if fetch.done():
                 self.hedger.note_wasted(osd)
             else:
-                self.hedger.note_won(osd, fetch, asyncio.get_running_loop(), cancel=False)
+                self.hedger.note_won(osd)
+                asyncio.get_running_loop().call_later(self.hedger.evidence_s(), _judge,
+                                                      self.hedger, osd, fetch)
         return info, data
 
     async def stat(self, pg, name):
@@ -581,6 +583,13 @@ class ErasureBackend(PgBackend):
                                      ec=[size, unit]),
                    shard if target == self.port.me else padded((shard,)))  # a local call: no wire
         return "copied"
+
+
+def _judge(hedger, osd, fetch):
+    """Steer around a member whose late shard (`fetch`) is still due a while after the read
+    decoded around it (common/hedge.py)."""
+    if not fetch.done():
+        hedger.steer(osd)
 
 
 def _retrieved(fetch):

@@ -11,31 +11,6 @@ from cairn.mon import health
 pytestmark = pytest.mark.unit
 
 
-class Loop:
-    """call_later, run by hand."""
-    def __init__(self):
-        self.calls = []
-
-    def call_later(self, delay, function, *args):
-        self.calls.append((delay, function, args))
-
-    def run(self):
-        calls, self.calls = self.calls, []
-        for _, function, args in calls:
-            function(*args)
-
-
-class Future:
-    def __init__(self, done=False):
-        self._done, self.cancelled = done, False
-
-    def done(self):
-        return self._done
-
-    def cancel(self):
-        self.cancelled = True
-
-
 class Clock:
     def __init__(self):
         self.now = 100.0
@@ -71,18 +46,16 @@ def test_the_budget_holds_when_every_read_is_late():
 
 
 def test_a_primary_a_hedge_beat_is_steered_around_then_asked_again():
-    clock, loop = Clock(), Loop()
+    clock = Clock()
     hedger = Hedger(clock)
     assert not hedger.steering(1)
-    hedger.note_won(1, Future(), loop, cancel=True)
-    assert not hedger.steering(1)                           # not before the evidence time
-    assert loop.calls[0][0] >= hedge.STEER_EVIDENCE_S_MIN
-    blip = Future()
-    hedger.note_won(2, blip, loop, cancel=True)
-    blip._done = True                                       # osd.2 answered just after
-    loop.run()
+    assert hedger.evidence_s() >= hedge.STEER_EVIDENCE_S_MIN
+    hedger.note_won(1)
+    hedger.note_won(2)
+    assert not hedger.steering(1)                           # a win alone steers nothing
+    hedger.steer(1)                                         # (osd.1 was still due after)
     assert hedger.steering(1) and not hedger.steering(2)
-    clock.now += hedge.STEER_S / 2
+    clock.now += hedge.STEER_S / 4
     assert hedger.steering(1)
     clock.now += hedge.STEER_S
     assert not hedger.steering(1)                           # its next read goes to it
@@ -102,14 +75,16 @@ def test_reads_hedged_names_the_osd_reads_go_around_at_the_rate_set():
     assert health.clean_around({"1": 5, "x": 3, "2": -1, "3": 2.5}) == {1: 5}
     assert health.clean_around(["1"]) == {}
     reports = {
-        0: ((10.0, {1: 100}), (12.0, {1: 160, 2: 4})),      # 30/s around osd.1, 2/s osd.2
-        3: ((10.5, {2: 7}), (12.5, {2: 3})),                # restarted: 3 in 2 s
-        4: (None, (12.0, {1: 10_000})),                     # one report: no rate yet
+        0: [(8.0, {1: 40}), (10.0, {1: 100}), (12.0, {1: 160, 2: 4})],  # 30/s around osd.1
+        3: [(10.5, {2: 7}), (12.5, {2: 3})],                # restarted: 3 in 2 s
+        4: [(12.0, {1: 10_000})],                           # one report: no rate yet
     }
-    rates = health.reads_around_rates(reports)
-    assert rates == {1: 30.0, 2: pytest.approx(2.0 + 1.5)}
-    found = health.reads_hedged_check(Map(), rates, 5.0)
+    rates, before = health.reads_around_rates(reports), health.reads_around_rates(reports, 1)
+    assert rates == {1: 30.0, 2: pytest.approx(2.0 + 1.5)} and before == {1: 30.0}
+    found = health.reads_hedged_check(Map(), rates, 5.0, [before])
     assert found["severity"] == health.WARN and "osd.1" in found["summary"]
     assert "osd.2" not in found["summary"]
     assert found["detail"] == ["osd.1 (host h1): 30.0 reads/s went around it"]
+    # One interval's burst (a second's steering after one stall) names nobody.
+    assert health.reads_hedged_check(Map(), rates, 5.0, [before, {1: 2.0}]) is None
     assert health.reads_hedged_check(Map(), rates, 50.0) is None
