@@ -8,11 +8,13 @@ write in flight). It may serve its copy only if that copy is the version a clien
 through the primary would get. So the replica asks the primary, while its own device read
 runs, which version of the object is settled (`pg_settled`): the primary answers from its map,
 its PG's state and its record cache, never its disk, so a primary whose disk is slow answers
-at once. It answers only when its PG is active and has been clean in this interval, the object
-is not waiting for recovery there and no write of it is unacknowledged (`PgCore.unsettled`);
-the version it names is then on every acting member. The replica serves its copy when the
-versions match and refuses the read as `stale` otherwise (the client then waits for the
-primary's own answer). A primary that is no longer one (a newer map) refuses as
+at once. It answers only when its PG is active, the object is not waiting for recovery there
+(the primary's copy is the newest) and no write of it in this interval is unacknowledged
+(`PgCore.unsettled`): the version it names is then the one its own read would return. The
+replica serves its copy when the versions match (a version names one write's bytes) and
+refuses the read as `stale` otherwise (the client then waits for the primary's own answer),
+so a member still owed recovery, or holding a write the PG's log rolled back, never serves.
+A degraded PG (a member down) still hedges between the members it has. A primary that is no longer one (a newer map) refuses as
 `wrong_primary`, exactly as it would refuse the client's own read; so a hedged read is never
 staler than a read through the primary, at the cost of one small round trip between the two
 OSDs, which runs beside the replica's device read.
@@ -86,9 +88,9 @@ async def pg_settled(service, header, payload):
     pool, pg = await service.pg_of(header)               # wrong_primary unless ours
     name = object_name(header)
     core = pg.core if pg is not None else None
-    if core is None or not core.serving or not core.settled:
+    if core is None or not core.serving:
         raise RequestFailed(Code.AGAIN, f"pg {header['pool']}.{header['pg']:x} is not active "
-                            "and clean here")
+                            "here")
     if name in core.missing or name in core.unsettled.values():
         raise RequestFailed(Code.AGAIN, f"{name!r} has a write or recovery in flight")
     if header.get("steered"):
