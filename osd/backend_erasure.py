@@ -13,9 +13,9 @@ that k members still hold (`_roll_back`). See osd/backend.py for the interface.
 
 import asyncio
 import collections
+import contextlib
 import logging
 import struct
-import time
 
 from cairn.common import config, pg as pgs
 from cairn.common.codes import Code
@@ -55,7 +55,7 @@ class ErasureBackend(PgBackend):
         self.direct_plans_total = 0
         # Shards late past the hedge delay are read around (decoded from other members'), and
         # their members steered around for a while (common/hedge.py, `_read_healthy`).
-        self.hedger = Hedger(time.monotonic)
+        self.hedger = Hedger(_loop_time)
         self.fast_reads_total = 0
 
     def codec(self, pg):
@@ -422,21 +422,21 @@ class ErasureBackend(PgBackend):
         if holes:
             return None, holes, {}
         shards = list(ranges)
-        started = time.monotonic()
-        fetches = [asyncio.ensure_future(self._fetch(pg, members[index], index, name, version,
-                                                     ranges[index])) for index in shards]
+        started = _loop_time()
+        fetches = _start(self._fetch(pg, members[index], index, name, version, ranges[index])
+                         for index in shards)
         hedging = config.value(self.port.map.config, "osd.hedge_shard_reads")
-        done, due = await asyncio.wait(fetches, timeout=self.hedger.delay() if hedging else None)
-        if due:
-            late = {members[index]: fetch for index, fetch in zip(shards, fetches)
-                    if fetch in due}
-            others = sum(1 for osd in members if osd is not None and osd not in late)
-            if others >= layout.k and all(self.hedger.may_hedge(osd) for osd in late):
-                for fetch in fetches:
-                    fetch.add_done_callback(_retrieved)
-                return None, {index for index in shards if members[index] in late}, late
-            await asyncio.wait(due)
-        self.hedger.record(time.monotonic() - started)
+        with _cancelled_unless_done(fetches):
+            done, due = await asyncio.wait(fetches,
+                                           timeout=self.hedger.delay() if hedging else None)
+            if due:
+                late = {members[index]: fetch for index, fetch in zip(shards, fetches)
+                        if fetch in due}
+                others = sum(1 for osd in members if osd is not None and osd not in late)
+                if others >= layout.k and all(self.hedger.may_hedge(osd) for osd in late):
+                    return None, {index for index in shards if members[index] in late}, late
+                await asyncio.wait(due)
+        self.hedger.record(_loop_time() - started)
         results = [fetch.exception() or fetch.result() for fetch in fetches]
         pieces, failed = {}, set()
         for index, result in zip(shards, results):
@@ -501,24 +501,21 @@ class ErasureBackend(PgBackend):
             candidates = [c for c in candidates if c not in batch]
             if not batch:
                 break
-            fetches = {asyncio.ensure_future(self._fetch(pg, osd, index, name, version,
-                                                         ranges)): index
-                       for osd, index in batch}
+            started = _start(self._fetch(pg, osd, index, name, version, ranges)
+                             for osd, index in batch)
+            fetches = dict(zip(started, (index for _, index in batch)))
             due = set(fetches)
-            while due and len(got) < layout.k:
-                done, due = await asyncio.wait(due, return_when=asyncio.FIRST_COMPLETED)
-                for fetch in done:
-                    error = fetch.exception()
-                    if isinstance(error, ShardUnavailable):
-                        failures.append(error.reason)
-                    elif error is not None:
-                        for other in due:
-                            other.add_done_callback(_retrieved)
-                        raise error
-                    elif len(got) < layout.k:
-                        got[fetches[fetch]] = fetch.result()
-            for fetch in due:               # fast: the slowest, not needed
-                fetch.add_done_callback(_retrieved)
+            with _cancelled_unless_done(started):
+                while due and len(got) < layout.k:
+                    done, due = await asyncio.wait(due, return_when=asyncio.FIRST_COMPLETED)
+                    for fetch in done:
+                        error = fetch.exception()
+                        if isinstance(error, ShardUnavailable):
+                            failures.append(error.reason)
+                        elif error is not None:
+                            raise error
+                        elif len(got) < layout.k:
+                            got[fetches[fetch]] = fetch.result()
         if len(got) < layout.k:
             raise RequestFailed(Code.UNAVAILABLE, f"pg {pg.key[0]}.{pg.key[1]:x}: object {name!r} "
                                 f"(version {version:x}) has {len(got)} readable shards "
@@ -590,6 +587,33 @@ def _judge(hedger, osd, fetch):
     decoded around it (common/hedge.py)."""
     if not fetch.done():
         hedger.steer(osd)
+
+
+def _loop_time():
+    """The running loop's clock (the simulation's is virtual: tests/simnet.py)."""
+    return asyncio.get_running_loop().time()
+
+
+def _start(coroutines):
+    """Tasks of shard fetches, each one's failure marked seen (`_retrieved`) whoever waits for
+    it or not."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    for task in tasks:
+        task.add_done_callback(_retrieved)
+    return tasks
+
+
+@contextlib.contextmanager
+def _cancelled_unless_done(tasks):
+    """Cancel those of `tasks` still running if the block is left by an exception (the
+    read's own cancellation or failure), as asyncio.gather would; fetches the block chose
+    not to wait for (a hedge decoded around them) run on."""
+    try:
+        yield
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 def _retrieved(fetch):
