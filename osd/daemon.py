@@ -283,14 +283,14 @@ class OsdDaemon:
                 "shards": erasure.hedger.counts()}
 
     def _hedge_totals(self):
-        """The heartbeat's `hedges` (mon/health.py HEDGE_FIELDS)."""
-        shards = self.service.backends["erasure"].hedger.totals
-        return {"served": self.service.hedge_reads_served,
-                "hedged_around": self.service.reads_hedged_around,
-                "steered_around": self.service.reads_steered_around,
-                "fast_reads": self.service.backends["erasure"].fast_reads_total,
-                "shard_sent": shards["sent"], "shard_won": shards["won"],
-                "shard_wasted": shards["wasted"], "shard_steered": shards["steered"]}
+        """The heartbeat's `hedges` (mon/health.py HEDGE_FIELDS): `_hedge_counts` flat."""
+        counts = self._hedge_counts()
+        return {"served": counts["replica_reads_served"],
+                "hedged_around": counts["reads_hedged_around"],
+                "steered_around": counts["reads_steered_around"],
+                "fast_reads": counts["fast_reads"],
+                **{f"shard_{what}": counts["shards"][what]
+                   for what in ("sent", "won", "wasted", "steered")}}
 
     def _reads_around(self):
         """{osd id (str): reads sent around it since this OSD started}, for READS_HEDGED:
