@@ -51,9 +51,10 @@ def add_parsers(commands, common):
         "over the slow-disk window of 10 s), how many reads a second went around it lately "
         "(clients steered away from it, erasure-coded primaries decoded around its late "
         "shards: READS_HEDGED names it at health.hedged_reads_per_s), and its hedge counters "
-        "since it started: reads it served as a replica for a client's hedge, reads "
-        "hedged/steered around it as their primary, and, as an erasure-coded primary, shard "
-        "hedges sent, won (decoded before the late shard came) and wasted.")
+        "since it started: reads it served as a replica for a client's hedge, clients' reads "
+        "hedged around it as their primary (sent, won: the replica answered first, wasted: "
+        "the rest), reads steered around it, and, as an erasure-coded primary, shard hedges "
+        "sent, won (decoded before the late shard came) and wasted.")
     for state, text in (("out", "take an OSD out of placement (stays out until 'osd in')"),
                         ("in", "put an OSD back into placement"),
                         ("down", "mark an OSD down (a running OSD boots again at once)")):
@@ -105,16 +106,22 @@ def add_parsers(commands, common):
                        "10G (0: no limit)")
     setter = pool_commands.add_parser(
         "set", parents=[common], help="set a pool property: allow-from CIDR[,CIDR...] "
-        "[--prefix PATH] (only these addresses may use its objects; 'any' lifts it)",
+        "[--prefix PATH] (only these addresses may use its objects; 'any' lifts it), or "
+        "fast-read on|off (an erasure pool's reads ask every member)",
         description="allow-from: OSDs serve the pool's objects (under PATH with --prefix) only "
         "to connections whose real peer address lies in one of the ranges, with or without "
         "authentication; an object must pass every allowlist whose prefix starts its name, "
         "and listings show only the names the address may use. 'allow-from any' removes the "
-        "allowlist of that prefix. OSD-to-OSD traffic is not affected.")
+        "allowlist of that prefix. OSD-to-OSD traffic is not affected. fast-read (erasure "
+        "pools): reads ask every member for its shard and decode the first k that come, so "
+        "none waits on one slow disk, at m/k more disk reads and a decode per read; off, a "
+        "shard late past the hedge delay is read around instead. Takes effect at once.")
     setter.add_argument("name", metavar="POOL")
-    setter.add_argument("key", choices=["allow-from"], help="the property (allow-from)")
-    setter.add_argument("value", help="CIDR[,CIDR...] like 10.0.0.0/8,192.168.1.7 (an address "
-                        "alone is a /32), or 'any'")
+    setter.add_argument("key", choices=["allow-from", "fast-read"],
+                        help="the property (allow-from, fast-read)")
+    setter.add_argument("value", help="allow-from: CIDR[,CIDR...] like "
+                        "10.0.0.0/8,192.168.1.7 (an address alone is a /32), or 'any'; "
+                        "fast-read: on or off")
     setter.add_argument("--prefix", default="", metavar="PATH", help="only objects whose "
                         "names start with PATH (default: the whole pool)")
     pool_commands.add_parser("ls", parents=[common], help="list pools (with quotas and "
@@ -246,7 +253,9 @@ def _request_for(args):
         return _quota_request(args), lambda reply: (
             f"pool {_describe_pool(reply['pool'])} (epoch {reply['epoch']})")
     if args.command == "pool" and args.pool_command == "set":
-        return _allow_from_request(args), lambda reply: (
+        request = _fast_read_request(args) if args.key == "fast-read" else \
+            _allow_from_request(args)
+        return request, lambda reply: (
             f"pool {_describe_pool(reply['pool'])} (epoch {reply['epoch']})")
     if args.command == "pool" and args.pool_command == "ls":
         return {"op": "pool_ls"}, _format_pools
@@ -285,6 +294,15 @@ def _quota_request(args):
     if len(request) == 2:
         raise ValueError("give --max-objects, --max-bytes or both (0 removes a limit)")
     return request
+
+
+def _fast_read_request(args):
+    value = args.value.strip().lower()
+    if value not in ("on", "off"):
+        raise ValueError(f"fast-read is on or off (was {args.value!r})")
+    if args.prefix:
+        raise ValueError("--prefix applies to allow-from, not fast-read")
+    return {"op": "pool_fast_read", "name": args.name, "fast_read": value == "on"}
 
 
 def _allow_from_request(args):
@@ -561,7 +579,7 @@ def _format_tree(reply):
 
 def _format_perf(reply):
     lines = [f"{'ID':>4}  {'HOST':12} {'STATUS':9} {'READ ms':>8} {'WRITE ms':>8} "
-             f"{'AROUND/s':>9} {'SERVED':>8} {'HEDGED':>8} {'STEERED':>8} "
+             f"{'AROUND/s':>9} {'SERVED':>8} {'HEDGES sent/won/wasted':>22} {'STEERED':>8} "
              f"{'SHARD sent/won/wasted':>22}"]
     for osd in reply["osds"]:
         device, hedges = osd["device"], osd["hedges"]
@@ -569,14 +587,17 @@ def _format_perf(reply):
                    for kind in ("read", "write")]
         shards = "/".join(str(hedges.get(f"shard_{what}", 0)) for what in ("sent", "won",
                                                                            "wasted"))
+        around = "/".join(str(hedges.get(f"hedged_{what}", 0)) for what in ("around", "won",
+                                                                            "wasted"))
         status = ("up" if osd["up"] else "down") + (" slow" if osd["slow"] else "")
         lines.append(f"{osd['id']:>4}  {osd['host'] or '-':12} {status:9} {latency[0]:>8} "
                      f"{latency[1]:>8} {osd['reads_around_per_s']:>9.1f} "
-                     f"{hedges.get('served', 0):>8} {hedges.get('hedged_around', 0):>8} "
+                     f"{hedges.get('served', 0):>8} {around:>22} "
                      f"{hedges.get('steered_around', 0):>8} {shards:>22}")
     lines.append(f"{len(reply['osds'])} OSDs, epoch {reply['epoch']}; AROUND/s: reads sent "
                  "around the OSD lately; SERVED: clients' hedged reads it served as a replica; "
-                 "HEDGED, STEERED: reads raced or sent around it as their primary; SHARD: its "
+                 "HEDGES: clients' reads hedged around it as their primary (won: the replica "
+                 "answered first; wasted: the rest); STEERED: reads sent around it; SHARD: its "
                  "shard hedges as an erasure-coded primary")
     return "\n".join(lines)
 

@@ -289,13 +289,16 @@ class Cluster:
             hedger.note_refused(primary)
             return
         at_replica.add_done_callback(
-            functools.partial(self._hedge_answered, at_primary, at, primary))
-        at_primary.add_done_callback(functools.partial(_cancel, at_replica))
+            functools.partial(self._hedge_answered, at_primary, at, primary, request))
+        at_primary.add_done_callback(functools.partial(_withdraw, connection, at_replica))
 
-    def _hedge_answered(self, at_primary, at, primary, at_replica):
-        """The hedge's reply (or its cancellation, once the primary answered): the read's
-        answer if the primary has not given one yet. Then, if the primary (on connection
-        `at`) still has not answered a while later, it is steered around (common/hedge.py)."""
+    def _hedge_answered(self, at_primary, at, primary, request, at_replica):
+        """The hedge's reply (or its cancellation, once the primary answered: `_withdraw`):
+        the read's answer if the primary has not given one yet, and the primary is told so
+        (`hedge_won`, one-way: it counts the hedges around it that won). Then, if the primary
+        (on connection `at`) still has not answered a while later, it is steered around
+        (common/hedge.py). The primary's own read is not cancelled: when its answer comes is
+        that evidence, and its device read, once started, runs to its end anyway."""
         hedger = self.hedger
         if at_replica.cancelled():
             hedger.note_wasted(primary)
@@ -308,6 +311,10 @@ class Cluster:
         else:
             at_primary.set_result(at_replica.result())  # its own reply, when it comes, is dropped
             hedger.note_won(primary)
+            try:
+                at.send_oneway(dict(request, op="hedge_won"))
+            except ConnectionClosed:
+                pass
             if at.longest_wait_s() >= hedger.evidence_s():
                 hedger.steer(primary)       # an earlier read is still due: evidence enough
             else:
@@ -790,8 +797,11 @@ class Pool:
             raise errors[0]
 
 
-def _cancel(future, _=None):
-    future.cancel()
+def _withdraw(connection, at_replica, _):
+    """The primary answered a hedged read first: the hedge is cancelled, here and at the
+    replica (which stops its device read or its wait for the primary's word)."""
+    if not at_replica.done():
+        connection.cancel(at_replica)
 
 
 def _retrieved(future):

@@ -26,6 +26,8 @@ Operations (each a dict with "op"):
                  [osds_per_domain], [backend], [fast_read]
     pool_delete  name
     pool_set_quota name, [max_objects], [max_bytes]   (0: no limit; a field left out stays)
+    pool_fast_read name, fast_read    (an erasure pool's reads ask every member, decode the first
+                                       k shards; takes effect at each OSD's next read)
     pool_quota_full name, full        (the leader: the pool reached its quota; writes refused)
     pool_allow_from name, prefix, networks   (["CIDR", ...]: only these addresses may use the
                                        pool's objects under prefix; []: the rule goes)
@@ -431,6 +433,19 @@ def _pool_allow_from(new, op):
         pool.pop("allow_from", None)
 
 
+def _pool_fast_read(new, op):
+    pool = _pool_named(new, op)
+    if pool["kind"] != "erasure":
+        raise MapError(f"pool_fast_read: pool {pool['name']!r} is replicated (its reads are "
+                       "hedged instead); fast_read applies to erasure pools")
+    if not isinstance(op.get("fast_read"), bool):
+        raise MapError("pool_fast_read: fast_read must be true or false")
+    if op["fast_read"]:
+        pool["fast_read"] = True
+    else:
+        pool.pop("fast_read", None)
+
+
 def _pool_quota_full(new, op):
     pool = _pool_named(new, op)
     if not isinstance(op.get("full"), bool):
@@ -478,5 +493,5 @@ _HANDLERS = {"osd_add": _osd_add, "osd_boot": _osd_boot, "osd_down": _osd_down,
              "osd_weight": _osd_weight,
              "pool_create": _pool_create, "pool_delete": _pool_delete,
              "pool_set_quota": _pool_set_quota, "pool_quota_full": _pool_quota_full,
-             "pool_allow_from": _pool_allow_from,
+             "pool_allow_from": _pool_allow_from, "pool_fast_read": _pool_fast_read,
              "osd_full": _osd_full, "osd_slow": _osd_slow, "config_set": _config_set}

@@ -5,6 +5,8 @@ the outbox, frame writing), common/server.py the server's:
 - `connect(addr)` gives a `Connection`: `await conn.request(header, payload)` sends a REQUEST
   and returns the matching REPLY frame; an ERROR reply raises `RequestFailed` carrying the
   remote's error code and message. PUSH frames (map updates) go to the `on_push` callback.
+  `conn.cancel(future)` gives up on a request and tells the server to stop answering it;
+  `conn.send_oneway(header)` sends a request that wants no answer.
 - `server.serve(addr, handler)` accepts connections and calls `await handler(peer, frame)` for every
   REQUEST; the handler returns `(header, payload)` or raises `RequestFailed` (sent back as an
   ERROR frame). `peer.push(header, payload)` sends unsolicited frames on that connection.
@@ -186,11 +188,7 @@ class Connection:
         ConnectionClosed. No task is made: a primary starts its replica writes this way and
         awaits them after its own. `payload_crc`: the payload's crc32c if known
         (`frame.encode`). Raises ConnectionClosed at once on a closed connection."""
-        if self._closed is not None:
-            raise ConnectionClosed(f"connection to {self.addr} is closed: {self._closed}")
-        if self._transport.is_closing():
-            self._close("closed by peer")
-            raise ConnectionClosed(f"connection to {self.addr} is closed")
+        self._check_open()
         buffers = wire.encode(Kind.REQUEST, self._next_id, header, payload, self._send_mac,
                                payload_crc)
         request_id = self._next_id
@@ -213,6 +211,34 @@ class Connection:
                 self._sweeper = loop.call_at(deadline, self._sweep)
         self._outbox.add(buffers, 0)
         return future
+
+    def _check_open(self):
+        if self._closed is not None:
+            raise ConnectionClosed(f"connection to {self.addr} is closed: {self._closed}")
+        if self._transport.is_closing():
+            self._close("closed by peer")
+            raise ConnectionClosed(f"connection to {self.addr} is closed")
+
+    def send_oneway(self, header, payload=b""):
+        """Send a request that wants no reply (request id 0: the server sends none, and an
+        answer that came anyway would be dropped here). Raises ConnectionClosed at once on a
+        closed connection."""
+        self._check_open()
+        self._outbox.add(wire.encode(Kind.REQUEST, 0, header, payload, self._send_mac), 0)
+
+    def cancel(self, future):
+        """Give up on the request `future` came from (`start_request`): it stops waiting here,
+        the future is cancelled, and the server is told (`cancel`, common/server.py) to stop
+        answering it where it still can. Nothing is sent for one already answered."""
+        for request_id, entry in self._waiting.items():
+            if entry[0] is future:
+                del self._waiting[request_id]
+                if self._closed is None and not self._transport.is_closing():
+                    self._outbox.add(wire.encode(Kind.REQUEST, 0, {"op": "cancel",
+                                                                   "of": request_id},
+                                                 b"", self._send_mac), 0)
+                break
+        future.cancel()
 
     async def request(self, header, payload=b"", timeout_s=REQUEST_TIMEOUT_S_DEFAULT,
                       payload_crc=None):

@@ -5,7 +5,10 @@ Theory of operation: `serve` accepts connections and gives each a `_ServerConnec
 frame receiver (common/wire.py) cuts frames from the socket without copies. A guard runs the
 handshake first (common/sessions.py); until it is done a connection may send only small frames.
 Every REQUEST is answered by `await handler(peer, frame)`, which returns `(header, payload)` or
-raises `RequestFailed` (sent back as an ERROR frame with its code); `fast(connection, received)`
+raises `RequestFailed` (sent back as an ERROR frame with its code), except a one-way request
+(request id 0), whose answer is dropped; a one-way `cancel` {of: id} stops the task answering
+request `of` as a lost connection would (a client's hedged read that lost its race);
+`fast(connection, received)`
 may take a request first and answer it from callbacks (the OSD's gets and puts). Requests in
 flight per connection, request bytes held and reply bytes built are bounded per connection and
 per server, so a peer that floods, stalls or never reads its replies costs only its own share;
@@ -153,6 +156,7 @@ class _ServerConnection:
         self.protocol.connection_made = self._connection_made
         self.peer = None
         self._tasks = set()
+        self._by_id = {}                    # request id -> the task answering it (`_cancel`)
         self._to_finish = set()             # of those, the ones a lost connection does not cancel
         self._fast = 0                      # requests `fast` took, not yet answered
         self.partial_since = None           # monotonic time: a frame is held unfinished since
@@ -211,6 +215,13 @@ class _ServerConnection:
                             "message": f"a server expects requests, not {received.kind.name}"})
             self.peer.close()
             return
+        if received.request_id == 0:        # one-way: a cancel, or a request with no reply
+            if received.header.get("op") == "cancel":
+                self.protocol.receiver.release(received)
+                self._cancel(received.header.get("of"))
+            else:
+                self._start_task(received)
+            return
         fast = self._server.fast
         if fast is not None:
             self._fast += 1                 # counted first: `fast` may answer before it returns
@@ -229,6 +240,8 @@ class _ServerConnection:
         task = self.peer.loop.create_task(_answer(self, self._handler, received, slot))
         slot[1] = weakref.ref(task)
         self._tasks.add(task)
+        if received.request_id:
+            self._by_id[received.request_id] = task
         task.add_done_callback(lambda done: self._done(done, received))
         if len(self._tasks) + self._fast >= SERVER_REQUESTS_PER_CONNECTION_MAX:
             self.protocol.pause_reading("requests")
@@ -362,7 +375,19 @@ class _ServerConnection:
         self.authenticated = True
         self._server.unauthenticated -= 1
 
+    def _cancel(self, request_id):
+        """The peer no longer wants the answer to `request_id`: the task answering it stops,
+        as a lost connection stops it (not one that must finish, `finish_even_if_lost`), and
+        sends nothing. One answered already, or taken by `fast` (answered from a callback
+        within a device read), is left to finish."""
+        task = self._by_id.get(request_id) if type(request_id) is int else None
+        if task is not None and task not in self._to_finish:
+            task.cancel()
+            self._server.cancelled_total += 1
+
     def _done(self, task, received):
+        if self._by_id.get(received.request_id) is task:
+            del self._by_id[received.request_id]
         self._tasks.discard(task)
         self._to_finish.discard(task)
         self.protocol.receiver.release(received)
@@ -436,6 +461,7 @@ class _Server:
         self.holding = set()                # connections with replies reserved, not yet sent
         self.connections = set()
         self.unauthenticated = 0            # of those, how many have no handshake yet
+        self.cancelled_total = 0            # requests stopped by their peer's `cancel`
         self.sweeper = None
         self.server = None
 
@@ -537,7 +563,8 @@ async def _answer(connection, handler, received, slot):
 async def _respond(peer, handler, received):
     try:
         header, payload = await handler(peer, received)
-        peer.send(Kind.REPLY, received.request_id, header, payload)
+        if received.request_id:             # 0: one-way, no reply wanted
+            peer.send(Kind.REPLY, received.request_id, header, payload)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -545,9 +572,11 @@ async def _respond(peer, handler, received):
 
 
 def _send_failure(peer, received, exc):
-    """Answer a request whose handling raised `exc`."""
+    """Answer a request whose handling raised `exc` (a one-way one's failure is only
+    logged, if it is not a RequestFailed)."""
     if isinstance(exc, RequestFailed):
-        peer.send(Kind.ERROR, received.request_id, exc.to_header())
+        if received.request_id:
+            peer.send(Kind.ERROR, received.request_id, exc.to_header())
         return
     if isinstance(exc, AssertionError):
         # A broken invariant is a bug, not bad input: stop the daemon rather than serve on in an
@@ -557,5 +586,6 @@ def _send_failure(peer, received, exc):
         os._exit(70)
     # One request is one item: log, answer, keep serving.
     log.error("request %r from %s failed", received.header.get("op"), peer.addr, exc_info=exc)
-    peer.send(Kind.ERROR, received.request_id,
-              {"error": Code.INTERNAL, "message": f"{type(exc).__name__}: {exc}"})
+    if received.request_id:
+        peer.send(Kind.ERROR, received.request_id,
+                  {"error": Code.INTERNAL, "message": f"{type(exc).__name__}: {exc}"})

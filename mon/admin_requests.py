@@ -83,6 +83,13 @@ async def pool_allow_from(monitor, peer, header):
     return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
 
 
+async def pool_fast_read(monitor, peer, header):
+    op = {"op": "pool_fast_read", "name": header.get("name"),
+          "fast_read": header.get("fast_read")}
+    new_map = await monitor.propose([op], why="operator", rid=header.get("rid"))
+    return {"epoch": new_map.epoch, "pool": new_map.pools.get(op["name"])}, b""
+
+
 async def health_op(monitor, peer, header):
     return views.health_report(monitor, views.mons_view(monitor)), b""
 
@@ -188,6 +195,7 @@ REQUESTS = {
     "df": df,
     "pool_set_quota": pool_set_quota,
     "pool_allow_from": pool_allow_from,
+    "pool_fast_read": pool_fast_read,
     "health": health_op,
     "health_history": health_history,
     "status": status,

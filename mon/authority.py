@@ -24,7 +24,7 @@ from cairn.common.messenger import RequestFailed
 READ_OPS = frozenset({"hello", "get_map", "subscribe", "status", "health", "health_history",
                       "df", "osd_tree", "pool_ls", "config_get", "osd_perf"})
 WRITE_OPS = frozenset({"pool_create", "pool_delete", "pool_set_quota", "pool_allow_from",
-                       "config_set",
+                       "pool_fast_read", "config_set",
                        "osd_mark", "mon_add", "mon_remove"})
 DAEMON_OPS = frozenset({"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop",
                         "pg_last_active", "pg_set_active", "auth_service_keys"})

@@ -113,8 +113,8 @@ def clean_around(report):
 # client steers around an OSD for 1 s after one stall, which can touch two intervals of 2 s.
 HEDGED_INTERVALS = 3
 
-HEDGE_FIELDS = ("served", "hedged_around", "steered_around", "fast_reads", "shard_sent",
-                "shard_won", "shard_wasted", "shard_steered")
+HEDGE_FIELDS = ("served", "cancelled", "hedged_around", "hedged_won", "steered_around",
+                "fast_reads", "shard_sent", "shard_won", "shard_wasted", "shard_steered")
 
 
 def clean_hedges(report):

@@ -41,6 +41,7 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     df                                    -> raw, osds, pools, ratios (mon/capacity.py)
     pool_set_quota {name, [max_objects], [max_bytes]}
     pool_allow_from {name, [prefix], networks}   ([]: remove the prefix's allowlist)
+    pool_fast_read {name, fast_read}      (an erasure pool's reads ask every member)
     osd_tree, pool_ls, osd_perf           -> views for the CLI
     osd_mark {id, state: out|in|down|reweight|weight, [reweight], [weight]}, pool_create {...},
     pool_delete {name},
@@ -117,7 +118,8 @@ assert FORWARD_TIMEOUT_S > COMMIT_TIMEOUT_S
 LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark", "pool_create",
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
               "mon_remove", "peer_invalid_report", "status", "health", "health_history", "df",
-              "pool_set_quota", "pool_allow_from", "auth_change", "osd_perf"}
+              "pool_set_quota", "pool_allow_from", "pool_fast_read", "auth_change",
+              "osd_perf"}
 
 
 def no_quorum(message):

@@ -85,8 +85,17 @@ def osd_perf(monitor):
                      "up": osd["up"], "slow": bool(osd.get("slow")),
                      "device": latency.get(osd_id, {}),
                      "reads_around_per_s": round(around.get(osd_id, 0.0), 2),
-                     "hedges": monitor._hedges.get(osd_id, {})})
+                     "hedges": _with_wasted(monitor._hedges.get(osd_id, {}))})
     return {"epoch": monitor.map.epoch, "osds": rows}
+
+
+def _with_wasted(hedges):
+    """An OSD's hedge counters with `hedged_wasted`: clients' hedges around it that did not
+    answer the read (sent less won)."""
+    if "hedged_around" not in hedges:
+        return hedges
+    return {**hedges, "hedged_wasted": max(0, hedges["hedged_around"] -
+                                          hedges.get("hedged_won", 0))}
 
 
 def ratios(monitor):

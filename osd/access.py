@@ -19,7 +19,8 @@ from cairn.common.codes import Code
 from cairn.common.messenger import RequestFailed
 from cairn.common.pg import pool_by_id
 
-READ_OPS = frozenset({"get", "stat", "list", "omap_get", "omap_list", "shard_read"})
+READ_OPS = frozenset({"get", "stat", "list", "omap_get", "omap_list", "shard_read",
+                      "hedge_won"})
 WRITE_OPS = frozenset({"put", "delete", "omap"})
 
 

@@ -277,7 +277,9 @@ class OsdDaemon:
         erasure-coded primary reading around late shards (by the member it read around)."""
         erasure = self.service.backends["erasure"]
         return {"replica_reads_served": self.service.hedge_reads_served,
+                "replica_reads_cancelled": self.service.hedge_reads_cancelled,
                 "reads_hedged_around": self.service.reads_hedged_around,
+                "reads_hedged_won": self.service.reads_hedged_won,
                 "reads_steered_around": self.service.reads_steered_around,
                 "fast_reads": erasure.fast_reads_total,
                 "shards": erasure.hedger.counts()}
@@ -286,7 +288,9 @@ class OsdDaemon:
         """The heartbeat's `hedges` (mon/health.py HEDGE_FIELDS): `_hedge_counts` flat."""
         counts = self._hedge_counts()
         return {"served": counts["replica_reads_served"],
+                "cancelled": counts["replica_reads_cancelled"],
                 "hedged_around": counts["reads_hedged_around"],
+                "hedged_won": counts["reads_hedged_won"],
                 "steered_around": counts["reads_steered_around"],
                 "fast_reads": counts["fast_reads"],
                 **{f"shard_{what}": counts["shards"][what]

@@ -40,7 +40,17 @@ def _refuse(why):
 
 async def replica_get(service, header):
     """A client's `get` with `replica` set, sent to a member that is not the PG's primary:
-    (reply header, data) as the primary's `get` would answer, or refused as `stale`."""
+    (reply header, data) as the primary's `get` would answer, or refused as `stale`. A client
+    whose primary answered first cancels it (common/server.py `cancel`): it stops wherever it
+    is, its device read or the primary's word, and sends nothing."""
+    try:
+        return await _replica_get(service, header)
+    except asyncio.CancelledError:
+        service.hedge_reads_cancelled += 1
+        raise
+
+
+async def _replica_get(service, header):
     pool, pg = await service.pg_of(header, as_primary=False)
     name, offset, length = service._admit_read(header)
     me = service.port.me
@@ -104,3 +114,11 @@ async def pg_settled(service, header, payload):
 def _quiet(future):
     if not future.cancelled():
         future.exception()
+
+
+async def hedge_won(service, header, payload):
+    """A client's word (one-way, common/messenger.py `send_oneway`) to the primary of a read it
+    hedged: the replica's answer came first. The primary counts it beside the hedges it
+    confirmed (`pg_settled`): hedges sent around it, won, and wasted (the rest)."""
+    service.reads_hedged_won += 1
+    return {}, b""

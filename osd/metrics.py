@@ -79,14 +79,27 @@ def collect(daemon):
     yield avoided
     hedges = daemon._hedge_counts()
     served = CounterMetricFamily("cairn_osd_hedged_reads", "clients' reads of replicated "
-                                 "objects taken by a replica: `served` here as the replica; "
+                                 "objects taken by a replica: `served` here as the replica "
+                                 "(`cancelled`: stopped, its primary answered first); "
                                  "`hedged` and `steered` around this OSD as their primary (it "
                                  "confirmed them: a hedge raced it, or the client found it "
                                  "slow and did not ask it)", labels=["osd", "role"])
     served.add_metric([labels["osd"], "served"], hedges["replica_reads_served"])
+    served.add_metric([labels["osd"], "cancelled"], hedges["replica_reads_cancelled"])
     served.add_metric([labels["osd"], "hedged"], hedges["reads_hedged_around"])
     served.add_metric([labels["osd"], "steered"], hedges["reads_steered_around"])
     yield served
+    sent, won = hedges["reads_hedged_around"], hedges["reads_hedged_won"]
+    around = CounterMetricFamily("cairn_osd_read_hedges", "clients' reads of replicated objects "
+                                 "whose primary is this OSD, hedged to a replica because this "
+                                 "OSD was late: sent (the replica asked this OSD to confirm), "
+                                 "won (the replica answered first) and wasted (the rest: this "
+                                 "OSD answered first, or the replica refused)",
+                                 labels=["osd", "outcome"])
+    around.add_metric([labels["osd"], "sent"], sent)
+    around.add_metric([labels["osd"], "won"], won)
+    around.add_metric([labels["osd"], "wasted"], max(0, sent - won))
+    yield around
     shards = CounterMetricFamily("cairn_osd_shard_hedges", "erasure-coded reads by this "
                                  "primary that stopped waiting for a member's late shard: "
                                  "sent, won (decoded before it came), wasted, steered (read "

@@ -115,7 +115,9 @@ class ObjectService:
         self.omap_reads_beside_writes = 0   # omap_gets answered beside an update in flight
         self.hedge_reads_served = 0     # clients' hedged reads served as a replica (osd/hedged.py)
         self.reads_hedged_around = 0    # ... confirmed as their primary: hedges of reads here,
-        self.reads_steered_around = 0   # and reads sent around us (a client found us slow)
+        self.reads_steered_around = 0   # and reads sent around us (a client found us slow);
+        self.reads_hedged_won = 0       # of the hedges, those whose replica answered first
+        self.hedge_reads_cancelled = 0  # hedged reads we stopped as the replica: the primary won
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -738,4 +740,5 @@ OPS = _ops(
     ("pg_scrub_local", member_ops.pg_scrub_local, False, False),
     ("pg_versions", member_ops.pg_versions, False, True),
     ("pg_settled", hedged.pg_settled, False, True),
+    ("hedge_won", hedged.hedge_won, False, True),
 )

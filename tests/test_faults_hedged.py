@@ -120,6 +120,10 @@ def test_reads_do_not_wait_on_a_disk_throttled_from_time_zero(disk_dir):
                 # around it but the hedges.)
                 if name == "rep":
                     watcher.join()
+                    # The hedges around osd.2 that won are counted by osd.2 itself.
+                    perf = json.loads(cli(directory, "cairn.client.cli", "osd", "perf",
+                                          "--json"))["osds"]
+                    found["perf"] = next(osd for osd in perf if osd["id"] == 2)["hedges"]
                     off = bench(directory, "--pool", name, *READS, "--seconds", "5",
                                 "--no-hedge")
                     stale_reads, hedges = run(no_stale_reads(directory, 12, kill=lambda: cli(
@@ -146,6 +150,9 @@ def test_reads_do_not_wait_on_a_disk_throttled_from_time_zero(disk_dir):
         # READS_HEDGED names osd.2, and only it, before SLOW_DISK (which needs 6 s of evidence).
         assert "READS_HEDGED" in seen and seen["READS_HEDGED"][1] == ["osd.2"], seen
         assert seen["READS_HEDGED"][0] < seen.get("SLOW_DISK", (1e9,))[0], seen
+        perf = found.pop("perf")
+        print(f"osd.2's hedge counters: {perf}")
+        assert perf["hedged_won"] >= 1 and perf["hedged_around"] >= perf["hedged_won"], perf
         for name, (healthy, first, longer, off) in found.items():
             assert within(healthy, first, 0.5), (name, healthy, first)
             assert within(healthy, longer, 0.5), (name, healthy, longer)

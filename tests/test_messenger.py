@@ -236,6 +236,67 @@ def test_a_lost_connection_cancels_its_requests_except_those_that_must_finish():
     run(main())
 
 
+def test_a_cancelled_request_stops_at_the_server_and_one_way_requests_get_no_answer():
+    """`Connection.cancel` stops the server's task for that request (not one that must finish)
+    and the connection stops waiting for it; a one-way request runs its handler and sends
+    nothing back, even when it fails; a cancel of an unknown or answered id is harmless."""
+    events = []
+
+    async def handler(peer, received):
+        op = received.header["op"]
+        if op == "change":
+            serving.finish_even_if_lost()
+        if op == "note":
+            events.append(("note", received.header["n"]))
+            if received.header["n"] == 2:
+                raise RequestFailed("nope", "a one-way failure")
+            return {"never": "sent"}, b""
+        if op == "quick":
+            return {"ok": 1}, b""
+        try:
+            await asyncio.sleep(0.3)
+            events.append((op, "finished"))
+        except asyncio.CancelledError:
+            events.append((op, "cancelled"))
+            raise
+        return {}, b""
+
+    async def main():
+        server = await serving.serve("127.0.0.1:0", handler)
+        connection = await messenger.connect(addr_of(server))
+        try:
+            looking = connection.start_request({"op": "look"})
+            changing = connection.start_request({"op": "change"})
+            await asyncio.sleep(0.05)
+            connection.cancel(looking)
+            connection.cancel(changing)
+            assert looking.cancelled() and changing.cancelled()
+            assert not connection.waiting_for(looking) and connection.longest_wait_s() == 0.0
+            connection.send_oneway({"op": "note", "n": 1})
+            connection.send_oneway({"op": "note", "n": 2})
+            connection.send_oneway({"op": "cancel", "of": 999})
+            connection.send_oneway({"op": "cancel", "of": "x"})
+            await asyncio.sleep(0.4)
+            assert sorted(events) == [("change", "finished"), ("look", "cancelled"),
+                                      ("note", 1), ("note", 2)], events
+            reply = await connection.request({"op": "quick"})     # the connection lives on
+            assert reply.header == {"ok": 1}
+            # On the wire: nothing comes back for the one-way requests, failed or not.
+            reader, writer = await asyncio.open_connection(*addr_of(server).split(":"))
+            for request_id, header in ((0, {"op": "note", "n": 3}), (0, {"op": "note", "n": 2}),
+                                       (5, {"op": "quick"})):
+                writer.write(b"".join(bytes(buffer) for buffer in
+                                      frame.encode(Kind.REQUEST, request_id, header)))
+            first = await asyncio.wait_for(messenger.read_frame(reader), 5)
+            assert (first.kind, first.request_id, first.header) == (Kind.REPLY, 5, {"ok": 1})
+            writer.close()
+        finally:
+            await connection.close()
+            server.close()
+            await server.wait_closed()
+    run(main())
+
+
 def test_requests_taken_by_fast_are_answered_without_a_task_or_fall_back_to_the_handler():
     """serve's `fast`: a request it takes is answered from a callback (no task), one it hands
     back with `fall_back` reaches the handler, one it declines goes there at once. Requests it
