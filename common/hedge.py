@@ -1,10 +1,11 @@
 """Hedged reads (pure): when a read stops waiting on one OSD and asks another. Used by a
-client reading a replicated object (client/cluster.py `_read_replicated`: the read goes to
+client reading a replicated object (client/hedged_reads.py: the read goes to
 another member; the replica's side is osd/hedged.py) and by an erasure-coded PG's primary
 reading shards (osd/backend_erasure.py: it decodes from other members' shards instead).
 
 - **Hedge**: a read that has waited `delay()` at the primary is sent to another member too;
-  the first answer wins and the other is cancelled (its reply, if it comes, is dropped). The
+  the first answer wins (a replica's losing read is stopped, a primary's runs on and its
+  reply is dropped: client/hedged_reads.py). The
   delay is HEDGE_FACTOR times the 90th percentile of this client's recent reads (all OSDs:
   a slow OSD's own latency would raise its own threshold), at least HEDGE_FLOOR_S.
 - **Budget**: hedges are paid from a token bucket that every read fills by HEDGE_SHARE, so a
