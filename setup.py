@@ -65,7 +65,8 @@ PACKAGE_DIRS = {"cairn." + name: name for name in TOP_LEVEL} | {"cairn.cluster":
 setup(
     packages=list(PACKAGE_DIRS),
     package_dir=PACKAGE_DIRS,
-    package_data={"cairn.native": ["*.pyi", "*.pyx", "*.h"], "cairn.common": ["*.pyx"]},
+    package_data={"cairn.native": ["*.pyi", "*.pyx", "*.h"], "cairn.common": ["*.pyx"],
+                  "cairn.mon": ["console_static/*"]},
     ext_modules=cythonize(extensions, language_level=3),
     zip_safe=False,
 )

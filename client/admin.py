@@ -27,6 +27,13 @@ ADMIN_DEADLINE_S = 10.0
 def add_parsers(commands, common):
     """Register the admin subcommands on `commands`; `common` holds --cluster and --json."""
     commands.add_parser("status", parents=[common], help="cluster health, monitors, OSDs, pools")
+    commands.add_parser(
+        "console", parents=[common], help="the operations console's URL and a one-time "
+        "sign-in link", description="Prints the URL of a monitor's operations console (a web "
+        "page: health, OSDs, pools, recovery) and a link that signs a browser in once, within "
+        "5 minutes, as the entity this command runs as (client.admin by default, or "
+        "--name/--keyring), with its caps: a read-only key sees and cannot change. --json "
+        "prints {url, login_url}.")
     health = commands.add_parser(
         "health", parents=[common], help="health checks: severity, summary (detail: and what "
         "each names; history: the last raises and clears)",
@@ -213,7 +220,7 @@ def add_parsers(commands, common):
     s3_ls.add_argument("entity", nargs="?", help="only this entity's")
 
 
-COMMANDS = ("status", "health", "df", "osd", "pool", "map", "config", "mon", "auth")
+COMMANDS = ("status", "console", "health", "df", "osd", "pool", "map", "config", "mon", "auth")
 
 
 def _osd_id(text):
@@ -227,6 +234,8 @@ def _request_for(args):
     """(request header, formatter) for a command that is one monitor request."""
     if args.command == "status":
         return {"op": "status"}, _format_status
+    if args.command == "console":
+        return {"op": "console_login"}, _format_console
     if args.command == "health" and args.detail == "history":
         return {"op": "health_history", "limit": args.limit}, _format_history
     if args.command == "health":
@@ -372,6 +381,9 @@ async def run(args):
         reply = await monc.request(header)
         if args.command == "status":
             return {**reply.header, "s3": _gateways(args.cluster)}, formatter
+        if args.command == "console":
+            return {"url": reply.header["url"], "login_url": reply.header["login_url"]}, \
+                formatter
         return reply.header, formatter
     finally:
         await monc.close()
@@ -539,6 +551,8 @@ def _format_status(status):
     lines.append(f"  osds:   {osds['total']} total, {osds['up']} up, {osds['in']} in")
     if status.get("s3"):
         lines.append(f"  s3:     {', '.join(status['s3'])}")
+    if status.get("console"):
+        lines.append(f"  console: {status['console']} (cairn console: a sign-in link)")
     lines.append(f"  pools:  {len(status['pools'])}" +
                  (f" ({', '.join(status['pools'])})" if status["pools"] else ""))
     for name, pgs in status.get("pgs", {}).items():
@@ -557,9 +571,12 @@ def _format_status(status):
     if recovery:
         limit = (f"{recovery['max_bytes_per_s'] / 1e6:.0f} MB/s" if recovery["max_bytes_per_s"]
                  else "unlimited")
-        lines.append(f"  recovery: {recovery['bytes_per_s'] / 1e6:.1f} MB/s now; budget {limit}, "
-                     f"{recovery['max_active']} PGs at once per OSD (window: "
-                     f"{recovery['window']})")
+        cluster = recovery.get("cluster_max_bytes_per_s") or 0
+        against = (f" of {cluster / 1e6:.0f} MB/s for the cluster ("
+                   f"{recovery.get('recovering_osds', 0)} OSDs recovering)" if cluster else "")
+        lines.append(f"  recovery: {recovery['bytes_per_s'] / 1e6:.1f} MB/s now{against}; "
+                     f"budget {limit} per OSD, {recovery['max_active']} PGs at once per OSD "
+                     f"(window: {recovery['window']})")
     lines.append(f"  map epoch {status['epoch']}")
     return "\n".join(lines)
 
@@ -575,6 +592,11 @@ def _format_tree(reply):
                      f"{' slow' if osd.get('slow') else ''}")
     lines.append(f"{len(osds)} OSDs, epoch {reply['epoch']}")
     return "\n".join(lines)
+
+
+def _format_console(reply):
+    return (f"console: {reply['url']}\n"
+            f"sign in (this link works once, within 5 minutes): {reply['login_url']}")
 
 
 def _format_perf(reply):

@@ -1,7 +1,8 @@
 """`cairn`: the cluster command line.
 
-- `cairn status`, `cairn osd tree|out|in|down`, `cairn pool create|ls|rm`, `cairn map POOL OBJECT`,
-  `cairn config set|get|rm`: cluster administration through the monitors (client/admin.py).
+- `cairn status`, `cairn console`, `cairn osd tree|out|in|down`, `cairn pool create|ls|rm`,
+  `cairn map POOL OBJECT`, `cairn config set|get|rm`: cluster administration through the
+  monitors (client/admin.py).
 - `cairn put|get|ls|rm|stat POOL [NAME] [FILE]`: objects through the client library
   (client/objects_cli.py); `cairn bench cluster ...`: throughput like `rados bench`;
   `cairn bench mount ...`, `cairn bench checkpoint ...`: the mount, and checkpoint staging from

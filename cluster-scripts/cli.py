@@ -36,7 +36,7 @@ from cairn.cluster import bench_auth, demo, fleet, hosts, isolated, remote
 from cairn.cluster.cli_parser import SIGNALS, build_parser
 from cairn.cluster.daemons import (clear_faults, ClusterError, DAEMON_READY_S_MAX, daemons,
                                    description_path, find, free_port, is_ours, launch, layout, load,
-                                   MONITOR_IP, MONITOR_PORT, python_argv, room_warning, save, stop,
+                                   CONSOLE_PORT, MONITOR_IP, MONITOR_PORT, python_argv, room_warning, save, stop,
                                    stop_all, undo_isolation, wait_quorum, wait_ready)
 from cairn.common import auth, tls
 from cairn.client.errors import ClientError
@@ -110,6 +110,10 @@ def up(args):
     for _ in mon_names:
         ports.append(MONITOR_PORT if args.isolated else free_port(ports))
     members = {name: f"{mon_ips[name]}:{port}" for name, port in zip(mon_names, ports)}
+    # The consoles too: a restarted monitor serves its console at the same URL.
+    console_ports = []
+    for _ in mon_names:
+        console_ports.append(CONSOLE_PORT if args.isolated else free_port(ports + console_ports))
     fsid = str(uuid.uuid4())
     mkfs_auth = ["--auth", "none"]
     if args.auth == "hmac":
@@ -128,7 +132,7 @@ def up(args):
         say(f"tls: every connection encrypted; the cluster certificate is "
             f"{directory}/tls/cluster.crt")
     processes = []
-    for name in mon_names:
+    for name, console_port in zip(mon_names, console_ports):
         mon_dir = os.path.join(directory, name)
         subprocess.run(python_argv("cairn.mon.cli", "mkfs", "--dir", mon_dir, "--fsid", fsid,
                                    "--name", name, "--members",
@@ -142,7 +146,8 @@ def up(args):
         prefix = isolated.exec_prefix(tag, mon["host"]) if args.isolated else []
         mon["argv"] = prefix + python_argv("cairn.mon.cli", "run", "--dir", mon_dir, "--bind",
                                            members[name], "--name", name, "--ready-file",
-                                           mon["ready_file"], "--metrics-port", "0", *tls_argv)
+                                           mon["ready_file"], "--metrics-port", "0",
+                                           "--console-port", str(console_port), *tls_argv)
         description["mons"].append(mon)
     save(directory, description)
     processes = [launch(directory, mon) for mon in description["mons"]]
@@ -163,6 +168,8 @@ def up(args):
         f"{len(description['osds'])} OSDs on "
         f"{args.hosts} hosts{racks} ({format_size(args.device_size)} {'loop' if args.isolated else 'file'} devices)")
     say(f"  use it: export CAIRN_CLUSTER={directory}; cairn status")
+    if description.get("console"):
+        say(f"  console: {description['console']} (cairn console prints a sign-in link)")
     if args.json:
         print(json.dumps({"dir": directory, "seconds": round(elapsed, 2),
                           "mons": [m["addr"] for m in description["mons"]],
@@ -304,6 +311,7 @@ def _make_keys(directory, osd_ids):
 def _start_daemons(args, directory, description, shape, mon_processes, say, tls_argv):
     mons = description["mons"]
     wait_ready(mon_processes, mons, DAEMON_READY_S_MAX)
+    description["console"] = next((mon["console"] for mon in mons if mon.get("console")), None)
     save(directory, description)
     for mon in mons:
         say(f"{mon['name']} up at {mon['addr']} (pid {mon['pid']})")

@@ -26,6 +26,7 @@ MONITOR_IP = "127.0.0.1"
 # Local monitors listen on a port from here up to the kernel's ephemeral range (`free_port`).
 MONITOR_PORT_LOW = 20000
 MONITOR_PORT = 6789                   # isolated mode: each monitor has its own address
+CONSOLE_PORT = 8080                   # ... and serves its console here
 HOSTS_MAX = 200                       # 127.0.0.2 .. 127.0.0.201
 OSDS_PER_HOST_MAX = 64
 DAEMON_READY_S_MAX = 60.0             # one daemon's start-up, generous for a loaded machine
@@ -114,6 +115,8 @@ def wait_ready(processes, entries, timeout_s, progress=None):
                 with open(entry["ready_file"]) as handle:
                     info = json.load(handle)
                 entry.update(addr=info["addr"], pid=info["pid"], metrics=info.get("metrics"))
+                if info.get("console"):
+                    entry["console"] = info["console"]
                 del pending[name]
             elif process.poll() is not None:
                 raise ClusterError(f"{name} exited with status {process.returncode} while "

@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# chromium and chromium-driver: the console's tests drive a real browser (tests/test_console.py).
 SYSTEM_PACKAGES=(liburing-dev liberasurecode-dev libisal-dev fio gcc python3-dev python3-venv iproute2
                  nftables mount fuse3 libfuse3-dev pkg-config openssl openssh-client
-                 openssh-server systemd systemd-container)
+                 openssh-server systemd systemd-container chromium chromium-driver)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()

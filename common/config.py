@@ -97,10 +97,16 @@ OPTIONS = {option.name: option for option in [
            "heartbeat intervals is named"),
     Option("recovery.windows", str, [], None, None,
            "recovery budgets by time of day: a JSON list of {days, start, end, "
-           "max_bytes_per_s, max_active}; the first matching window wins",
+           "max_bytes_per_s, cluster_max_bytes_per_s, max_active}; the first matching window "
+           "wins",
            convert=throttle.parse_windows),
     Option("recovery.max_bytes_per_s", str, 0, None, None,
            "recovery and backfill bytes per second per OSD outside every window (0: unlimited)",
+           convert=lambda text: _non_negative_size(text)),
+    Option("recovery.cluster_max_bytes_per_s", str, 0, None, None,
+           "recovery and backfill bytes per second for the whole cluster outside every window, "
+           "split evenly among the OSDs recovering now (0: no cluster-wide limit); each OSD "
+           "also keeps to recovery.max_bytes_per_s",
            convert=lambda text: _non_negative_size(text)),
     Option("recovery.max_active", int, 4, 1, 64,
            "PGs one OSD recovers at once outside every window"),

@@ -7,7 +7,10 @@ trickle during the working day:
                                          "max_bytes_per_s": "50M", "max_active": 1}]'
 
 Outside every window the defaults apply (`recovery.max_bytes_per_s`, 0 meaning unlimited, and
-`recovery.max_active`). A window whose end is before its start runs over midnight (22:00-06:00);
+`recovery.max_active`). A budget may also bound the whole cluster (`cluster_max_bytes_per_s` in a
+window, `recovery.cluster_max_bytes_per_s` outside): the leader monitor splits it evenly among
+the OSDs recovering now (`cluster_share`) and tells each in its heartbeat's answer; an OSD
+recovers at the lower of its own limit and its share. A window whose end is before its start runs over midnight (22:00-06:00);
 `days` is `daily`, a day (`sat`), a range (`mon-fri`, wrapping: `fri-mon`) or a list
 (`sat,sun`). The first window that matches wins. Times are the OSD's local time.
 
@@ -37,6 +40,7 @@ class Window:
     max_bytes_per_s: int      # 0: unlimited
     max_active: int
     text: str                 # as given, for status
+    cluster_max_bytes_per_s: int = 0    # the whole cluster's; 0: no cluster-wide limit
 
     def covers(self, weekday, minute):
         if self.start_min <= self.end_min:
@@ -52,6 +56,7 @@ class Budget:
     max_bytes_per_s: int      # 0: unlimited
     max_active: int
     window: str               # the window in force, or "default"
+    cluster_max_bytes_per_s: int = 0    # the whole cluster's; 0: no cluster-wide limit
 
 
 def _days(text):
@@ -82,13 +87,13 @@ def _minutes(text, what):
     return int(hours) * 60 + int(minutes)
 
 
-def _rate(value):
+def _rate(value, field="max_bytes_per_s"):
     try:
         rate = parse_size(str(value)) if not isinstance(value, int) else value
     except ValueError as exc:
-        raise ValueError(f"max_bytes_per_s {value!r}: {exc}") from None
+        raise ValueError(f"{field} {value!r}: {exc}") from None
     if rate < 0:
-        raise ValueError(f"max_bytes_per_s must not be negative (was {value!r})")
+        raise ValueError(f"{field} must not be negative (was {value!r})")
     return rate
 
 
@@ -104,8 +109,9 @@ def parse_windows(text):
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ValueError(f"window {index}: a window is an object with days, start, end, "
-                             "max_bytes_per_s and max_active")
-        unknown = set(entry) - {"days", "start", "end", "max_bytes_per_s", "max_active"}
+                             "max_bytes_per_s, cluster_max_bytes_per_s and max_active")
+        unknown = set(entry) - {"days", "start", "end", "max_bytes_per_s", "max_active",
+                                "cluster_max_bytes_per_s"}
         if unknown:
             raise ValueError(f"window {index}: unknown field(s) {', '.join(sorted(unknown))}")
         try:
@@ -118,18 +124,38 @@ def parse_windows(text):
             windows.append(Window(_days(str(entry.get("days", "daily"))),
                                   _minutes(entry["start"], "start"), _minutes(entry["end"], "end"),
                                   _rate(entry.get("max_bytes_per_s", 0)), max_active,
-                                  json.dumps(entry, sort_keys=True)))
+                                  json.dumps(entry, sort_keys=True),
+                                  _rate(entry.get("cluster_max_bytes_per_s", 0),
+                                        "cluster_max_bytes_per_s")))
         except ValueError as exc:
             raise ValueError(f"window {index}: {exc}") from None
     return windows
 
 
-def budget(windows, default_bytes_per_s, default_active, weekday, minute):
+def budget(windows, default_bytes_per_s, default_active, weekday, minute,
+           default_cluster_bytes_per_s=0):
     """The Budget in force at local (weekday, minute after midnight)."""
     for window in windows:
         if window.covers(weekday, minute):
-            return Budget(window.max_bytes_per_s, window.max_active, window.text)
-    return Budget(default_bytes_per_s, default_active, "default")
+            return Budget(window.max_bytes_per_s, window.max_active, window.text,
+                          window.cluster_max_bytes_per_s)
+    return Budget(default_bytes_per_s, default_active, "default", default_cluster_bytes_per_s)
+
+
+def cluster_share(cluster_bytes_per_s, recovering):
+    """Each recovering OSD's share of a cluster-wide rate (0: no cluster-wide limit) when
+    `recovering` OSDs recover at once (the one asking counted). At least 1 byte/s: a share
+    never reads as "unlimited"."""
+    if cluster_bytes_per_s <= 0:
+        return 0
+    return max(1, cluster_bytes_per_s // max(1, recovering))
+
+
+def effective_rate(own_bytes_per_s, share_bytes_per_s):
+    """An OSD's recovery rate: the lower of its own limit and its cluster share, where
+    either is 0 (unlimited)."""
+    limits = [rate for rate in (own_bytes_per_s, share_bytes_per_s) if rate > 0]
+    return min(limits) if limits else 0
 
 
 class TokenBucket:

@@ -116,7 +116,8 @@ async def status(monitor, peer, header):
                      "in": sum(o["in"] for o in osds)},
             "pools": sorted(monitor.map.pools), "pg_states": views.pg_state_totals(monitor),
             "objects": views.object_totals(monitor),
-            "recovery": views.recovery_view(monitor)}, b""
+            "recovery": views.recovery_view(monitor),
+            "console": monitor.console.url if monitor.console is not None else None}, b""
 
 
 async def mon_add(monitor, peer, header):

@@ -22,7 +22,8 @@ from cairn.common.frame import Frame, Kind
 from cairn.common.messenger import RequestFailed
 
 READ_OPS = frozenset({"hello", "get_map", "subscribe", "status", "health", "health_history",
-                      "df", "osd_tree", "pool_ls", "config_get", "osd_perf"})
+                      "df", "osd_tree", "pool_ls", "config_get", "osd_perf", "throughput",
+                      "console_login"})
 WRITE_OPS = frozenset({"pool_create", "pool_delete", "pool_set_quota", "pool_allow_from",
                        "pool_fast_read", "config_set",
                        "osd_mark", "mon_add", "mon_remove"})

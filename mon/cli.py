@@ -26,6 +26,7 @@ from cairn.common import auth, daemon, metrics
 from cairn.common.messenger import parse_addr
 from cairn.common.tls import TlsError
 from cairn.mon import metrics as mon_metrics, store
+from cairn.mon.console import Console
 from cairn.mon.monitor import Monitor
 
 log = logging.getLogger("cairn.mon")
@@ -76,6 +77,9 @@ def build_parser():
                      "once serving")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port "
                      "of the --bind address (0: any free port; default: none)")
+    run.add_argument("--console-port", type=int, help="serve the operations console (a web "
+                     "page: mon/console.py) on this port of the monitor's address (0: any "
+                     "free port; default: none)")
     run.add_argument("--tls", metavar="DIR", help="serve TLS, and speak it to the other "
                      "monitors, with the cluster certificate in DIR (cluster.crt, cluster.key; "
                      "made by cairn-cluster up --tls)")
@@ -129,14 +133,23 @@ def main(argv=None):
             return 2
         runner = url = None
         try:
+            ip = monitor.addr.rpartition(":")[0]
             if args.metrics_port is not None:
-                runner, url = await metrics.serve(monitor.addr.rpartition(":")[0],
-                                                  args.metrics_port,
+                runner, url = await metrics.serve(ip, args.metrics_port,
                                                   lambda: mon_metrics.collect(monitor))
+            if args.console_port is not None:
+                monitor.console = Console(monitor)
+                try:
+                    await monitor.console.start(ip, args.console_port)
+                except OSError as exc:
+                    log.error("cannot serve the console on %s:%s: %s", ip, args.console_port,
+                              exc)
+                    return 2
             if args.ready_file:
                 daemon.write_ready_file(args.ready_file, {
                     "name": args.name, "addr": monitor.addr, "pid": os.getpid(),
-                    "fsid": monitor.map.fsid, "metrics": url})
+                    "fsid": monitor.map.fsid, "metrics": url,
+                    "console": monitor.console.url if monitor.console else None})
             stopping = asyncio.ensure_future(stop.wait())
             removed = asyncio.ensure_future(monitor.removed.wait())
             await asyncio.wait([stopping, removed], return_when=asyncio.FIRST_COMPLETED)
@@ -147,6 +160,8 @@ def main(argv=None):
         finally:
             if runner is not None:
                 await runner.cleanup()
+            if monitor.console is not None:
+                await monitor.console.stop()
             await monitor.stop()
         log.info("%s stopped cleanly at epoch %d", args.name, monitor.map.epoch)
         return 0

@@ -43,6 +43,9 @@ Requests (frame header `op`; replies are headers, maps travel as msgpack payload
     pool_allow_from {name, [prefix], networks}   ([]: remove the prefix's allowlist)
     pool_fast_read {name, fast_read}      (an erasure pool's reads ask every member)
     osd_tree, pool_ls, osd_perf           -> views for the CLI
+    throughput                            -> the last hour's cluster throughput (the console)
+    console_login                         -> {url, login_url}: a one-time link to this
+                                             monitor's console for the caller (mon/console.py)
     osd_mark {id, state: out|in|down|reweight|weight, [reweight], [weight]}, pool_create {...},
     pool_delete {name},
     config_set {key, value}, config_get {key}
@@ -73,9 +76,10 @@ from cairn.common.codes import Code
 from cairn.common.daemon import crash_on_error
 from cairn.common.frame import Frame, Kind
 from cairn.common.messenger import ConnectionClosed, RequestFailed, RequestTimeout
-from cairn.mon import (admin_requests, alerts, authority, capacity, health,
+from cairn.mon import (admin_requests, alerts, authority, capacity, console, health,
                        osd_requests, peerguard, raft, raft_transport, slowdisk, views)
 from cairn.mon.failure import FailureDetector
+from cairn.mon.throughput import ThroughputHistory
 from cairn.mon.raft import NotLeader, Raft, RaftConfig, RaftError, Role
 from cairn.mon.store import MonStore
 
@@ -119,7 +123,7 @@ LEADER_OPS = {"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop", "osd_mark"
               "pool_delete", "config_set", "pg_last_active", "pg_set_active", "mon_add",
               "mon_remove", "peer_invalid_report", "status", "health", "health_history", "df",
               "pool_set_quota", "pool_allow_from", "pool_fast_read", "auth_change",
-              "osd_perf"}
+              "osd_perf", "throughput"}
 
 
 def no_quorum(message):
@@ -149,6 +153,9 @@ class Monitor:
         self._objects = {}                  # osd id -> {total, degraded, misplaced} copies
         self._inconsistent = {}             # osd id -> PGs ("POOL.PG") it found damaged
         self._recovery = {}                 # osd id -> deque of (when, recovery bytes total)
+        self._recovering = {}               # osd id -> when it last said it recovers
+        self._throughput = ThroughputHistory()  # the last hour, for the console
+        self.console = None                 # mon/console.py, when it serves one
         self._slow = slowdisk.SlowDiskDetector()
         self._slow_found = {}               # osd id -> slowdisk.Finding, judged once a second
         self._slow_judged_at = 0.0
@@ -774,6 +781,7 @@ _REQUESTS = {
     **osd_requests.REQUESTS,
     **admin_requests.REQUESTS,
     **authority.REQUESTS,
+    **console.REQUESTS,
     "peer_invalid_report": raft_transport.peer_invalid_report,
 }
 assert LEADER_OPS <= set(_REQUESTS)

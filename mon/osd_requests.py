@@ -129,7 +129,25 @@ async def osd_heartbeat(monitor, peer, header):
     monitor._slow.observe(osd_id, now, slowdisk.clean_summary(header.get("device")))
     if now - monitor._slow_judged_at >= 1.0:
         _judge_disks(monitor, now)
-    return {"epoch": monitor.map.epoch, "up": monitor.map.osds[osd_id]["up"]}, b""
+    if isinstance(header.get("throughput"), dict):
+        monitor._throughput.observe(osd_id, header["throughput"])
+    monitor._throughput.tick(now, time.time())
+    if header.get("recovering") is True:
+        monitor._recovering[osd_id] = now
+    else:
+        monitor._recovering.pop(osd_id, None)
+    return {"epoch": monitor.map.epoch, "up": monitor.map.osds[osd_id]["up"],
+            "recovering_osds": recovering_count(monitor, now),
+            "recovering_counted": osd_id in monitor._recovering}, b""
+
+
+def recovering_count(monitor, now):
+    """How many up OSDs said in a recent heartbeat (within 3 intervals) that they recover:
+    the cluster-wide recovery budget is split among them (common/throttle.py)."""
+    fresh_s = 3 * config.value(monitor.map.config, "osd.heartbeat_interval_s")
+    osds = monitor.map.osds
+    return sum(1 for osd_id, when in monitor._recovering.items()
+               if now - when <= fresh_s and osd_id in osds and osds[osd_id]["up"])
 
 
 def _judge_disks(monitor, now):

@@ -12,7 +12,7 @@ import time
 
 from cairn.common import config, throttle
 from cairn.mon import capacity, health, netloss, raft_transport
-from cairn.mon.osd_requests import OBJECT_COUNTS
+from cairn.mon.osd_requests import OBJECT_COUNTS, recovering_count
 
 
 def health_report(monitor, mons):
@@ -155,12 +155,16 @@ def recovery_view(monitor):
         if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
             rate += (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
     local = time.localtime()
-    in_force = throttle.budget(config.value(monitor.map.config, "recovery.windows"),
-                               config.value(monitor.map.config, "recovery.max_bytes_per_s"),
-                               config.value(monitor.map.config, "recovery.max_active"),
-                               local.tm_wday, local.tm_hour * 60 + local.tm_min)
+    conf = monitor.map.config
+    in_force = throttle.budget(config.value(conf, "recovery.windows"),
+                               config.value(conf, "recovery.max_bytes_per_s"),
+                               config.value(conf, "recovery.max_active"),
+                               local.tm_wday, local.tm_hour * 60 + local.tm_min,
+                               config.value(conf, "recovery.cluster_max_bytes_per_s"))
     return {"bytes_per_s": round(rate), "window": in_force.window,
-            "max_bytes_per_s": in_force.max_bytes_per_s, "max_active": in_force.max_active}
+            "max_bytes_per_s": in_force.max_bytes_per_s, "max_active": in_force.max_active,
+            "cluster_max_bytes_per_s": in_force.cluster_max_bytes_per_s,
+            "recovering_osds": recovering_count(monitor, now)}
 
 
 def object_totals(monitor):

@@ -331,12 +331,23 @@ class OsdDaemon:
                                                  "objects": self.pgs.object_counts(),
                                                  "inconsistent": self.pgs.inconsistent(),
                                                  "recovery_bytes": self.pgs.recovery_bytes_total,
+                                                 "recovering": self.pgs.throttle.recovering(),
+                                                 "throughput": {
+                                                     "client_in": self.service.client_bytes_in,
+                                                     "client_out":
+                                                         self.service.client_bytes_out,
+                                                     "recovery":
+                                                         self.pgs.recovery_bytes_total},
                                                  "capacity": self._capacity(),
                                                  "pools": self.pgs.pool_usage()},
                                                 timeout_s=self._interval_s() * 2)
             except (MonitorsUnavailable, RequestFailed) as exc:
                 log.warning("%s: heartbeat to the monitor failed: %s", self.name, exc)
                 continue
+            recovering = reply.header.get("recovering_osds")
+            self.pgs.throttle.note_recovering(
+                recovering if type(recovering) is int else 0,
+                reply.header.get("recovering_counted") is True)
             if not reply.header.get("up") and not self._stopping:
                 log.warning("%s: the map says we are down but we are running; booting again",
                             self.name)

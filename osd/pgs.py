@@ -98,7 +98,13 @@ class Pg:
 class RecoveryThrottle:
     """Recovery traffic within the budget in force (common/throttle.py): bytes per second
     through a token bucket, and at most max_active PGs recovering at once. Both follow the
-    cluster config and the local time at every call, so a change applies within seconds."""
+    cluster config and the local time at every call, so a change applies within seconds.
+
+    A cluster-wide budget is split among the OSDs recovering now: each heartbeat says whether
+    this OSD recovers (`recovering`) and the leader answers how many do (`note_recovering`).
+    Until an answer counted this OSD among them (it has just started, or the monitors are
+    silent), its share is the cluster's budget over every up OSD: a cluster whose OSDs all
+    start recovering at once never overshoots while the answers come in."""
 
     def __init__(self, port):
         self.port = port
@@ -106,6 +112,8 @@ class RecoveryThrottle:
         self.active = 0
         self._changed = asyncio.Condition()
         self._parsed = (None, None)                     # (epoch, windows)
+        self._recovering = None                 # (OSDs recovering, when told), counting us
+        self._took_at = None                    # monotonic time of the last `take`
 
     def budget(self):
         cmap = self.port.map
@@ -115,12 +123,42 @@ class RecoveryThrottle:
         return throttle.budget(self._parsed[1],
                                config.value(cmap.config, "recovery.max_bytes_per_s"),
                                config.value(cmap.config, "recovery.max_active"),
-                               now.tm_wday, now.tm_hour * 60 + now.tm_min)
+                               now.tm_wday, now.tm_hour * 60 + now.tm_min,
+                               config.value(cmap.config, "recovery.cluster_max_bytes_per_s"))
+
+    def recovering(self):
+        """Whether this OSD recovers now (for its heartbeat): it holds a recovery slot, or
+        sent recovery bytes within two heartbeat intervals (between two PGs it holds none,
+        and a heartbeat then must not hand its share to the others)."""
+        if self.active > 0:
+            return True
+        interval_s = config.value(self.port.map.config, "osd.heartbeat_interval_s")
+        return self._took_at is not None and time.monotonic() - self._took_at < 2 * interval_s
+
+    def note_recovering(self, count, counted):
+        """The leader's answer to a heartbeat: `count` OSDs recover now, this one among them
+        if `counted`."""
+        self._recovering = (count, time.monotonic()) if counted and count > 0 else None
+
+    def rate(self):
+        """Bytes per second this OSD may recover now (0: unlimited)."""
+        in_force = self.budget()
+        cluster = in_force.cluster_max_bytes_per_s
+        if cluster <= 0:
+            return in_force.max_bytes_per_s
+        cmap = self.port.map
+        fresh_s = 3 * config.value(cmap.config, "osd.heartbeat_interval_s")
+        if self._recovering is not None and time.monotonic() - self._recovering[1] <= fresh_s:
+            sharing = self._recovering[0]
+        else:
+            sharing = sum(1 for osd in cmap.osds.values() if osd["up"] and osd["in"])
+        return throttle.effective_rate(in_force.max_bytes_per_s,
+                                       throttle.cluster_share(cluster, sharing))
 
     async def take(self, size_bytes):
         """Wait until `size_bytes` of recovery traffic fit the budget."""
-        now = time.monotonic()
-        rate = self.budget().max_bytes_per_s
+        now = self._took_at = time.monotonic()
+        rate = self.rate()
         self.bucket.set_rate(rate, now)
         delay = self.bucket.wait_s(size_bytes, now)
         while delay > 0:
@@ -129,7 +167,7 @@ class RecoveryThrottle:
             step = min(delay, 1.0)
             await asyncio.sleep(step)
             delay -= step
-            new_rate = self.budget().max_bytes_per_s
+            new_rate = self.rate()
             if new_rate != rate:
                 self.bucket.set_rate(new_rate, time.monotonic())
                 delay = delay * rate / new_rate if new_rate > 0 else 0.0

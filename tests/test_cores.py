@@ -201,7 +201,7 @@ CORES = ["cairn.osd.allocator", "cairn.osd.records", "cairn.osd.superblock", "ca
          "cairn.mon.failure", "cairn.mon.health", "cairn.osd.heartbeat", "cairn.mon.raft",
          "cairn.osd.peering", "cairn.osd.ecstripe", "cairn.native.erasure", "cairn.osd.pg",
          "cairn.osd.scrub", "cairn.osd.txn", "cairn.mon.peerguard", "cairn.common.codes",
-         "cairn.mon.raft_types"]
+         "cairn.mon.raft_types", "cairn.mon.throughput"]
 
 
 @pytest.mark.parametrize("module", CORES)

@@ -9,6 +9,8 @@ recovery to 2 MiB/s per OSD; sample every OSD's recovery byte counter and check 
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -333,3 +335,68 @@ def test_an_interrupted_backfill_resumes_where_it_stopped(local_cluster):
     # it, and no one counted it), so the floor is one copy less that one object.
     assert data_bytes - len(blob) <= moved < data_bytes + first / 2 + 2 * len(blob), (moved,
                                                                                        first)
+
+
+def test_a_cluster_budget_is_shared_by_the_osds_recovering(local_cluster):
+    """recovery.cluster_max_bytes_per_s 12 MB/s with every OSD allowed 12 MB/s of its own:
+    the OSDs recovering together (at least three) move 12 MB/s in all, within 15%, not 12
+    each; `cairn status` shows the rate against the cluster's budget."""
+    cluster = local_cluster(hosts=4, osds_per_host=1, device_size="512M", config=FAST)
+    cluster.cairn("pool", "create", "data", "--replicated", "3", "--pg-num", "16")
+    budget = 12_000_000
+    cluster.cairn("config", "set", "recovery.max_bytes_per_s", str(budget))
+    cluster.cairn("config", "set", "recovery.cluster_max_bytes_per_s", str(budget))
+    cluster.cairn("config", "set", "recovery.max_active", "4")
+    cluster.script("kill", "osd.3")
+    cluster.wait_for("osd.3 down", lambda: not cluster.osd(3)["up"], 10)
+
+    async def write():
+        async with await Cluster.connect(cluster.dir) as client:
+            pool = client.pool("data")
+            blob = os.urandom(1024 * 1024)
+            for first in range(0, 192, 32):
+                await asyncio.gather(*(pool.put(f"c-{i}", blob) for i in range(first,
+                                                                                first + 32)))
+    run(write())
+    before = recovery_counters(cluster)
+    before[3] = 0
+    samples = [(time.monotonic(), before)]
+    cluster.script("restart", "osd.3")
+    shown = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        samples.append((time.monotonic(), recovery_counters(cluster)))
+        status = cluster.cairn("status")[1]
+        if status["recovery"]["bytes_per_s"] > 0 and shown is None:
+            shown = status["recovery"]
+        if status.get("pg_states") == {"active": 16} and len(samples) > 4:
+            break
+        time.sleep(0.25)
+    else:
+        raise AssertionError("recovery did not finish in 120 s")
+    # The cluster's bytes: each sample's sum over the OSDs (one that did not answer keeps its
+    # last figure).
+    last, totals = dict(before), []
+    for when, counters in samples:
+        last.update({osd: count for osd, count in counters.items() if count is not None})
+        totals.append((when, sum(last.values())))
+    moved = {osd: last[osd] - before[osd] for osd in last}
+    recovering = [osd for osd, count in moved.items() if count > 0]
+    moving = [(when, total) for when, total in totals if total > totals[0][1]]
+    start, end = moving[0][0], next(when for when, total in totals if total == totals[-1][1])
+    worst = max((later - earlier) / 5.0 for index, (at, earlier) in enumerate(totals)
+                for until, later in totals[index + 1:] if until - at <= 5.0)
+    inner = [(when, total) for when, total in totals if start + 2 <= when <= end - 2]
+    steady = (inner[-1][1] - inner[0][1]) / (inner[-1][0] - inner[0][0])
+    print(f"recovered {sum(moved.values()) / 1e6:.1f} MB by osds {recovering} in "
+          f"{end - start:.1f} s: {steady / 1e6:.2f} MB/s steady, busiest 5 s "
+          f"{worst / 1e6:.2f} MB/s; status showed {shown}")
+    assert len(recovering) >= 3, moved
+    assert sum(moved.values()) >= 100 * 1024 * 1024, moved
+    assert worst <= budget * 1.15, worst
+    assert budget * 0.85 <= steady <= budget * 1.15, steady
+    assert shown is not None and shown["cluster_max_bytes_per_s"] == budget, shown
+    assert shown["recovering_osds"] >= 1, shown
+    text = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", cluster.dir,
+                           "status"], capture_output=True, text=True, timeout=60).stdout
+    assert "of 12 MB/s for the cluster" in text, text

@@ -366,3 +366,25 @@ def test_every_error_code_has_one_meaning_and_unknown_words_are_protocol_errors(
     assert {codes.Code.WRONG_PRIMARY, codes.Code.STALE, codes.Code.AGAIN} <= retried
     assert codes.meaning(codes.Code.AGAIN).may_have_applied
     assert not codes.meaning(codes.Code.WRONG_PRIMARY).may_have_applied
+
+
+def test_throughput_history_turns_counters_into_rates_and_survives_restarts():
+    from cairn.mon.throughput import HOUR_SAMPLES, SAMPLE_S, ThroughputHistory
+    history = ThroughputHistory()
+    history.observe(0, {"client_in": 1000, "client_out": 0, "recovery": 0})
+    history.observe(1, {"client_in": 5000, "client_out": 7, "recovery": "junk"})
+    history.tick(100.0, 1_000.0)                     # the first call only remembers
+    assert not history.samples
+    history.observe(0, {"client_in": 1000 + 10_000, "client_out": 2_000, "recovery": 50_000})
+    history.observe(1, {"client_in": 3000, "client_out": 7})    # restarted: counts from 0
+    history.tick(100.0 + SAMPLE_S / 2, 1_005.0)      # too soon
+    assert not history.samples
+    history.tick(100.0 + SAMPLE_S, 1_010.0)
+    assert list(history.samples) == [{"at": 1010.0, "client_in": (10_000 + 3000) / SAMPLE_S,
+                                      "client_out": 2_000 / SAMPLE_S,
+                                      "recovery": 50_000 / SAMPLE_S}]
+    history.forget(1)
+    for step in range(2, HOUR_SAMPLES + 10):
+        history.tick(100.0 + step * SAMPLE_S, 1_000.0 + step * SAMPLE_S)
+    assert len(history.samples) == HOUR_SAMPLES      # an hour kept
+    assert history.samples[-1]["client_in"] == 0

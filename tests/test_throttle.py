@@ -73,3 +73,26 @@ def test_bucket_rate_changes_apply_and_zero_means_unlimited():
     assert bucket.wait_s(10 * MIB, 1.0) == pytest.approx(1.0)
     bucket.set_rate(20 * MIB, 2.0)
     assert bucket.wait_s(10 * MIB, 2.0) == pytest.approx(0.5)
+
+
+def test_a_cluster_budget_is_split_among_the_osds_recovering_and_the_lower_limit_wins():
+    windows = parse_windows(json.dumps([
+        {"days": "daily", "start": "09:00", "end": "21:00", "cluster_max_bytes_per_s": "200M",
+         "max_bytes_per_s": "50M"}]))
+    day = budget(windows, 0, 4, 2, 10 * 60, default_cluster_bytes_per_s=12_000_000)
+    night = budget(windows, 0, 4, 2, 23 * 60, default_cluster_bytes_per_s=12_000_000)
+    assert (day.cluster_max_bytes_per_s, day.max_bytes_per_s) == (200 * MIB, 50 * MIB)
+    assert (night.cluster_max_bytes_per_s, night.max_bytes_per_s) == (12_000_000, 0)
+    assert throttle.cluster_share(12_000_000, 3) == 4_000_000
+    assert throttle.cluster_share(12_000_000, 0) == 12_000_000       # the asker alone
+    assert throttle.cluster_share(0, 3) == 0                         # no cluster-wide limit
+    assert throttle.cluster_share(2, 3) == 1                         # never "unlimited"
+    assert throttle.effective_rate(0, 4_000_000) == 4_000_000
+    assert throttle.effective_rate(3_000_000, 4_000_000) == 3_000_000
+    assert throttle.effective_rate(5_000_000, 0) == 5_000_000
+    assert throttle.effective_rate(0, 0) == 0
+    with pytest.raises(ValueError, match="cluster_max_bytes_per_s"):
+        parse_windows('[{"start": "09:00", "end": "10:00", "cluster_max_bytes_per_s": "-1"}]')
+    config.check("recovery.cluster_max_bytes_per_s", "200M")
+    with pytest.raises(ValueError):
+        config.check("recovery.cluster_max_bytes_per_s", "fast")
