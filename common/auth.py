@@ -94,18 +94,24 @@ def decode_secret(text):
 
 # -- keyring files ---------------------------------------------------------------------------------
 
-def write_keyring(path, entries):
-    """Write {entity: (secret, [caps strings])} as a keyring file, mode 0600 from its creation."""
+def keyring_text(entries):
+    """{entity: (secret, [caps strings])} as a keyring file's text."""
     lines = []
     for entity, (secret, caps) in entries.items():
         lines.append(f"[{check_entity(entity)}]")
         lines.append(f"\tkey = {encode_secret(secret)}")
         if caps:
             lines.append(f"\tcaps = {'; '.join(caps)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_keyring(path, entries):
+    """Write {entity: (secret, [caps strings])} as a keyring file, mode 0600 from its creation."""
+    text = keyring_text(entries)
     temporary = f"{path}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write("\n".join(lines) + "\n")
+        handle.write(text)
     os.chmod(temporary, 0o600)
     os.replace(temporary, path)
 

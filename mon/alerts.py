@@ -99,11 +99,25 @@ class Alerter:
         if self._session is not None:
             await self._session.close()
 
-    async def _send_loop(self, url):
+    def _open(self):
         import aiohttp
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=POST_TIMEOUT_S))
+        return self._session
+
+    async def test(self, url, event):
+        """POST `event` to `url` once, now: (True, "HTTP 200") or (False, what went wrong)."""
+        import aiohttp
+        try:
+            async with self._open().post(url, json=event) as response:
+                return response.status < 300, f"HTTP {response.status}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+
+    async def _send_loop(self, url):
+        import aiohttp
+        self._open()
         queue, wake = self._queues[url], self._wakes[url]
         while True:
             if not queue:

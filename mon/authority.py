@@ -25,7 +25,7 @@ READ_OPS = frozenset({"hello", "get_map", "subscribe", "status", "health", "heal
                       "df", "osd_tree", "pool_ls", "config_get", "osd_perf", "throughput",
                       "console_login"})
 WRITE_OPS = frozenset({"pool_create", "pool_delete", "pool_set_quota", "pool_allow_from",
-                       "pool_fast_read", "config_set",
+                       "pool_fast_read", "config_set", "alert_test",
                        "osd_mark", "mon_add", "mon_remove"})
 DAEMON_OPS = frozenset({"osd_boot", "osd_heartbeat", "osd_failure", "osd_stop",
                         "pg_last_active", "pg_set_active", "auth_service_keys"})
@@ -298,6 +298,11 @@ async def rotate_service_keys(monitor):
 def target_of(header):
     if header.get("op") == "pool_allow_from" and header.get("prefix"):
         return f"{header.get('name')}/{header['prefix']}"[:256]
+    if header.get("op") == "osd_mark":         # which OSD, and what it was set to
+        state = header.get("state")
+        value = header.get(state) if state in ("weight", "reweight") else None
+        return (f"osd.{header.get('id')} {state}" +
+                (f" {value}" if value is not None else ""))[:256]
     for field in ("name", "entity", "key", "id"):
         if header.get(field) is not None:
             return str(header[field])[:256]
@@ -315,11 +320,15 @@ async def audit_append(monitor, peer, header):
 
 
 async def audit_read(monitor, peer, header):
-    since, entity = header.get("since"), header.get("entity")
+    """The audit events since `since` of `entity` (each optional), oldest first; with `limit`,
+    only that many of the newest."""
+    since, entity, limit = header.get("since"), header.get("entity"), header.get("limit")
     since = since if isinstance(since, (int, float)) else None
     entity = entity if isinstance(entity, str) else None
-    return {"events": [found for _, found in monitor.store.audit
-                       if audit.matches(found, since, entity)]}, b""
+    events = [found for _, found in monitor.store.audit if audit.matches(found, since, entity)]
+    if type(limit) is int and limit > 0:
+        events = events[-limit:]
+    return {"events": events}, b""
 
 
 REQUESTS = {"audit_append": audit_append, "audit_read": audit_read,

@@ -24,13 +24,14 @@ import base64
 import hmac
 import json
 import logging
+import os
 import pathlib
 import secrets
 import time
 
 from aiohttp import web
 
-from cairn.common import audit, auth
+from cairn.common import audit, auth, config
 from cairn.common.codes import Code
 from cairn.common.frame import Frame, Kind
 from cairn.common.messenger import RequestFailed
@@ -49,9 +50,10 @@ STATIC_FILES = {"app.js": "application/javascript", "style.css": "text/css"}
 # What the page may ask (GET /api/OP, with the query's fields) and change (POST /api/OP, a
 # JSON object): monitor requests, checked and answered as any client's.
 READS = frozenset({"status", "health", "health_history", "df", "osd_tree", "osd_perf",
-                   "pool_ls", "config_get", "throughput"})
+                   "pool_ls", "config_get", "throughput", "auth_ls", "audit_read"})
 CHANGES = frozenset({"pool_create", "pool_delete", "pool_set_quota", "pool_allow_from",
-                     "pool_fast_read", "config_set", "osd_mark"})
+                     "pool_fast_read", "config_set", "osd_mark", "auth_add", "auth_caps",
+                     "auth_rm", "alert_test"})
 
 
 class ConsolePeer:
@@ -245,6 +247,8 @@ class Console:
 
     async def _ask(self, request, session, header):
         peer = ConsolePeer(session.entity, session.caps, request.remote)
+        if header["op"] == "auth_add":          # the new key comes back wrapped under this
+            peer.state["wrap_key"] = os.urandom(auth.SECRET_BYTES)
         try:
             reply, _ = await self.monitor.handle(peer, Frame(Kind.REQUEST, 0, header, b""))
         except RequestFailed as exc:
@@ -252,6 +256,11 @@ class Console:
                 404 if exc.code in (Code.NOT_FOUND, Code.UNKNOWN_OP) else \
                 503 if exc.code == Code.NO_QUORUM else 400
             return _json({"error": str(exc.code), "message": exc.message}, status)
+        if header["op"] == "auth_add" and "key" in reply:
+            secret = auth.unwrap(peer.state["wrap_key"], bytes(reply["key"]),
+                                 bytes(reply["nonce"]))
+            reply = {"entity": reply["entity"], "caps": reply["caps"],
+                     "keyring": auth.keyring_text({reply["entity"]: (secret, reply["caps"])})}
         return _json(reply, 200)
 
 
@@ -290,9 +299,23 @@ async def console_login(monitor, peer, header):
             "entity": entity, "expires_s": LOGIN_TOKEN_TTL_S}, b""
 
 
+async def alert_test(monitor, peer, header):
+    """POST a test event to one of the configured webhooks (alert.webhooks), now."""
+    url = header.get("url")
+    if url not in config.value(monitor.map.config, "alert.webhooks"):
+        raise RequestFailed(Code.NOT_FOUND, f"{url!r} is not one of alert.webhooks")
+    event = {"cluster": monitor.map.fsid, "check": "TEST", "severity": "HEALTH_OK",
+             "summary": f"a test alert sent from {monitor.name} on request",
+             "detail": [], "state": "test", "time": round(time.time(), 3)}
+    delivered, outcome = await monitor._alerter.test(url, event)
+    if not delivered:
+        raise RequestFailed(Code.UNAVAILABLE, f"{url}: {outcome}")
+    return {"url": url, "outcome": outcome}, b""
+
+
 async def throughput(monitor, peer, header):
     """The last hour's cluster throughput samples (mon/throughput.py), oldest first."""
     return {"samples": list(monitor._throughput.samples)}, b""
 
 
-REQUESTS = {"console_login": console_login, "throughput": throughput}
+REQUESTS = {"console_login": console_login, "throughput": throughput, "alert_test": alert_test}

@@ -2,7 +2,10 @@
 by Selenium) and plain HTTP: sign in by `cairn console`'s one-time link; the overview shows
 HEALTH_OK and the OSDs, and an OSD SIGKILLed shows as down on the open page without a reload;
 a pool created in the page with HTML in its name is shown as text; the recovery budget set in
-the page is the cluster's config; a read-only key signs in with its key, sees the views, and
+the page is the cluster's config; a user added for team-a/ downloads a keyring that `cairn put`
+accepts under team-a/ and refuses elsewhere; an allowlist set in the page is the pool's; an
+OSD below full weight shows as an expansion with its step; a webhook added in the page gets
+its test event; the audit page filters by op; a read-only key signs in with its key, sees the views, and
 the server refuses its changes (not just the page); a change without the session's CSRF token
 or from another origin is refused; nothing is shown without signing in. Screenshots of each
 page are saved under the test's tmp dir (console-*.png)."""
@@ -53,7 +56,30 @@ def wait_page(driver, what, predicate, timeout_s):
         if predicate(driver.page_source):
             return time.monotonic()
         time.sleep(0.25)
-    raise AssertionError(f"the page did not show {what} in {timeout_s} s")
+    shown = driver.execute_script("return document.querySelector('main').innerText")
+    raise AssertionError(f"the page did not show {what} in {timeout_s} s; it shows:\n{shown}")
+
+
+hook_server = None
+
+
+def start_receiver(received):
+    """A webhook receiver on loopback: the JSON bodies POSTed to it go into `received`."""
+    import http.server
+    import threading
+    global hook_server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    hook_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=hook_server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{hook_server.server_address[1]}/hook"
 
 
 class Http:
@@ -94,9 +120,13 @@ def test_the_console_in_a_browser(local_cluster, tmp_path):
     assert status == 200 and "HEALTH_OK" not in body and "Sign in" in body, body
     assert anonymous.call("api/status")[0] == 401
 
+    from selenium.webdriver.common.by import By
     driver = browser()
     try:
         shot = lambda name: driver.save_screenshot(str(tmp_path / f"console-{name}.png"))  # noqa: E731
+
+        def open_page(name):
+            driver.find_element(By.CSS_SELECTOR, f'nav button[data-page="{name}"]').click()
         driver.get(console["login_url"])
         wait_page(driver, "HEALTH_OK and 3 OSDs", lambda page: "HEALTH_OK" in page and
                   "3 OSDs: 3 up, 3 in" in page, 20)
@@ -105,7 +135,6 @@ def test_the_console_in_a_browser(local_cluster, tmp_path):
         assert status == 403 and "used or expired" in body, (status, body)
 
         # A pool whose name is HTML: created through the page's form, shown as text.
-        from selenium.webdriver.common.by import By
         driver.find_element(By.CSS_SELECTOR, 'nav button[data-page="pools"]').click()
         form = driver.find_element(By.ID, "pool-create")
         form.find_element(By.NAME, "name").send_keys(HTML_NAME)
@@ -148,7 +177,82 @@ def test_the_console_in_a_browser(local_cluster, tmp_path):
         assert any(event["op"] == "pool_create" and event["target"] == HTML_NAME
                    for event in audit["events"]), audit
 
-        driver.find_element(By.CSS_SELECTOR, 'nav button[data-page="overview"]').click()
+        # Users: one for team-a/ in pool data, its keyring downloaded from the page.
+        cluster.cairn("pool", "create", "data", "--replicated", "2", "--pg-num", "8")
+        open_page("users")
+        wait_page(driver, "the users", lambda page: "client.admin" in page, 10)
+        form = driver.find_element(By.ID, "user-add")
+        for field, value in (("name", "team"), ("pool", "data"), ("prefix", "team-a/")):
+            form.find_element(By.NAME, field).send_keys(value)
+        form.find_element(By.CSS_SELECTOR, "button").click()
+        wait_page(driver, "the keyring link", lambda page: "keyring-download" in page, 15)
+        keyring = driver.execute_async_script(
+            "const done = arguments[0];"
+            "fetch(document.getElementById('keyring-download').href)"
+            ".then(r => r.text()).then(done);")
+        (tmp_path / "team.keyring").write_text(keyring)
+        (tmp_path / "blob").write_bytes(b"from the console's user")
+        as_team = ("--name", "client.team", "--keyring", str(tmp_path / "team.keyring"))
+        cli(cluster, *as_team, "put", "data", "team-a/x", str(tmp_path / "blob"))
+        refused = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster",
+                                  cluster.dir, *as_team, "put", "data", "team-b/x",
+                                  str(tmp_path / "blob")], capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode != 0 and "permission denied" in refused.stderr.lower(), \
+            refused.stderr
+        shot("users")
+
+        # Allowlists: one set in the page is the pool's.
+        open_page("allowlists")
+        form = driver.find_element(By.ID, "allow-set")
+        for field, value in (("pool", "data"), ("prefix", "team-a/"),
+                             ("networks", "127.0.0.0/8, 10.1.2.3")):
+            form.find_element(By.NAME, field).send_keys(value)
+        form.find_element(By.CSS_SELECTOR, "button").click()
+        wait_page(driver, "the allowlist", lambda page: "10.1.2.3/32" in page, 10)
+        pools = {pool["name"]: pool for pool in cluster.cairn("pool", "ls")[1]["pools"]}
+        assert pools["data"]["allow_from"] == {"team-a/": ["127.0.0.0/8", "10.1.2.3/32"]}
+        shot("allowlists")
+
+        # Expansion: an OSD below full weight, and the step in the audit log.
+        cli(cluster, "osd", "weight", "2", "0.5")
+        open_page("expansion")
+        wait_page(driver, "osd.2 joining", lambda page: "0.500 of 1" in page and
+                  "osd.2 weight 0.5" in page, 10)
+        shot("expansion")
+        cli(cluster, "osd", "weight", "2", "1")
+
+        # Alerts: a webhook added in the page gets the test event.
+        received = []
+        hook = start_receiver(received)
+        try:
+            open_page("alerts")
+            form = driver.find_element(By.ID, "webhook-add")
+            form.find_element(By.NAME, "url").send_keys(hook)
+            form.find_element(By.CSS_SELECTOR, "button").click()
+            wait_page(driver, "the webhook", lambda page: "send a test" in page, 10)
+            driver.find_element(By.XPATH, "//button[text()='send a test']").click()
+            wait_page(driver, "the test sent", lambda page: "HTTP 200" in page, 15)
+            assert received and received[0]["check"] == "TEST", received
+            shot("alerts")
+        finally:
+            hook_server.shutdown()
+
+        # Audit: the console's own changes, filtered by op.
+        open_page("audit")
+        form = driver.find_element(By.ID, "audit-filter")
+        form.find_element(By.NAME, "op").send_keys("auth_add")
+        form.find_element(By.CSS_SELECTOR, "button").click()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            table = driver.find_element(By.ID, "audit-table").text
+            if "auth_add" in table and "pool_create" not in table:
+                break
+            time.sleep(0.25)
+        assert "auth_add client.team" in table and "pool_create" not in table, table
+        shot("audit")
+
+        open_page("overview")
         cluster.script("kill", "osd.1")
         killed = time.monotonic()
         shown = wait_page(driver, "osd.1 down", lambda page: "HEALTH_OK" not in page and
@@ -175,6 +279,8 @@ def test_the_console_in_a_browser(local_cluster, tmp_path):
                                headers={"X-Cairn-Csrf": csrf})
     assert status == 403 and "mon=rw" in json.loads(body)["message"], body
     assert "nope" not in [pool["name"] for pool in cluster.cairn("pool", "ls")[1]["pools"]]
+    status, body = viewer.call("api/auth_ls")                # the key table needs admin
+    assert status == 403 and "admin" in json.loads(body)["message"], body
 
     # The admin again, by key: a change needs the CSRF token and this console's origin.
     admin_key = re.search(r"key = (\S+)", open(os.path.join(
@@ -191,4 +297,4 @@ def test_the_console_in_a_browser(local_cluster, tmp_path):
     status, body = admin.call("api/osd_tree")
     assert status == 200 and any(not osd["up"] for osd in json.loads(body)["osds"])
     assert admin.call("api/no_such_view")[0] == 404
-    assert admin.call("api/auth_ls")[0] == 404               # not a console view
+    assert admin.call("api/osd_boot")[0] == 404              # not a console view

@@ -267,6 +267,204 @@ document.getElementById("recovery-windows").addEventListener("submit", async eve
   }
 });
 
+// -- users ---------------------------------------------------------------------------------
+
+async function drawUsers() {
+  let entities;
+  try {
+    entities = (await api("auth_ls")).entities;
+  } catch (error) {
+    replace("user-table", el("tr", {}, el("td", {}, `cannot list users: ${error.message}`)));
+    return;
+  }
+  const rows = [el("tr", {}, el("th", {}, "entity"), el("th", {}, "caps"), el("th", {}, ""))];
+  for (const entry of entities) {
+    const revoke = el("button", {}, "revoke");
+    revoke.addEventListener("click", async () => {
+      if (!confirm(`Revoke ${entry.entity}? Its key stops working at once.`)) return;
+      try {
+        await change("auth_rm", {entity: entry.entity});
+        text("user-result", `revoked ${entry.entity}`);
+      } catch (error) {
+        text("user-result", `refused: ${error.message}`);
+      }
+      drawUsers();
+    });
+    rows.push(el("tr", {}, el("td", {}, entry.entity), el("td", {}, entry.caps.join("; ")),
+                 el("td", {}, entry.entity.startsWith("client.") ? revoke : "")));
+  }
+  replace("user-table", ...rows);
+}
+
+document.getElementById("user-add").addEventListener("submit", async event => {
+  event.preventDefault();
+  const form = new FormData(event.target);
+  let cap = `osd=${form.get("perms")}`;
+  if (form.get("pool")) cap += ` pool=${form.get("pool")}`;
+  if (form.get("prefix")) cap += ` prefix=${form.get("prefix")}`;
+  const caps = [cap];
+  if (form.get("mon")) caps.push("mon=r");
+  const entity = `client.${form.get("name")}`;
+  try {
+    const reply = await change("auth_add", {entity, caps});
+    const link = el("a", {href: URL.createObjectURL(new Blob([reply.keyring], {type: "text/plain"})),
+                          download: `${entity}.keyring`, id: "keyring-download"},
+                    `download ${entity}.keyring`);
+    replace("user-result", `added ${entity} (${reply.caps.join("; ")}): `, link,
+            " (shown once: keep it safe)");
+  } catch (error) {
+    text("user-result", `refused: ${error.message}`);
+  }
+  drawUsers();
+});
+
+// -- allowlists ----------------------------------------------------------------------------
+
+function drawAllowlists() {
+  const {pools} = latest;
+  if (!pools) return;
+  const rows = [el("tr", {}, ...["pool", "path", "addresses", ""].map(h => el("th", {}, h)))];
+  for (const pool of pools.pools) {
+    for (const [prefix, networks] of Object.entries(pool.allow_from || {})) {
+      const remove = el("button", {}, "remove");
+      remove.addEventListener("click", () => setAllowlist(pool.name, prefix, []));
+      rows.push(el("tr", {}, el("td", {}, pool.name), el("td", {}, prefix || "(the whole pool)"),
+                   el("td", {}, networks.join(", ")), el("td", {}, remove)));
+    }
+  }
+  if (rows.length === 1) rows.push(el("tr", {}, el("td", {}, "no allowlists: every address may use every pool")));
+  replace("allow-table", ...rows);
+}
+
+async function setAllowlist(pool, prefix, networks) {
+  try {
+    await change("pool_allow_from", {name: pool, prefix, networks});
+    text("allow-result", networks.length ? `${pool}/${prefix}: ${networks.join(", ")}` :
+         `${pool}/${prefix}: allowlist removed`);
+    await refresh();
+  } catch (error) {
+    text("allow-result", `refused: ${error.message}`);
+  }
+}
+
+document.getElementById("allow-set").addEventListener("submit", event => {
+  event.preventDefault();
+  const form = new FormData(event.target);
+  const networks = String(form.get("networks")).split(",").map(n => n.trim()).filter(Boolean);
+  setAllowlist(form.get("pool"), form.get("prefix"), networks);
+});
+
+// -- expansion -----------------------------------------------------------------------------
+
+async function drawExpansion() {
+  const {tree, status} = latest;
+  if (!tree) return;
+  const full = Math.max(1, ...tree.osds.map(osd => osd.weight));
+  const joining = tree.osds.filter(osd => osd.weight < full);
+  const rows = [el("tr", {}, ...["OSD", "host", "weight", "progress"].map(h => el("th", {}, h)))];
+  for (const osd of joining) {
+    const bar = svg("svg", {width: 200, height: 12});
+    bar.append(svg("rect", {x: 0, y: 0, width: 200, height: 12, fill: "#e3e6ea"}),
+               svg("rect", {x: 0, y: 0, width: Math.round(200 * osd.weight / full), height: 12, fill: "#4a8fe7"}));
+    rows.push(el("tr", {}, el("td", {}, `osd.${osd.id}`), el("td", {}, osd.host || "-"),
+                 el("td", {}, `${osd.weight.toFixed(3)} of ${full}`), el("td", {}, bar)));
+  }
+  if (!joining.length) rows.push(el("tr", {}, el("td", {}, "every OSD is at full weight: no expansion under way")));
+  replace("joining", ...rows);
+  const objects = (status && status.objects) || {};
+  text("moving", objects.total ? `${objects.misplaced} of ${objects.total} object copies still ` +
+       `to move, ${objects.degraded} to recover` : "");
+  try {
+    const events = (await api("audit_read", {limit: 2000})).events
+      .filter(e => e.op === "osd_mark" && / (re)?weight /.test(e.target || "")).reverse();
+    replace("steps", el("tr", {}, ...["time", "change", "by", "result"].map(h => el("th", {}, h))),
+            ...events.slice(0, 100).map(e => el("tr", {},
+              el("td", {}, new Date(e.time * 1000).toLocaleString()), el("td", {}, e.target),
+              el("td", {}, e.entity), el("td", {}, e.result))));
+  } catch (error) {
+    replace("steps", el("tr", {}, el("td", {}, `no steps: ${error.message}`)));
+  }
+}
+
+// -- alerts --------------------------------------------------------------------------------
+
+async function webhooks() {
+  // Unset, the option reads as its default in JSON ("[]"); set, as the text given (URL,URL).
+  const value = String((await api("config_get", {key: "alert.webhooks"})).value || "");
+  if (value.startsWith("[")) return JSON.parse(value);
+  return value.split(",").map(u => u.trim()).filter(Boolean);
+}
+
+async function saveWebhooks(urls, message) {
+  try {
+    await change("config_set", {key: "alert.webhooks", value: urls.join(",")});
+    text("webhook-result", message);
+  } catch (error) {
+    text("webhook-result", `refused: ${error.message}`);
+  }
+  drawAlerts();
+}
+
+async function drawAlerts() {
+  try {
+    const urls = await webhooks();
+    const rows = [el("tr", {}, el("th", {}, "URL"), el("th", {}, ""))];
+    for (const url of urls) {
+      const test = el("button", {}, "send a test");
+      test.addEventListener("click", async () => {
+        try {
+          const reply = await change("alert_test", {url});
+          text("webhook-result", `test sent to ${url}: ${reply.outcome}`);
+        } catch (error) {
+          text("webhook-result", `test to ${url} failed: ${error.message}`);
+        }
+      });
+      const remove = el("button", {}, "remove");
+      remove.addEventListener("click", () => saveWebhooks(urls.filter(u => u !== url), `removed ${url}`));
+      rows.push(el("tr", {}, el("td", {}, url), el("td", {}, test, " ", remove)));
+    }
+    if (!urls.length) rows.push(el("tr", {}, el("td", {}, "no webhooks")));
+    replace("webhook-table", ...rows);
+    const events = (await api("health_history", {limit: 200})).events.reverse();
+    replace("history", el("tr", {}, ...["time", "check", "state", "severity", "summary"].map(h => el("th", {}, h))),
+            ...events.map(e => el("tr", {}, el("td", {}, new Date(e.time * 1000).toLocaleString()),
+                                  el("td", {}, e.check), el("td", {class: e.state === "raised" ? "error" : ""}, e.state),
+                                  el("td", {}, e.severity), el("td", {}, e.summary))));
+  } catch (error) {
+    text("webhook-result", `cannot read alerts: ${error.message}`);
+  }
+}
+
+document.getElementById("webhook-add").addEventListener("submit", async event => {
+  event.preventDefault();
+  const url = new FormData(event.target).get("url").trim();
+  if (url) saveWebhooks([...(await webhooks()), url], `added ${url}`);
+});
+
+// -- audit ---------------------------------------------------------------------------------
+
+async function drawAudit() {
+  const form = new FormData(document.getElementById("audit-filter"));
+  const params = {limit: 1000};
+  if (form.get("entity")) params.entity = form.get("entity");
+  if (Number(form.get("since"))) params.since = Math.floor(Date.now() / 1000) - Number(form.get("since"));
+  const op = form.get("op");
+  try {
+    const events = (await api("audit_read", params)).events.filter(e => !op || e.op === op).reverse();
+    replace("audit-table", el("tr", {}, ...["time", "entity", "from", "op", "target", "result"].map(h => el("th", {}, h))),
+            ...events.map(e => el("tr", {}, el("td", {}, new Date(e.time * 1000).toLocaleString()),
+                                  el("td", {}, e.entity), el("td", {}, e.addr || "-"), el("td", {}, e.op),
+                                  el("td", {}, e.target ?? ""), el("td", {class: e.result === "ok" ? "" : "error"}, e.result))));
+  } catch (error) {
+    replace("audit-table", el("tr", {}, el("td", {}, `cannot read the audit log: ${error.message}`)));
+  }
+}
+
+document.getElementById("audit-filter").addEventListener("submit", event => {
+  event.preventDefault();
+  drawAudit();
+});
+
 // -- plumbing ------------------------------------------------------------------------------
 
 async function act(op, body) {
@@ -292,8 +490,14 @@ async function refresh() {
   drawOverview();
   drawTree();
   drawPools();
+  drawAllowlists();
   if (page === "recovery") await drawRecovery();
+  if (page === "expansion") await drawExpansion();
 }
+
+// Pages drawn when opened (and by their own buttons), not every REFRESH_MS: they hold forms or
+// long lists a refresh would disturb.
+const ON_OPEN = {users: drawUsers, alerts: drawAlerts, audit: drawAudit};
 
 async function refreshThroughput() {
   try {
@@ -309,6 +513,7 @@ for (const button of document.querySelectorAll("nav button")) {
     for (const other of document.querySelectorAll("nav button")) other.classList.toggle("active", other === button);
     for (const section of document.querySelectorAll("main section")) section.hidden = section.id !== page;
     refresh();
+    if (ON_OPEN[page]) ON_OPEN[page]();
   });
 }
 
