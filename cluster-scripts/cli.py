@@ -264,6 +264,7 @@ def up_hosts(args):
         say(f"cairn installed on {installed} hosts ({len(spec.hosts) - installed} had build "
             f"{build})")
         fleet.start_monitors(spec, description, args.auth, say)
+        save(directory, description)                # with the consoles' URLs
         leader = wait_quorum([m["addr"] for m in description["mons"]], fleet.READY_S_MAX,
                              directory)
         say(f"monitors in quorum: leader {leader}")
@@ -279,6 +280,8 @@ def up_hosts(args):
     say(f"cluster up in {elapsed:.1f} s: {len(description['mons'])} monitors, "
         f"{len(description['osds'])} OSDs on {len(spec.hosts)} hosts")
     say(f"  use it: export CAIRN_CLUSTER={directory}; cairn status")
+    if description.get("console"):
+        say(f"  console: {description['console']} (cairn console prints a sign-in link)")
     if args.json:
         print(json.dumps({"dir": directory, "seconds": round(elapsed, 2),
                           "mons": [m["addr"] for m in description["mons"]],

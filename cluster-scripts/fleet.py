@@ -37,6 +37,7 @@ from cairn.cluster import remote
 from cairn.common.monclient import MonitorsUnavailable
 
 MONITOR_PORT = 6789
+CONSOLE_PORT = 8080                     # each monitor's operations console (mon/console.py)
 READY_S_MAX = 120.0
 STOP_S_MAX = 30.0
 
@@ -330,7 +331,9 @@ def start_monitors(spec, description, auth, say, only=None):
         _step(host, f"make {mon['name']}", f"[ -d {shlex.quote(mon_dir)}/store.db ] || "
               + " ".join(shlex.quote(a) for a in mkfs), spec.ssh_options)
         run = [f"{where['venv']}/bin/cairn-mon", "run", "--dir", mon_dir, "--bind", mon["addr"],
-               "--name", mon["name"]]
+               "--name", mon["name"], "--console-port", str(CONSOLE_PORT)]
+        mon["console"] = f"http://{mon['addr'].rpartition(':')[0]}:{CONSOLE_PORT}/"
+        description.setdefault("console", mon["console"])
         _step(host, f"start {mon['name']}",
               manager(spec, description, host).start(mon["name"], run), spec.ssh_options)
         say(f"  {mon['name']} on {host.name} at {mon['addr']}")

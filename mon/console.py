@@ -83,6 +83,7 @@ class Console:
         self._runner = None
         self._sessions = {}                 # cookie value -> Session
         self._tokens = {}                   # one-time login token -> (entity, caps, expires)
+        self._secure = False                # served over HTTPS: cookies are Secure
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -98,8 +99,11 @@ class Console:
         app.router.add_post("/api/{op}", self._change)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, ip, port).start()
-        self.url = f"http://{ip}:{self._runner.addresses[0][1]}/"
+        # A cluster that speaks TLS serves its console over HTTPS with the same certificate.
+        tls = self.monitor.tls_server
+        await web.TCPSite(self._runner, ip, port, ssl_context=tls).start()
+        self._secure = tls is not None
+        self.url = f"{'https' if tls else 'http'}://{ip}:{self._runner.addresses[0][1]}/"
         return self.url
 
     async def stop(self):
@@ -135,7 +139,7 @@ class Console:
         self._sessions[cookie] = Session(entity, caps, now)
         response = web.HTTPSeeOther("/")
         response.set_cookie(COOKIE, cookie, max_age=SESSION_TTL_S, httponly=True,
-                            samesite="Strict", path="/")
+                            samesite="Strict", path="/", secure=self._secure)
         return response
 
     async def _login_link(self, request):
