@@ -216,10 +216,9 @@ class Console:
             return _json({"error": Code.PERMISSION_DENIED, "message": "sign in first"}, 401)
         if op not in READS:
             return _json({"error": Code.UNKNOWN_OP, "message": f"no such view {op!r}"}, 404)
-        header = {"op": op}
-        for key, value in request.query.items():
-            header[key] = int(value) if value.isdigit() else value
-        return await self._ask(request, session, header)
+        header = {key: int(value) if value.isdigit() else value
+                  for key, value in request.query.items() if key not in _RESERVED}
+        return await self._ask(request, session, {**header, "op": op})
 
     async def _change(self, request):
         op = request.match_info["op"]
@@ -242,7 +241,8 @@ class Console:
         if not isinstance(body, dict):
             return _json({"error": Code.INVALID, "message": "the body must be a JSON object"},
                          400)
-        return await self._ask(request, session, {**body, "op": op})
+        return await self._ask(request, session, {**{key: value for key, value in body.items()
+                                                     if key not in _RESERVED}, "op": op})
 
     def _check_origin(self, request):
         origin = request.headers.get("Origin")
@@ -269,6 +269,9 @@ class Console:
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
+# Header fields a request's query or body may not set: the op is the URL's, and these are the
+# monitors' own (forwarding, retried changes).
+_RESERVED = frozenset({"op", "forwarded", "rid"})
 
 
 def _escape(text):

@@ -298,3 +298,8 @@ def test_the_console_in_a_browser(local_cluster, tmp_path):
     assert status == 200 and any(not osd["up"] for osd in json.loads(body)["osds"])
     assert admin.call("api/no_such_view")[0] == 404
     assert admin.call("api/osd_boot")[0] == 404              # not a console view
+    # A view's query cannot turn it into a change (the op is the URL's).
+    status, body = admin.call("api/osd_tree?op=config_set&key=recovery.max_active&value=9")
+    assert status == 200 and "osds" in json.loads(body), body
+    assert json.loads(cli(cluster, "--json", "config", "get", "recovery.max_active"))[
+        "value"] == 2
