@@ -60,6 +60,28 @@ def wait_page(driver, what, predicate, timeout_s):
     raise AssertionError(f"the page did not show {what} in {timeout_s} s; it shows:\n{shown}")
 
 
+def console_tree(directory):
+    """The OSD page of `directory`'s console as a signed-in browser shows it: {row label: the
+    row's text} (hosts as `hN`, OSDs as `osd.N`, each with its marks)."""
+    from selenium.webdriver.common.by import By
+    result = subprocess.run([sys.executable, "-m", "cairn.client.cli", "--cluster", directory,
+                             "console", "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    login = json.loads(result.stdout.strip().splitlines()[-1])["login_url"]
+    driver = browser()
+    try:
+        driver.get(login)
+        driver.find_element(By.CSS_SELECTOR, 'nav button[data-page="osds"]').click()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and "read ms" not in driver.page_source:
+            time.sleep(0.25)
+        time.sleep(2.5)                             # a refresh with the health checks
+        rows = driver.find_element(By.ID, "tree").find_elements(By.TAG_NAME, "tr")
+        return {row.text.split()[0]: row.text for row in rows[1:] if row.text.strip()}
+    finally:
+        driver.quit()
+
+
 hook_server = None
 
 

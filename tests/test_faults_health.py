@@ -19,6 +19,7 @@ import time
 
 
 from tests.helpers import WebhookReceivers, isolated_marks, isolated_up
+from tests.test_console import console_tree
 
 pytestmark = isolated_marks()
 
@@ -130,6 +131,9 @@ def test_a_throttled_disk_is_named_avoided_and_cleared_without_false_alarms(disk
             # by themselves and leave the avoidance nothing to do.
             wait_for("osd.2 flagged slow", lambda: json.loads(cli(
                 directory, "cairn.client.cli", "osd", "tree", "--json"))["osds"][2]["slow"], 15)
+            tree = console_tree(directory)          # the console marks it too
+            assert "slow" in tree["osd.2"] and not any(
+                "slow" in tree[f"osd.{n}"] for n in (0, 1, 3)), tree
             cli(directory, "cairn.client.cli", "config", "set", "osd.hedge_shard_reads", "0")
             reads = ("--op", "rand", "--size", "64K", "--concurrency", "4", "--seconds", "10",
                      "--no-hedge")
@@ -189,6 +193,9 @@ def test_packet_loss_names_the_pair_or_the_host_and_clears(disk_dir):
             check = health(directory)["checks"]["NETWORK_PACKET_LOSS"]
             text = check["summary"] + " " + " ".join(check["detail"])
             assert "h1" in text and "h2" in text and "h3" not in text and "h4" not in text, check
+            tree = console_tree(directory)          # the console marks the pair's hosts
+            assert [host for host in ("h1", "h2", "h3", "h4") if "loss" in tree[host]] == \
+                ["h1", "h2"], tree
             fault("clear")
             cleared_s = wait_for("NETWORK_PACKET_LOSS cleared", lambda: "NETWORK_PACKET_LOSS"
                                  not in health(directory)["checks"], 60)

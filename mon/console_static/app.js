@@ -136,14 +136,19 @@ function drawThroughput(samples) {
 // -- OSDs ----------------------------------------------------------------------------------
 
 function drawTree() {
-  const {tree, perf, status} = latest;
+  const {tree, perf, health} = latest;
   if (!tree) return;
   const latency = {};
   for (const osd of (perf ? perf.osds : [])) latency[osd.id] = osd.device || {};
+  // The hosts a network check names, from its detail lines ("hosts A and B: ...", "host H
+  // loses packets to every peer host").
   const lossy = new Set();
-  for (const [name, summary] of Object.entries(status ? status.checks : {})) {
-    if (name.startsWith("NETWORK_")) {
-      for (const osd of tree.osds) if (osd.host && summary.includes(osd.host)) lossy.add(osd.host);
+  for (const [name, check] of Object.entries(health ? health.checks : {})) {
+    if (!name.startsWith("NETWORK_")) continue;
+    for (const line of check.detail || []) {
+      const pair = /^hosts (\S+) and (\S+):/.exec(line), one = /^host (\S+) loses/.exec(line);
+      if (pair) { lossy.add(pair[1]); lossy.add(pair[2]); }
+      if (one) lossy.add(one[1]);
     }
   }
   const rows = [el("tr", {}, ...["host / OSD", "status", "weight", "reweight", "read ms",
@@ -479,9 +484,10 @@ async function act(op, body) {
 
 async function refresh() {
   try {
-    const [status, tree, df, pools, perf] = await Promise.all(
-      [api("status"), api("osd_tree"), api("df"), api("pool_ls"), api("osd_perf")]);
-    latest = {status, tree, df, pools, perf};
+    const [status, tree, df, pools, perf, health] = await Promise.all(
+      [api("status"), api("osd_tree"), api("df"), api("pool_ls"), api("osd_perf"),
+       api("health")]);
+    latest = {status, tree, df, pools, perf, health};
     showError("");
   } catch (error) {
     showError(`the monitor did not answer: ${error.message}`);
