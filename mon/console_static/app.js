@@ -156,7 +156,7 @@ function drawTree() {
   const hosts = {};
   for (const osd of tree.osds) (hosts[osd.host || "-"] ||= []).push(osd);
   for (const host of Object.keys(hosts).sort()) {
-    rows.push(el("tr", {}, el("td", {}, el("b", {}, host),
+    rows.push(el("tr", {}, el("td", {}, el("b", {}, host), " ",
                               lossy.has(host) ? el("span", {class: "mark"}, "loss") : null)));
     for (const osd of hosts[host]) {
       const device = latency[osd.id] || {};
@@ -166,7 +166,7 @@ function drawTree() {
       toggle.addEventListener("click", () => act("osd_mark", {id: osd.id, state: osd.in ? "out" : "in"}));
       actions.append(toggle);
       rows.push(el("tr", {},
-        el("td", {}, `\u00a0\u00a0osd.${osd.id}`, osd.slow ? el("span", {class: "mark"}, "slow") : null),
+        el("td", {}, `\u00a0\u00a0osd.${osd.id} `, osd.slow ? el("span", {class: "mark"}, "slow") : null),
         el("td", {class: osd.up && osd.in ? "" : "down"},
            `${osd.up ? "up" : "down"}, ${osd.in ? "in" : "out"}${osd.full ? ", full" : ""}`),
         el("td", {}, osd.weight), el("td", {}, osd.reweight), el("td", {}, ms("read")),
