@@ -93,6 +93,15 @@ class Hedger:
         del self._steer_until[osd]          # its next read goes to it (and may be hedged)
         return False
 
+    def steered_first(self, osds):
+        """Those of `osds` that reads go around now, the one steered around most recently
+        first (the freshest evidence of a slow disk)."""
+        if not self._steer_until:
+            return []
+        now = self._clock()
+        steered = [osd for osd in osds if self._steer_until.get(osd, now) > now]
+        return sorted(steered, key=lambda osd: -self._steer_until[osd])
+
     def note_won(self, osd):
         """A hedge answered before `osd` did. The caller steers around `osd` (`steer`) if
         osd's own answer is still due `evidence_s()` later."""

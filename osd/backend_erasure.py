@@ -222,13 +222,14 @@ class ErasureBackend(PgBackend):
         if length == 0:
             return info, b""
         avoided = self.avoided_shards(pg, codec_k=layout.k)
-        late = {}
+        late, reserve = {}, ()
         around = avoided & {index for index, _, _ in layout.data_extents(offset, length)}
         if around:
             self.avoided_reads_total += 1
             for index in around:
                 self.hedger.note_steered(pg.core.acting.members[index])
-            data, failed = None, avoided
+            # The members avoided are asked only if one of the others is late too, or fails.
+            data, failed, reserve = None, (), avoided
         elif pgs.pool_by_id(self.port.map, pg.key[0]).get("fast_read"):
             self.fast_reads_total += 1
             return info, await self._read_degraded(pg, name, version, layout, offset, length,
@@ -238,17 +239,23 @@ class ErasureBackend(PgBackend):
                                                           length)
         if data is None:
             self.degraded_reads_total += 1
-            data = await self._read_degraded(pg, name, version, layout, offset, length, failed)
+            data = await self._read_degraded(pg, name, version, layout, offset, length, failed,
+                                             reserve=reserve)
         if late or around:
             self.hedger.count_read()
-        for osd, fetch in late.items():     # hedged: did the decode beat the late shard?
+        self._settle_hedges(late)
+        return info, data
+
+    def _settle_hedges(self, late):
+        """Hedged ({osd: its late fetch}): did the decode beat each late shard? One still due
+        a while later has its member steered around (`_judge`)."""
+        for osd, fetch in late.items():
             if fetch.done():
                 self.hedger.note_wasted(osd)
             else:
                 self.hedger.note_won(osd)
                 asyncio.get_running_loop().call_later(self.hedger.evidence_s(), _judge,
                                                       self.hedger, osd, fetch)
-        return info, data
 
     async def stat(self, pg, name):
         """The object's info, and which shards of its version the acting members hold."""
@@ -459,20 +466,28 @@ class ErasureBackend(PgBackend):
         return tuple(out), None, {}
 
     def avoided_shards(self, pg, codec_k):
-        """Shard indices on members the map flags slow or that reads are steered around
-        (a late shard was read around lately: common/hedge.py), when the others that are up
-        still number k (a read then decodes from them rather than wait on a slow disk); else
-        none."""
+        """Shard indices on members that reads are steered around (a late shard was read
+        around lately: common/hedge.py) or that the map flags slow, as many as the read can do
+        without (the members up beyond k): a read then decodes from the others rather than
+        wait on a slow disk. When there are more such members than that, the ones steered
+        around most recently go first, then those flagged slow: this primary's own evidence is
+        seconds fresher than SLOW_DISK's, whose flag can still name a disk that was slow a
+        while ago (avoiding none of them would make every read wait on the one slow now)."""
         members = pg.core.acting.members
-        slow = slow_osds(self.port.map)
-        if config.value(self.port.map.config, "osd.hedge_shard_reads"):
-            slow = slow | {osd for osd in members if osd is not None and
-                           self.hedger.steering(osd)}
-        if not slow:
+        up = [(index, osd) for index, osd in enumerate(members) if osd is not None]
+        spare = len(up) - codec_k
+        if spare <= 0:
             return set()
-        avoided = {index for index, osd in enumerate(members) if osd in slow}
-        usable = sum(1 for osd in members if osd is not None and osd not in slow)
-        return avoided if avoided and usable >= codec_k else set()
+        steered = []
+        if config.value(self.port.map.config, "osd.hedge_shard_reads"):
+            steered = self.hedger.steered_first([osd for _, osd in up])
+        slow = slow_osds(self.port.map)
+        if not (steered or slow):
+            return set()
+        rank = {osd: place for place, osd in enumerate(steered)}
+        worst = sorted((index for index, osd in up if osd in rank or osd in slow),
+                       key=lambda index: rank.get(members[index], len(rank)))
+        return set(worst[:spare])
 
     def _preference(self, pg):
         """Shard indices to read a degraded range from: this OSD's own, then data shards, then
@@ -482,20 +497,28 @@ class ErasureBackend(PgBackend):
         return sorted(up, key=lambda index: (members[index] != self.port.me, index))
 
     async def _gather(self, pg, name, version, layout, ranges, exclude=(), extra=(),
-                      fast=False):
+                      fast=False, reserve=()):
         """{shard index: bytes} of `ranges` from k shards of `version` (never mixing versions),
         asking k members at a time and more when some fail; `fast` (the pool's fast_read):
         asking every member at once and taking the first k to answer. `extra`: (osd, shard
-        index) of holders outside the acting set (a past authority). Raises
-        RequestFailed(Code.UNAVAILABLE) naming the shards found when fewer than k can be
-        read."""
+        index) of holders outside the acting set (a past authority). `reserve`: shard indices
+        of members being avoided (`avoided_shards`), asked only when one of the others fails
+        or is still due after the hedge delay (then its member may be steered around:
+        `_settle_hedges`). Raises RequestFailed(Code.UNAVAILABLE) naming the shards found
+        when fewer than k can be read."""
         members = pg.core.acting.members
+        reserve = [(members[index], index) for index in self._preference(pg)
+                   if index in reserve and index not in exclude]
         candidates = [(members[index], index) for index in self._preference(pg)
-                      if index not in exclude]
+                      if index not in exclude and index not in {i for _, i in reserve}]
         candidates += [(osd, index) for osd, index in extra
                        if index not in exclude and (osd, index) not in candidates]
-        got, failures = {}, []
-        while len(got) < layout.k and candidates:
+        hedging = bool(reserve) and not fast and \
+            config.value(self.port.map.config, "osd.hedge_shard_reads")
+        got, failures, late = {}, [], {}
+        while len(got) < layout.k and (candidates or reserve):
+            if not candidates:              # rather the members avoided than too few shards
+                candidates, reserve = reserve, []
             wanted = len(candidates) if fast else layout.k - len(got)
             batch = [c for c in candidates if c[1] not in got][:wanted]
             candidates = [c for c in candidates if c not in batch]
@@ -503,11 +526,27 @@ class ErasureBackend(PgBackend):
                 break
             started = _start(self._fetch(pg, osd, index, name, version, ranges)
                              for osd, index in batch)
-            fetches = dict(zip(started, (index for _, index in batch)))
+            fetches = dict(zip(started, batch))
             due = set(fetches)
             with _cancelled_unless_done(started):
                 while due and len(got) < layout.k:
-                    done, due = await asyncio.wait(due, return_when=asyncio.FIRST_COMPLETED)
+                    wait_s = self.hedger.delay() if hedging and reserve and not late else None
+                    done, due = await asyncio.wait(due, timeout=wait_s,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                    if not done:            # late: ask members avoided, as a hedge
+                        for fetch in list(due):
+                            osd = fetches[fetch][0]
+                            if not reserve or not self.hedger.may_hedge(osd):
+                                break
+                            late[osd] = fetch
+                            stand_in = reserve.pop(0)
+                            extra_fetch, = _start([self._fetch(pg, *stand_in, name, version,
+                                                               ranges)])
+                            started.append(extra_fetch)
+                            fetches[extra_fetch] = stand_in
+                            due.add(extra_fetch)
+                        hedging = False     # once per gather (or the budget is dry: wait)
+                        continue
                     for fetch in done:
                         error = fetch.exception()
                         if isinstance(error, ShardUnavailable):
@@ -515,7 +554,8 @@ class ErasureBackend(PgBackend):
                         elif error is not None:
                             raise error
                         elif len(got) < layout.k:
-                            got[fetches[fetch]] = fetch.result()
+                            got[fetches[fetch][1]] = fetch.result()
+        self._settle_hedges(late)
         if len(got) < layout.k:
             raise RequestFailed(Code.UNAVAILABLE, f"pg {pg.key[0]}.{pg.key[1]:x}: object {name!r} "
                                 f"(version {version:x}) has {len(got)} readable shards "
@@ -523,10 +563,10 @@ class ErasureBackend(PgBackend):
         return got
 
     async def _read_degraded(self, pg, name, version, layout, offset, length, failed,
-                             fast=False):
+                             fast=False, reserve=()):
         first, last, start, span = layout.stripe_span(offset, length)
         spans = await self._gather(pg, name, version, layout, [(start, span)], exclude=failed,
-                                   fast=fast)
+                                   fast=fast, reserve=reserve)
         codec = self.codec(pg)
         try:
             data = await self._in_thread_if_large(span * layout.k, ecstripe.decode_span, codec,

@@ -150,3 +150,30 @@ def test_slow_flags_follow_slow_disk_and_reads_avoid_flagged_osds():
     assert erasure.avoided_shards(pg, codec_k=2) == set()
     with pytest.raises(MapError):
         step(cmap, {"op": "osd_slow", "id": 1, "slow": "yes"})
+
+
+def test_an_erasure_read_goes_around_the_disk_slow_now_when_the_map_flags_another():
+    """Measured (2026-12-01): SLOW_DISK's flag lagged on osd.2, healthy again, while osd.3 was
+    slow; a read's PG holding both then avoided neither (two to avoid, one to spare), and
+    2+1 reads fell to 0.13-0.26x the healthy IOPS. The primary's own steering is the fresher
+    evidence: it goes around the member it steers around, and of two steered, the newer."""
+    import types
+
+    from cairn.common import hedge
+    from cairn.osd.backend_erasure import ErasureBackend
+    cmap = step(cluster(), {"op": "osd_slow", "id": 2, "slow": True})
+    erasure = ErasureBackend(types.SimpleNamespace(map=cmap, me=0), None)
+    clock = [100.0]
+    erasure.hedger = hedge.Hedger(lambda: clock[0])
+    acting = types.SimpleNamespace(members=(0, 2, 1))
+    pg = types.SimpleNamespace(core=types.SimpleNamespace(acting=acting))
+    assert erasure.avoided_shards(pg, codec_k=2) == {1}         # the map's flag alone
+    erasure.hedger.steer(1)                                     # osd.1 is slow now
+    assert erasure.avoided_shards(pg, codec_k=2) == {2}
+    clock[0] += 0.1
+    erasure.hedger.steer(0)
+    assert erasure.avoided_shards(pg, codec_k=2) == {0}         # the newer evidence
+    assert erasure.avoided_shards(pg, codec_k=1) == {0, 2}      # two to spare: both steered
+    assert erasure.avoided_shards(pg, codec_k=3) == set()       # nothing to spare
+    clock[0] += hedge.STEER_S + 0.2                             # the steering is over
+    assert erasure.avoided_shards(pg, codec_k=2) == {1}
