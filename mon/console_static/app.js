@@ -127,6 +127,12 @@ function drawThroughput(samples) {
   const label = svg("text", {x: 2, y: 12});
   label.textContent = (top / 1e6).toFixed(1);
   chart.append(label);
+  const clock = at => new Date(at * 1000).toLocaleTimeString();
+  const first = svg("text", {x: left, y: height - 4});
+  first.textContent = clock(start);
+  const last = svg("text", {x: width - 5, y: height - 4, "text-anchor": "end"});
+  last.textContent = clock(start + span);
+  chart.append(first, last);
   for (const [field, colour] of fields) {
     const points = samples.map(s => `${x(s.at).toFixed(1)},${y(s[field]).toFixed(1)}`).join(" ");
     chart.append(svg("polyline", {points, fill: "none", stroke: colour, "stroke-width": 2}));
