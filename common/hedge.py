@@ -96,10 +96,7 @@ class Hedger:
     def steered_first(self, osds):
         """Those of `osds` that reads go around now, the one steered around most recently
         first (the freshest evidence of a slow disk)."""
-        if not self._steer_until:
-            return []
-        now = self._clock()
-        steered = [osd for osd in osds if self._steer_until.get(osd, now) > now]
+        steered = [osd for osd in osds if self.steering(osd)]
         return sorted(steered, key=lambda osd: -self._steer_until[osd])
 
     def note_won(self, osd):

@@ -507,10 +507,9 @@ class ErasureBackend(PgBackend):
         `_settle_hedges`). Raises RequestFailed(Code.UNAVAILABLE) naming the shards found
         when fewer than k can be read."""
         members = pg.core.acting.members
-        reserve = [(members[index], index) for index in self._preference(pg)
-                   if index in reserve and index not in exclude]
-        candidates = [(members[index], index) for index in self._preference(pg)
-                      if index not in exclude and index not in {i for _, i in reserve}]
+        order = [index for index in self._preference(pg) if index not in exclude]
+        candidates = [(members[index], index) for index in order if index not in reserve]
+        reserve = [(members[index], index) for index in order if index in reserve]
         candidates += [(osd, index) for osd, index in extra
                        if index not in exclude and (osd, index) not in candidates]
         hedging = bool(reserve) and not fast and \
@@ -530,7 +529,7 @@ class ErasureBackend(PgBackend):
             due = set(fetches)
             with _cancelled_unless_done(started):
                 while due and len(got) < layout.k:
-                    wait_s = self.hedger.delay() if hedging and reserve and not late else None
+                    wait_s = self.hedger.delay() if hedging and reserve else None
                     done, due = await asyncio.wait(due, timeout=wait_s,
                                                    return_when=asyncio.FIRST_COMPLETED)
                     if not done:            # late: ask members avoided, as a hedge
