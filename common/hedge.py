@@ -40,9 +40,11 @@ OUTCOMES = ("sent", "won", "wasted", "refused", "steered")
 
 
 class Hedger:
-    def __init__(self, clock, *, factor=HEDGE_FACTOR, floor_s=HEDGE_FLOOR_S, share=HEDGE_SHARE):
+    def __init__(self, clock, *, factor=HEDGE_FACTOR, floor_s=HEDGE_FLOOR_S, share=HEDGE_SHARE,
+                 steer_s=STEER_S):
         self._clock = clock                 # e.g. time.monotonic
         self._factor, self._floor_s, self._share = factor, floor_s, share
+        self._steer_s = steer_s             # 0: never steer (every late read is hedged)
         self._latencies = [0.0] * WINDOW
         self._filled = 0
         self._next = 0
@@ -111,8 +113,9 @@ class Hedger:
         return max(STEER_EVIDENCE_S_MIN, STEER_EVIDENCE_FACTOR * self._delay)
 
     def steer(self, osd):
-        """Send reads around `osd` for STEER_S."""
-        self._steer_until[osd] = self._clock() + STEER_S
+        """Send reads around `osd` for STEER_S (the hedger's `steer_s`)."""
+        if self._steer_s > 0:
+            self._steer_until[osd] = self._clock() + self._steer_s
 
     def note_wasted(self, osd):
         """`osd` answered before its hedge did."""

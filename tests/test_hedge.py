@@ -69,6 +69,12 @@ def test_a_primary_a_hedge_beat_is_steered_around_then_asked_again():
     assert (counts["won"], counts["wasted"], counts["refused"], counts["steered"]) == (2, 1, 1, 1)
 
 
+def test_a_hedger_made_not_to_steer_never_steers():
+    hedger = Hedger(Clock(), steer_s=0.0)
+    hedger.steer(1)
+    assert not hedger.steering(1) and hedger.steered_first([1, 2]) == []
+
+
 def test_reads_hedged_names_the_osd_reads_go_around_at_the_rate_set():
     class Map:
         osds = {1: {"location": {"host": "h1"}}, 2: {"location": {"host": "h2"}}}
