@@ -99,6 +99,26 @@ def test_a_healthy_cluster_under_load_stays_within_the_hedge_budget(local_cluste
     assert len(text.splitlines()) == 5 and "3 OSDs" in text.splitlines()[-1], text
 
 
+def test_a_read_answered_leaves_no_reply_held_for_the_hedge_sweep(local_cluster):
+    """A read answered before its hedge delay is not kept (with its received buffer) by the
+    watch until the sweep comes: held 100 ms, 16 MiB reads at 4 in flight needed fresh
+    buffers and lost 3-6% of their throughput to hedging that sent nothing."""
+    cluster = local_cluster(hosts=3)
+    cluster.cairn("pool", "create", "r", "--replicated", "3", "--pg-num", "8")
+
+    async def main():
+        async with await Cluster.connect(cluster.dir) as client:
+            client.hedger = hedge.Hedger(time.monotonic, factor=1e6, floor_s=30.0)
+            pool = client.pool("r")
+            await asyncio.gather(*(pool.put(f"o{index}", bytes(1 << 20)) for index in range(8)))
+            got = await asyncio.gather(*(pool.get(f"o{index}") for index in range(8)))
+            assert all(len(data) == 1 << 20 for data in got)
+            watched = list(client._hedged_reads._watched)
+            assert len(watched) == 8, watched           # the sweep is 30 s away
+            assert all(entry[1] is None for entry in watched), watched
+    run(main())
+
+
 def test_each_hedge_is_counted_at_its_primary_and_a_losing_one_is_stopped(local_cluster):
     """A client that hedges every read at once (a hedger with no delay, a budget of one
     hedge per read, and no steering: an OSD that lost a race would otherwise be read around
