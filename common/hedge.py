@@ -72,12 +72,7 @@ class Hedger:
         if self._tokens < HEDGE_BURST:
             self._tokens += self._share
         self._filled += 1
-        filled = self._filled
-        # Every RECOMPUTE_EVERY reads, and sooner while the window is young (after 1, 2, 4,
-        # ... reads): a fresh client's first reads wait the floor, and a client reading
-        # 16 MiB objects hedged its first 20 reads at 2 ms and steered around healthy
-        # primaries for seconds until its 128th read set the delay.
-        if not filled % RECOMPUTE_EVERY or (filled < RECOMPUTE_EVERY and not filled & (filled - 1)):
+        if not self._filled % RECOMPUTE_EVERY:
             recent = sorted(self._latencies[:min(self._filled, WINDOW)])
             p90 = recent[int(len(recent) * 0.9)]
             self._delay = min(HEDGE_CAP_S, max(self._floor_s, self._factor * p90))

@@ -33,19 +33,6 @@ def test_the_delay_follows_the_reads_between_floor_and_cap():
     assert hedger.delay() == hedge.HEDGE_CAP_S
 
 
-def test_a_fresh_hedger_learns_the_delay_from_its_first_reads():
-    """Not only after RECOMPUTE_EVERY reads: a client reading 16 MiB objects hedged its first
-    20 reads at the floor (2 ms) and steered around healthy primaries until its 128th."""
-    hedger = Hedger(Clock())
-    hedger.record(0.020)
-    assert hedger.delay() == pytest.approx(hedge.HEDGE_FACTOR * 0.020)
-    for _ in range(3):
-        hedger.record(0.030)
-    assert hedger.delay() == pytest.approx(hedge.HEDGE_FACTOR * 0.030)     # after 4
-    hedger.record(0.001)                                # 5, 6, 7: not recomputed yet
-    assert hedger.delay() == pytest.approx(hedge.HEDGE_FACTOR * 0.030)
-
-
 def test_the_budget_holds_when_every_read_is_late():
     hedger = Hedger(Clock())
     reads = 10_000
