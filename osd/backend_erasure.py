@@ -237,6 +237,8 @@ class ErasureBackend(PgBackend):
         else:
             data, failed, late = await self._read_healthy(pg, name, version, layout, offset,
                                                           length)
+            if late:        # late is not lost: asked again if the others cannot make k
+                failed, reserve = (), failed
         if data is None:
             self.degraded_reads_total += 1
             data = await self._read_degraded(pg, name, version, layout, offset, length, failed,

@@ -177,3 +177,47 @@ def test_an_erasure_read_goes_around_the_disk_slow_now_when_the_map_flags_anothe
     assert erasure.avoided_shards(pg, codec_k=3) == set()       # nothing to spare
     clock[0] += hedge.STEER_S + 0.2                             # the steering is over
     assert erasure.avoided_shards(pg, codec_k=2) == {1}
+
+
+def test_an_erasure_read_asks_a_late_shard_again_when_a_stand_in_fails():
+    """A data shard late past the hedge delay is read around, not written off: when the
+    member standing in for it fails (it is still being recovered: not found), the read asks
+    the late member again and decodes. Before, the late shard was excluded from the degraded
+    read, which then had too few shards (CI, 2026-12-02: a 4+2 read during recovery found 3
+    of 4, the late member never asked again)."""
+    import asyncio
+    import random
+    import types
+
+    from cairn.native.erasure import DEFAULT_BACKEND, Codec
+    from cairn.osd import ecstripe
+    from cairn.osd.backend import ShardUnavailable
+    from cairn.osd.backend_erasure import ErasureBackend
+    cmap = cluster()
+    erasure = ErasureBackend(types.SimpleNamespace(map=cmap, me=0), None)
+    codec = Codec(2, 1, DEFAULT_BACKEND)
+    data = random.Random(7).randbytes(10_000)
+    layout = erasure.layout(codec, len(data))
+    shards = ecstripe.encode_shards(codec, layout, data)
+    erasure.codec = lambda pg: codec
+    erasure._local_info = lambda pg, name: (types.SimpleNamespace(attrs={}, mtime_ns=0), 5,
+                                            layout)
+    asked = []
+
+    async def fetch(pg, osd, index, name, version, ranges, stash_entry=None):
+        asked.append(osd)
+        if osd == 2:                                    # recovering: has no copy yet
+            raise ShardUnavailable(index, f"osd.{osd}: not found")
+        if osd == 1:                                    # slow, but it answers
+            await asyncio.sleep(0.05)
+        return b"".join(bytes(shards[index][start:start + size]) for start, size in ranges)
+    erasure._fetch = fetch
+    pg = types.SimpleNamespace(key=(cmap.pools["ec"]["id"], 0), core=types.SimpleNamespace(
+        acting=types.SimpleNamespace(members=(0, 1, 2))))
+
+    async def main():
+        info, got = await erasure.read(pg, "o")
+        return info, bytes(got) if not isinstance(got, tuple) else b"".join(got)
+    info, got = asyncio.run(main())
+    assert got == data and info.size == len(data)
+    assert asked.count(1) == 2 and 2 in asked, asked    # osd.1 late, then asked again
